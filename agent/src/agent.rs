@@ -1,0 +1,653 @@
+//! The node agent's decision loop: exit files in, `allow` answers out.
+//!
+//! One task owns all state (pending waits, caches, the file watcher), so nothing is locked and
+//! every decision sees a consistent view. The runtime is read with one snapshot (two list
+//! calls) per round, whatever the number of pods waiting.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use tokio::sync::mpsc;
+use tracing::{debug, info, warn};
+
+use crate::decide::{self, Attempt, PodFacts, Reason, Verdict};
+use crate::priority::{self, PriorityError};
+use crate::runtime::{RtPod, Runtime, RuntimeError, Snapshot};
+use crate::share::{ContainerName, ExitKey, ExitState, PodUid, Share, ShareEntry, ShareError};
+use crate::stats::Stats;
+use crate::watch::{FsEvent, ShareWatcher, WatchError};
+
+/// Kubernetes' default terminationGracePeriodSeconds, used when the kubelet's annotation is
+/// missing.
+pub const DEFAULT_GRACE: Duration = Duration::from_secs(30);
+
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub share_dir: PathBuf,
+    pub cri_socket: PathBuf,
+    /// Taken off the grace deadline so a released sidecar still drains before SIGKILL.
+    pub grace_reserve: Duration,
+    /// How often the runtime is re-read while some exit is pending (nothing is read while
+    /// none is).
+    pub poll_interval: Duration,
+    /// How often pod directories of pods gone from the runtime are removed, and the share is
+    /// rescanned as a safety net for lost inotify events.
+    pub gc_interval: Duration,
+    /// A pod directory younger than this is never removed (the kubelet may be creating it).
+    pub gc_min_age: Duration,
+    /// Installed as `bin/exitorder-entrypoint` at start-up, when given.
+    pub entrypoint_binary: Option<PathBuf>,
+}
+
+impl Config {
+    pub fn new(share_dir: PathBuf, cri_socket: PathBuf) -> Self {
+        Config {
+            share_dir,
+            cri_socket,
+            grace_reserve: Duration::from_secs(5),
+            poll_interval: Duration::from_millis(25),
+            gc_interval: Duration::from_secs(60),
+            gc_min_age: Duration::from_secs(60),
+            entrypoint_binary: None,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    #[error(transparent)]
+    Share(#[from] ShareError),
+    #[error(transparent)]
+    Watch(#[from] WatchError),
+    #[error(transparent)]
+    Runtime(#[from] RuntimeError),
+    #[error("install entrypoint from {path}: {source}")]
+    Install {
+        path: PathBuf,
+        #[source]
+        source: ShareError,
+    },
+}
+
+struct Waiter {
+    since: Instant,
+    /// Whether "waiting for ..." was already logged, so a long wait logs once.
+    announced: bool,
+}
+
+struct PendingPod {
+    /// When the pod's first exit file appeared: in runtime-only mode, the start of the grace
+    /// period (the kubelet runs every preStop at once when the pod is deleted).
+    first_seen: Instant,
+    waiting: BTreeMap<ContainerName, Waiter>,
+    /// Last grace period the runtime told us, for rounds where the runtime does not answer.
+    grace: Option<Duration>,
+}
+
+/// Priority facts about a container id never change; they are read once per container.
+type EnvPriority = Result<Option<u8>, PriorityError>;
+
+pub struct Agent {
+    cfg: Config,
+    share: Share,
+    runtime: Runtime,
+    watcher: ShareWatcher,
+    events: mpsc::UnboundedReceiver<FsEvent>,
+    pending: BTreeMap<PodUid, PendingPod>,
+    env_cache: HashMap<String, EnvPriority>,
+    warned: HashSet<(PodUid, String)>,
+    gc_suspects: HashSet<PodUid>,
+    stats: Arc<Stats>,
+}
+
+impl Agent {
+    /// Opens the share, installs the entrypoint, starts watching and finds exit files already
+    /// waiting (an agent restarted mid-drain must answer them).
+    pub fn start(cfg: Config, stats: Arc<Stats>) -> Result<Self, AgentError> {
+        let share = Share::open(&cfg.share_dir)?;
+        if let Some(src) = &cfg.entrypoint_binary {
+            let dst = share
+                .install_entrypoint(src)
+                .map_err(|source| AgentError::Install {
+                    path: src.clone(),
+                    source,
+                })?;
+            info!(from = %src.display(), to = %dst.display(), "entrypoint installed");
+        }
+        let runtime = Runtime::connect(&cfg.cri_socket)?;
+        let (tx, events) = mpsc::unbounded_channel();
+        let mut watcher = ShareWatcher::new(tx)?;
+        // Watch before scanning: a file created in between is then both scanned and reported.
+        watcher.watch(&share.pods_path())?;
+        let mut agent = Agent {
+            cfg,
+            share,
+            runtime,
+            watcher,
+            events,
+            pending: BTreeMap::new(),
+            env_cache: HashMap::new(),
+            warned: HashSet::new(),
+            gc_suspects: HashSet::new(),
+            stats,
+        };
+        agent.rescan();
+        agent.stats.set_watching(true);
+        agent.stats.set_event_source("poll");
+        Ok(agent)
+    }
+
+    pub fn pending_count(&self) -> usize {
+        self.pending.values().map(|p| p.waiting.len()).sum()
+    }
+
+    /// Runs until `shutdown` completes. Pending waits are left in place for the next agent
+    /// (or the entrypoint's own timeout): answering them on the way out would break the order.
+    pub async fn run(mut self, shutdown: impl Future<Output = ()>) -> Result<(), AgentError> {
+        match self.runtime.version().await {
+            Ok(v) => {
+                self.stats.set_runtime_ok(true);
+                info!(
+                    runtime = %v.runtime_name,
+                    version = %v.runtime_version,
+                    api = %v.runtime_api_version,
+                    "runtime connected; exits detected by polling while any exit is pending"
+                );
+            }
+            Err(e) => {
+                self.stats.runtime_error(e.kind());
+                warn!(error = %e, "runtime not reachable yet; deciding from what the share shows until it is");
+            }
+        }
+        info!(
+            share = %self.cfg.share_dir.display(),
+            pending = self.pending_count(),
+            watches = self.watcher.len(),
+            "agent ready"
+        );
+        let all: BTreeSet<PodUid> = self.pending.keys().cloned().collect();
+        self.evaluate(all).await;
+
+        tokio::pin!(shutdown);
+        let mut gc = tokio::time::interval_at(
+            tokio::time::Instant::now() + self.cfg.gc_interval,
+            self.cfg.gc_interval,
+        );
+        gc.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            let wake = self.next_wake();
+            let mut dirty = BTreeSet::new();
+            tokio::select! {
+                () = &mut shutdown => break,
+                ev = self.events.recv() => {
+                    let Some(ev) = ev else { break };
+                    self.on_fs_event(ev, &mut dirty);
+                    // Take everything already queued, so a burst costs one runtime round.
+                    while let Ok(ev) = self.events.try_recv() {
+                        self.on_fs_event(ev, &mut dirty);
+                    }
+                }
+                () = sleep_until(wake), if wake.is_some() => {
+                    dirty.extend(self.pending.keys().cloned());
+                }
+                _ = gc.tick() => self.gc().await,
+            }
+            if !dirty.is_empty() {
+                self.evaluate(dirty).await;
+            }
+        }
+        self.stats.set_watching(false);
+        info!(pending = self.pending_count(), "agent stopped");
+        Ok(())
+    }
+
+    /// When the runtime must be read again without an event: the poll interval while
+    /// anything waits.
+    fn next_wake(&self) -> Option<Instant> {
+        (!self.pending.is_empty()).then(|| Instant::now() + self.cfg.poll_interval)
+    }
+
+    fn on_fs_event(&mut self, ev: FsEvent, dirty: &mut BTreeSet<PodUid>) {
+        match ev {
+            FsEvent::Changed(paths) => {
+                for path in paths {
+                    match self.share.classify(&path) {
+                        Ok(Some(ShareEntry::Pod(pod))) => self.sync_pod(&pod, dirty),
+                        Ok(Some(ShareEntry::Container(key))) => self.sync_container(&key, dirty),
+                        Ok(Some(ShareEntry::ExitFile(key))) => self.sync_exit(&key, dirty),
+                        Ok(None) => {}
+                        Err(e) => debug!(error = %e, "ignoring share entry"),
+                    }
+                }
+            }
+            FsEvent::Rescan => {
+                warn!("file events were lost; rescanning the share");
+                self.rescan();
+                dirty.extend(self.pending.keys().cloned());
+            }
+            FsEvent::Error(e) => {
+                self.stats.share_error();
+                warn!(error = %e, "share watch error");
+            }
+        }
+    }
+
+    /// Walks the whole share: watches every pod and container directory and picks up every
+    /// exit file waiting.
+    fn rescan(&mut self) {
+        let mut dirty = BTreeSet::new();
+        match self.share.pods() {
+            Ok(pods) => {
+                for pod in pods {
+                    self.sync_pod(&pod, &mut dirty);
+                }
+            }
+            Err(e) => {
+                self.stats.share_error();
+                warn!(error = %e, "cannot list the share");
+            }
+        }
+        // Waits whose pod directory vanished.
+        let gone: Vec<PodUid> = self
+            .pending
+            .keys()
+            .filter(|p| !self.share.pod_path(p).exists())
+            .cloned()
+            .collect();
+        for pod in gone {
+            self.sync_pod(&pod, &mut dirty);
+        }
+    }
+
+    fn sync_pod(&mut self, pod: &PodUid, dirty: &mut BTreeSet<PodUid>) {
+        let path = self.share.pod_path(pod);
+        match self.share.containers_in(pod) {
+            Ok(keys) if path.is_dir() => {
+                if let Err(e) = self.watcher.watch(&path) {
+                    self.stats.share_error();
+                    warn!(error = %e, "cannot watch pod directory");
+                }
+                for key in keys {
+                    self.sync_container(&key, dirty);
+                }
+            }
+            Ok(_) => self.watcher.forget(&path),
+            Err(e) => {
+                self.stats.share_error();
+                warn!(pod = %pod, error = %e, "cannot list pod directory");
+            }
+        }
+        // Waits recorded for containers whose directory is gone are re-read (and dropped).
+        let known: Vec<ExitKey> = self
+            .pending
+            .get(pod)
+            .map(|p| {
+                p.waiting
+                    .keys()
+                    .map(|c| ExitKey {
+                        pod: pod.clone(),
+                        container: c.clone(),
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        for key in known {
+            self.sync_exit(&key, dirty);
+        }
+    }
+
+    fn sync_container(&mut self, key: &ExitKey, dirty: &mut BTreeSet<PodUid>) {
+        match self.share.prepare_container_dir(key) {
+            Ok(()) => {
+                if let Err(e) = self.watcher.watch(&self.share.container_path(key)) {
+                    self.stats.share_error();
+                    warn!(container = %key, error = %e, "cannot watch container directory");
+                }
+            }
+            Err(e) if e.is_not_found() => self.watcher.forget(&self.share.container_path(key)),
+            Err(e) => {
+                self.stats.share_error();
+                warn!(container = %key, error = %e, "skipping container directory");
+            }
+        }
+        self.sync_exit(key, dirty);
+    }
+
+    fn sync_exit(&mut self, key: &ExitKey, dirty: &mut BTreeSet<PodUid>) {
+        let state = match self.share.read_exit(key) {
+            Ok(s) => s,
+            Err(e) => {
+                self.stats.share_error();
+                warn!(container = %key, error = %e, "skipping unreadable exit file");
+                ExitState::Absent
+            }
+        };
+        match state {
+            ExitState::Waiting => {
+                let now = Instant::now();
+                let pod = self
+                    .pending
+                    .entry(key.pod.clone())
+                    .or_insert_with(|| PendingPod {
+                        first_seen: now,
+                        waiting: BTreeMap::new(),
+                        grace: None,
+                    });
+                if !pod.waiting.contains_key(&key.container) {
+                    pod.waiting.insert(
+                        key.container.clone(),
+                        Waiter {
+                            since: now,
+                            announced: false,
+                        },
+                    );
+                    debug!(container = %key, "exit file waiting");
+                    dirty.insert(key.pod.clone());
+                }
+            }
+            ExitState::Unexpected(text) => {
+                warn!(container = %key, content = %text, "exit file has unexpected content; ignored");
+                self.drop_waiter(key);
+            }
+            ExitState::Allowed | ExitState::Absent => self.drop_waiter(key),
+        }
+        self.stats.set_pending(self.pending_count());
+    }
+
+    fn drop_waiter(&mut self, key: &ExitKey) {
+        if let Some(p) = self.pending.get_mut(&key.pod) {
+            p.waiting.remove(&key.container);
+            if p.waiting.is_empty() {
+                self.pending.remove(&key.pod);
+            }
+        }
+    }
+
+    /// Decides for every waiting container of the `dirty` pods.
+    async fn evaluate(&mut self, dirty: BTreeSet<PodUid>) {
+        let dirty: Vec<PodUid> = dirty
+            .into_iter()
+            .filter(|p| self.pending.contains_key(p))
+            .collect();
+        if dirty.is_empty() {
+            return;
+        }
+        let snapshot = match self.runtime.snapshot().await {
+            Ok(s) => {
+                self.stats.set_runtime_ok(true);
+                Some(s)
+            }
+            Err(e) => {
+                self.stats.runtime_error(e.kind());
+                warn!(error = %e, "runtime not answering; only deadlines release waits");
+                None
+            }
+        };
+        let now = Instant::now();
+        for pod in dirty {
+            let facts = match &snapshot {
+                Some(s) => self.facts(&pod, s).await,
+                None => self.facts_without_runtime(&pod),
+            };
+            self.apply(&pod, facts, now);
+        }
+        self.stats.set_pending(self.pending_count());
+    }
+
+    /// Facts for a pod from the runtime's snapshot; `None` when the runtime has no such pod.
+    async fn facts(&mut self, pod: &PodUid, snapshot: &Snapshot) -> Option<PodFacts> {
+        let rt = snapshot.get(pod.as_str())?;
+        let grace = rt.grace_period();
+        let first_seen = {
+            let p = self.pending.get_mut(pod)?;
+            if grace.is_some() {
+                p.grace = grace;
+            }
+            p.first_seen
+        };
+        let attempts = self.attempts(pod, rt).await;
+        Some(PodFacts {
+            attempts,
+            terminating: true,
+            deadline: Some(self.deadline(first_seen, grace)),
+        })
+    }
+
+    /// Without the runtime nothing is known of container states; only the deadline can
+    /// release a wait, so a runtime outage never holds a pod past its grace period.
+    fn facts_without_runtime(&self, pod: &PodUid) -> Option<PodFacts> {
+        let p = self.pending.get(pod)?;
+        let attempts = p
+            .waiting
+            .keys()
+            .map(|c| Attempt {
+                name: c.as_str().to_owned(),
+                attempt: 0,
+                created_at: 0,
+                state: decide::RunState::Running,
+                priority: 1,
+            })
+            .chain(std::iter::once(Attempt {
+                // Stands for "containers we cannot see", so waits are held until the deadline.
+                name: String::new(),
+                attempt: 0,
+                created_at: 0,
+                state: decide::RunState::Unknown,
+                priority: 0,
+            }))
+            .collect();
+        Some(PodFacts {
+            attempts,
+            terminating: true,
+            deadline: Some(self.deadline(p.first_seen, p.grace)),
+        })
+    }
+
+    fn deadline(&self, first_seen: Instant, grace: Option<Duration>) -> Instant {
+        let grace = grace.unwrap_or(DEFAULT_GRACE);
+        first_seen + grace.saturating_sub(self.cfg.grace_reserve)
+    }
+
+    /// The pod's containers with their priorities resolved. A malformed priority anywhere
+    /// makes the whole pod unordered (every container 0): bad input never holds a pod.
+    async fn attempts(&mut self, pod: &PodUid, rt: &RtPod) -> Vec<Attempt> {
+        let annotations = rt.annotations.iter().map(|(k, v)| (k.as_str(), v.as_str()));
+        let mut unordered = false;
+        let pod_prios = match priority::from_annotations(annotations) {
+            Ok(p) => p,
+            Err(e) => {
+                self.warn_once(pod, &e);
+                unordered = true;
+                None
+            }
+        };
+        let newest: HashSet<String> = {
+            let base: Vec<Attempt> = rt.containers.iter().map(|c| to_attempt(c, 0)).collect();
+            decide::newest_attempts(&base)
+                .into_iter()
+                .map(|a| format!("{}/{}", a.name, a.attempt))
+                .collect()
+        };
+        let mut out = Vec::with_capacity(rt.containers.len());
+        for c in &rt.containers {
+            let is_newest = newest.contains(&format!("{}/{}", c.name, c.attempt));
+            let env = if unordered || !is_newest {
+                None
+            } else {
+                match self.env_priority(&c.id).await {
+                    Ok(v) => v,
+                    Err(e) => {
+                        self.warn_once(pod, &e);
+                        unordered = true;
+                        None
+                    }
+                }
+            };
+            out.push(to_attempt(
+                c,
+                priority::resolve(&c.name, pod_prios.as_ref(), env),
+            ));
+        }
+        if unordered {
+            for a in &mut out {
+                a.priority = 0;
+            }
+        }
+        out
+    }
+
+    async fn env_priority(&mut self, id: &str) -> EnvPriority {
+        if let Some(v) = self.env_cache.get(id) {
+            return v.clone();
+        }
+        match self.runtime.container_env(id).await {
+            Ok(envs) => {
+                let v = priority::from_env(envs.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+                self.env_cache.insert(id.to_owned(), v.clone());
+                v
+            }
+            Err(e) => {
+                // Not cached: the next round asks again. Meanwhile the annotation and presets
+                // still order the pod.
+                self.stats.runtime_error(e.kind());
+                warn!(container_id = %id, error = %e, "cannot read container env");
+                Ok(None)
+            }
+        }
+    }
+
+    fn warn_once(&mut self, pod: &PodUid, e: &PriorityError) {
+        if self.warned.insert((pod.clone(), e.to_string())) {
+            warn!(pod = %pod, error = %e, "bad exit priority; pod treated as unordered");
+        }
+    }
+
+    fn apply(&mut self, pod: &PodUid, facts: Option<PodFacts>, now: Instant) {
+        let Some(p) = self.pending.get_mut(pod) else {
+            return;
+        };
+        let mut allowed = Vec::new();
+        for (name, waiter) in p.waiting.iter_mut() {
+            match decide::decide(facts.as_ref(), name.as_str(), now) {
+                Verdict::Allow(reason) => allowed.push((name.clone(), reason, waiter.since)),
+                Verdict::Wait { blocked_by, .. } => {
+                    if !waiter.announced {
+                        waiter.announced = true;
+                        info!(pod = %pod, container = %name, waiting_for = ?blocked_by, "exit held");
+                    }
+                }
+            }
+        }
+        for (container, reason, since) in allowed {
+            let key = ExitKey {
+                pod: pod.clone(),
+                container,
+            };
+            self.allow(&key, reason, since);
+        }
+    }
+
+    fn allow(&mut self, key: &ExitKey, reason: Reason, since: Instant) {
+        let waited = since.elapsed();
+        match self.share.write_allow(key) {
+            Ok(()) => {
+                self.stats.allowed(reason, waited);
+                info!(
+                    pod = %key.pod,
+                    container = %key.container,
+                    reason = %reason,
+                    waited_ms = waited.as_millis() as u64,
+                    "exit allowed"
+                );
+            }
+            Err(e) if e.is_not_found() => debug!(container = %key, "container directory gone"),
+            Err(e) => {
+                self.stats.share_error();
+                warn!(container = %key, error = %e, "cannot write allow");
+            }
+        }
+        self.drop_waiter(key);
+    }
+
+    /// Removes directories of pods the runtime no longer has, and rescans the share. A pod is
+    /// removed only when two rounds in a row did not find it, its directory is older than
+    /// `gc_min_age`, and no container of it waits; nothing is removed when the runtime does
+    /// not answer or answers with no pods at all (a wrong socket must not empty the share).
+    async fn gc(&mut self) {
+        self.rescan();
+        let snapshot = match self.runtime.snapshot().await {
+            Ok(s) if !s.is_empty() => s,
+            Ok(_) => return,
+            Err(e) => {
+                self.stats.runtime_error(e.kind());
+                return;
+            }
+        };
+        let live_ids: HashSet<&str> = snapshot
+            .values()
+            .flat_map(|p| p.containers.iter().map(|c| c.id.as_str()))
+            .collect();
+        self.env_cache
+            .retain(|id, _| live_ids.contains(id.as_str()));
+        let pods = match self.share.pods() {
+            Ok(p) => p,
+            Err(e) => {
+                self.stats.share_error();
+                warn!(error = %e, "cannot list the share");
+                return;
+            }
+        };
+        let mut suspects = HashSet::new();
+        for pod in pods {
+            if snapshot.contains_key(pod.as_str()) || self.pending.contains_key(&pod) {
+                continue;
+            }
+            if !self.gc_suspects.contains(&pod) {
+                suspects.insert(pod);
+                continue;
+            }
+            let old_enough = self
+                .share
+                .pod_mtime(&pod)
+                .ok()
+                .and_then(|m| SystemTime::now().duration_since(m).ok())
+                .is_some_and(|age| age >= self.cfg.gc_min_age);
+            if !old_enough {
+                suspects.insert(pod);
+                continue;
+            }
+            match self.share.remove_pod(&pod) {
+                Ok(true) => {
+                    self.watcher.forget(&self.share.pod_path(&pod));
+                    self.warned.retain(|(p, _)| *p != pod);
+                    info!(pod = %pod, "removed directory of a pod the runtime no longer has");
+                }
+                Ok(false) => {}
+                Err(e) => {
+                    self.stats.share_error();
+                    warn!(pod = %pod, error = %e, "cannot remove pod directory");
+                }
+            }
+        }
+        self.gc_suspects = suspects;
+    }
+}
+
+fn to_attempt(c: &crate::runtime::RtContainer, priority: u8) -> Attempt {
+    Attempt {
+        name: c.name.clone(),
+        attempt: c.attempt,
+        created_at: c.created_at,
+        state: c.state,
+        priority,
+    }
+}
+
+async fn sleep_until(t: Option<Instant>) {
+    if let Some(t) = t {
+        tokio::time::sleep_until(t.into()).await;
+    }
+}

@@ -1,0 +1,133 @@
+//! Command line of the `exitorder` binary. Every agent flag has an env fallback, the way a
+//! DaemonSet passes configuration.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::agent;
+use crate::runtime::socket_path;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "exitorder",
+    version,
+    about = "Sidecars leave a pod after the containers they serve"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the node agent (one per node, as a DaemonSet).
+    Agent(AgentArgs),
+}
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s).map_err(|e| format!("{e} (examples: 500ms, 5s, 1m)"))
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct AgentArgs {
+    /// CRI socket of the node's runtime (`unix://` prefix accepted).
+    #[arg(
+        long,
+        env = "EXITORDER_CRI_SOCKET",
+        default_value = "/run/containerd/containerd.sock"
+    )]
+    pub cri_socket: String,
+    /// Host directory shared with the pods (`pods/<uid>/<container>/`, `bin/`).
+    #[arg(
+        long,
+        env = "EXITORDER_SHARE_DIR",
+        default_value = "/var/lib/exitorder"
+    )]
+    pub share_dir: PathBuf,
+    /// This node's name (from the downward API); used for the pod watch.
+    #[arg(long, env = "NODE_NAME")]
+    pub node_name: Option<String>,
+    /// Time kept back from the grace deadline so a released sidecar can still drain before
+    /// the kubelet's SIGKILL.
+    #[arg(long, env = "EXITORDER_GRACE_RESERVE", default_value = "5s", value_parser = parse_duration)]
+    pub grace_reserve: Duration,
+    /// How often the runtime is read while an exit is pending (never while none is).
+    #[arg(long, env = "EXITORDER_POLL_INTERVAL", default_value = "25ms", value_parser = parse_duration)]
+    pub poll_interval: Duration,
+    /// Address of the HTTP endpoint for /metrics, /healthz and /readyz.
+    #[arg(long, env = "EXITORDER_METRICS_ADDR", default_value = "0.0.0.0:9484")]
+    pub metrics_addr: SocketAddr,
+    /// The static entrypoint to install in the share (default: `exitorder-entrypoint` beside
+    /// this executable).
+    #[arg(long, env = "EXITORDER_ENTRYPOINT_BINARY")]
+    pub entrypoint_binary: Option<PathBuf>,
+    /// How long a graceful shutdown may take after SIGTERM.
+    #[arg(long, env = "EXITORDER_SHUTDOWN_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
+    pub shutdown_timeout: Duration,
+}
+
+impl AgentArgs {
+    /// The agent configuration these flags describe.
+    pub fn config(&self) -> agent::Config {
+        let mut cfg = agent::Config::new(self.share_dir.clone(), socket_path(&self.cri_socket));
+        cfg.grace_reserve = self.grace_reserve;
+        cfg.poll_interval = self.poll_interval.max(Duration::from_millis(1));
+        cfg.entrypoint_binary = Some(
+            self.entrypoint_binary
+                .clone()
+                .unwrap_or_else(default_entrypoint_binary),
+        );
+        cfg
+    }
+}
+
+/// `exitorder-entrypoint` beside the running executable: true both in a build tree
+/// (target/<profile>/) and in the agent image.
+pub fn default_entrypoint_binary() -> PathBuf {
+    std::env::current_exe()
+        .ok()
+        .and_then(|p| p.parent().map(|d| d.join(crate::share::ENTRYPOINT_NAME)))
+        .unwrap_or_else(|| PathBuf::from(crate::share::ENTRYPOINT_NAME))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn agent_flags_and_defaults() {
+        let cli = Cli::try_parse_from([
+            "exitorder",
+            "agent",
+            "--cri-socket",
+            "unix:///run/k3s/containerd/containerd.sock",
+            "--grace-reserve",
+            "2500ms",
+        ])
+        .unwrap();
+        let Command::Agent(a) = cli.command;
+        let cfg = a.config();
+        assert_eq!(
+            cfg.cri_socket,
+            PathBuf::from("/run/k3s/containerd/containerd.sock")
+        );
+        assert_eq!(cfg.grace_reserve, Duration::from_millis(2500));
+        assert_eq!(cfg.share_dir, PathBuf::from("/var/lib/exitorder"));
+        assert!(cfg
+            .entrypoint_binary
+            .unwrap()
+            .ends_with("exitorder-entrypoint"));
+    }
+
+    #[test]
+    fn bad_duration_is_a_clear_error() {
+        let err = Cli::try_parse_from(["exitorder", "agent", "--grace-reserve", "soon"])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("--grace-reserve"), "{err}");
+        assert!(err.contains("examples"), "{err}");
+    }
+}

@@ -1,0 +1,294 @@
+//! The exit decision: a pure function from what the runtime (and, when present, the API
+//! server) says about a pod to whether one waiting container may exit now.
+//!
+//! Kept free of I/O so every rule is tested by tables, and so an allow never waits on anything
+//! but the facts already in hand.
+
+use std::fmt;
+use std::time::Instant;
+
+/// A container attempt's state as the runtime reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RunState {
+    Created,
+    Running,
+    Exited,
+    Unknown,
+}
+
+/// One container attempt of a pod. The kubelet creates a new attempt (same name, attempt + 1)
+/// on every restart and keeps exited ones around, so a pod can list a name several times.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Attempt {
+    pub name: String,
+    pub attempt: u32,
+    /// Runtime creation time (ns since the epoch); breaks ties between equal attempt numbers.
+    pub created_at: i64,
+    pub state: RunState,
+    pub priority: u8,
+}
+
+/// What is known about a pod when deciding.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodFacts {
+    pub attempts: Vec<Attempt>,
+    /// Whether the pod is being deleted. Without the API server this is assumed: an exit file
+    /// is only written by a preStop hook, and most preStops run because the pod is going away.
+    pub terminating: bool,
+    /// When waiting must end regardless of order: the grace deadline minus the reserve the
+    /// sidecar needs to drain before the kubelet's SIGKILL.
+    pub deadline: Option<Instant>,
+}
+
+/// Why an exit was allowed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Reason {
+    /// Every lower-priority container has exited.
+    Ordered,
+    /// The pod is not being deleted (container restart, liveness kill, in-place update).
+    NotTerminating,
+    /// The grace deadline minus the reserve has come.
+    Deadline,
+    /// The runtime does not know the pod or the container: fail open.
+    Unknown,
+}
+
+impl Reason {
+    pub const ALL: [Reason; 4] = [
+        Reason::Ordered,
+        Reason::NotTerminating,
+        Reason::Deadline,
+        Reason::Unknown,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::Ordered => "ordered",
+            Reason::NotTerminating => "not_terminating",
+            Reason::Deadline => "deadline",
+            Reason::Unknown => "unknown",
+        }
+    }
+}
+
+impl fmt::Display for Reason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    Allow(Reason),
+    /// Keep waiting: these lower-priority containers still run; decide again when one exits
+    /// or at `until`.
+    Wait {
+        blocked_by: Vec<String>,
+        until: Option<Instant>,
+    },
+}
+
+/// The newest attempt of each container name, in first-seen order.
+pub fn newest_attempts(attempts: &[Attempt]) -> Vec<&Attempt> {
+    let mut newest: Vec<&Attempt> = Vec::new();
+    for a in attempts {
+        match newest.iter_mut().find(|n| n.name == a.name) {
+            Some(n) => {
+                if (a.attempt, a.created_at) > (n.attempt, n.created_at) {
+                    *n = a;
+                }
+            }
+            None => newest.push(a),
+        }
+    }
+    newest
+}
+
+/// Decides whether container `waiting` of the pod may exit at `now`. `pod` is `None` when the
+/// runtime has no such pod.
+pub fn decide(pod: Option<&PodFacts>, waiting: &str, now: Instant) -> Verdict {
+    let Some(pod) = pod else {
+        return Verdict::Allow(Reason::Unknown);
+    };
+    let newest = newest_attempts(&pod.attempts);
+    let Some(me) = newest.iter().find(|a| a.name == waiting) else {
+        return Verdict::Allow(Reason::Unknown);
+    };
+    // An exit file left by an attempt that is gone has nobody behind it to hold.
+    if me.state == RunState::Exited {
+        return Verdict::Allow(Reason::Unknown);
+    }
+    if !pod.terminating {
+        return Verdict::Allow(Reason::NotTerminating);
+    }
+    // Created-but-never-started containers do not block: the kubelet starts nothing in a pod
+    // that is being deleted. Unknown state may still be running, so it blocks until the
+    // deadline.
+    let blocked_by: Vec<String> = newest
+        .iter()
+        .filter(|a| a.priority < me.priority)
+        .filter(|a| matches!(a.state, RunState::Running | RunState::Unknown))
+        .map(|a| a.name.clone())
+        .collect();
+    if blocked_by.is_empty() {
+        return Verdict::Allow(Reason::Ordered);
+    }
+    match pod.deadline {
+        Some(d) if now >= d => Verdict::Allow(Reason::Deadline),
+        until => Verdict::Wait { blocked_by, until },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::RunState::{Created, Exited, Running, Unknown};
+    use super::*;
+    use std::time::Duration;
+
+    fn c(name: &str, attempt: u32, state: RunState, priority: u8) -> Attempt {
+        Attempt {
+            name: name.to_owned(),
+            attempt,
+            created_at: i64::from(attempt) * 1000,
+            state,
+            priority,
+        }
+    }
+
+    fn pod(attempts: Vec<Attempt>, deadline: Option<Instant>) -> PodFacts {
+        PodFacts {
+            attempts,
+            terminating: true,
+            deadline,
+        }
+    }
+
+    fn allow(r: Reason) -> Verdict {
+        Verdict::Allow(r)
+    }
+
+    fn wait(blocked: &[&str], until: Option<Instant>) -> Verdict {
+        Verdict::Wait {
+            blocked_by: blocked.iter().map(|s| s.to_string()).collect(),
+            until,
+        }
+    }
+
+    #[test]
+    fn ordering_table() {
+        let now = Instant::now();
+        let later = now + Duration::from_secs(20);
+        let d = Some(later);
+        #[rustfmt::skip]
+        let table: Vec<(&str, Vec<Attempt>, &str, Verdict)> = vec![
+            ("two levels, main running",
+             vec![c("app", 0, Running, 0), c("proxy", 0, Running, 1)], "proxy", wait(&["app"], d)),
+            ("two levels, main exited",
+             vec![c("app", 0, Exited, 0), c("proxy", 0, Running, 1)], "proxy", allow(Reason::Ordered)),
+            ("main itself never waits",
+             vec![c("app", 0, Running, 0), c("proxy", 0, Running, 1)], "app", allow(Reason::Ordered)),
+            ("three levels, middle waits for bottom",
+             vec![c("app", 0, Running, 0), c("proxy", 0, Running, 1), c("logs", 0, Running, 2)], "proxy", wait(&["app"], d)),
+            ("three levels, top waits for both",
+             vec![c("app", 0, Running, 0), c("proxy", 0, Running, 1), c("logs", 0, Running, 2)], "logs", wait(&["app", "proxy"], d)),
+            ("three levels, top waits for middle",
+             vec![c("app", 0, Exited, 0), c("proxy", 0, Running, 1), c("logs", 0, Running, 2)], "logs", wait(&["proxy"], d)),
+            ("three levels, all below exited",
+             vec![c("app", 0, Exited, 0), c("proxy", 0, Exited, 1), c("logs", 0, Running, 2)], "logs", allow(Reason::Ordered)),
+            ("equal priorities do not wait for each other",
+             vec![c("a", 0, Exited, 0), c("p1", 0, Running, 1), c("p2", 0, Running, 1)], "p1", allow(Reason::Ordered)),
+            ("unlisted containers are priority 0",
+             vec![c("app", 0, Running, 0), c("extra", 0, Running, 0), c("proxy", 0, Running, 1)], "proxy", wait(&["app", "extra"], d)),
+            ("restarted main: the newest attempt runs",
+             vec![c("app", 0, Exited, 0), c("app", 1, Running, 0), c("proxy", 0, Running, 1)], "proxy", wait(&["app"], d)),
+            ("restarted main: the newest attempt exited",
+             vec![c("app", 1, Exited, 0), c("app", 0, Exited, 0), c("proxy", 0, Running, 1)], "proxy", allow(Reason::Ordered)),
+            ("restarted sidecar: the newest attempt decides",
+             vec![c("app", 0, Running, 0), c("proxy", 0, Exited, 1), c("proxy", 1, Running, 1)], "proxy", wait(&["app"], d)),
+            ("created but never started does not block",
+             vec![c("app", 0, Created, 0), c("proxy", 0, Running, 1)], "proxy", allow(Reason::Ordered)),
+            ("unknown state blocks",
+             vec![c("app", 0, Unknown, 0), c("proxy", 0, Running, 1)], "proxy", wait(&["app"], d)),
+            ("waiting container unknown to the runtime",
+             vec![c("app", 0, Running, 0)], "proxy", allow(Reason::Unknown)),
+            ("waiting container already exited",
+             vec![c("app", 0, Running, 0), c("proxy", 0, Exited, 1)], "proxy", allow(Reason::Unknown)),
+        ];
+        for (name, attempts, waiting, want) in table {
+            let p = pod(attempts, d);
+            assert_eq!(decide(Some(&p), waiting, now), want, "{name}");
+        }
+    }
+
+    #[test]
+    fn deadline_releases_exactly_when_reached() {
+        let now = Instant::now();
+        let p = pod(
+            vec![c("app", 0, Running, 0), c("proxy", 0, Running, 1)],
+            Some(now + Duration::from_secs(5)),
+        );
+        assert!(matches!(
+            decide(Some(&p), "proxy", now),
+            Verdict::Wait { .. }
+        ));
+        let at = now + Duration::from_secs(5);
+        assert_eq!(decide(Some(&p), "proxy", at), allow(Reason::Deadline));
+        assert_eq!(
+            decide(Some(&p), "proxy", at + Duration::from_secs(1)),
+            allow(Reason::Deadline)
+        );
+    }
+
+    #[test]
+    fn no_deadline_waits_without_bound() {
+        let now = Instant::now();
+        let p = pod(
+            vec![c("app", 0, Running, 0), c("proxy", 0, Running, 1)],
+            None,
+        );
+        assert_eq!(decide(Some(&p), "proxy", now), wait(&["app"], None));
+    }
+
+    #[test]
+    fn ordered_wins_over_deadline() {
+        let now = Instant::now();
+        let p = pod(
+            vec![c("app", 0, Exited, 0), c("proxy", 0, Running, 1)],
+            Some(now),
+        );
+        assert_eq!(decide(Some(&p), "proxy", now), allow(Reason::Ordered));
+    }
+
+    #[test]
+    fn unknown_pod_fails_open() {
+        assert_eq!(
+            decide(None, "proxy", Instant::now()),
+            allow(Reason::Unknown)
+        );
+    }
+
+    #[test]
+    fn pod_not_terminating_allows_at_once() {
+        let mut p = pod(
+            vec![c("app", 0, Running, 0), c("proxy", 0, Running, 1)],
+            None,
+        );
+        p.terminating = false;
+        assert_eq!(
+            decide(Some(&p), "proxy", Instant::now()),
+            allow(Reason::NotTerminating)
+        );
+    }
+
+    #[test]
+    fn newest_attempt_ties_broken_by_creation_time() {
+        let mut old = c("app", 2, Running, 0);
+        old.created_at = 10;
+        let mut new = c("app", 2, Exited, 0);
+        new.created_at = 20;
+        let attempts = [old, new];
+        let n = newest_attempts(&attempts);
+        assert_eq!(n.len(), 1);
+        assert_eq!(n[0].state, Exited);
+    }
+}

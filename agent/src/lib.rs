@@ -1,0 +1,36 @@
+//! exitorder: sidecar containers leave a Kubernetes pod after the containers they serve.
+//!
+//! The node agent answers the exit handshake: a sidecar's preStop creates
+//! `pods/<uid>/<name>/exit` in the host share, and the agent writes `allow` once every
+//! lower-priority container of the pod has exited (or the grace deadline comes).
+
+pub mod agent;
+pub mod cli;
+pub mod decide;
+pub mod priority;
+pub mod runtime;
+pub mod share;
+pub mod stats;
+pub mod telemetry;
+pub mod watch;
+
+/// Generated from proto/runtime/v1/api.proto: the CRI v1 subset exitorder calls.
+#[allow(clippy::all, clippy::pedantic)]
+pub mod cri {
+    tonic::include_proto!("runtime.v1");
+}
+
+/// Generated from proto/containerd/: containerd's event service and task events.
+#[allow(clippy::all, clippy::pedantic)]
+pub mod containerd {
+    pub mod events {
+        tonic::include_proto!("containerd.events");
+    }
+    pub mod services {
+        pub mod events {
+            pub mod v1 {
+                tonic::include_proto!("containerd.services.events.v1");
+            }
+        }
+    }
+}

@@ -1,0 +1,750 @@
+//! The host share: `pods/<pod-uid>/<container>/exit` files written by sidecars' preStop hooks,
+//! and `bin/exitorder-entrypoint` installed by the agent.
+//!
+//! Every container can write into its own directory, and the agent runs as root, so nothing
+//! here trusts the tree below `pods/<uid>/<name>/`: directories are opened one component at a
+//! time with `O_NOFOLLOW | O_DIRECTORY`, files with `O_NOFOLLOW | O_NONBLOCK` (a FIFO must not
+//! block the agent) and checked to be regular, reads are capped, and writes go to an `O_EXCL`
+//! temp file renamed into place inside the same directory.
+
+use std::ffi::{OsStr, OsString};
+use std::fmt;
+use std::io;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Component, Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::SystemTime;
+
+use rustix::fs::{self as rfs, AtFlags, FileType, Mode, OFlags};
+
+/// Name of the file a waiting container creates and the agent answers.
+pub const EXIT_FILE: &str = "exit";
+/// Content the agent writes to let a container exit.
+pub const ALLOW: &str = "allow";
+/// What the entrypoint writes while it waits (an empty file is also taken as waiting: the
+/// agent may see the file between its creation and its first write).
+pub const WAIT: &str = "wait";
+/// File name of the installed entrypoint under `bin/`.
+pub const ENTRYPOINT_NAME: &str = "exitorder-entrypoint";
+
+/// More than any valid content; the rest of a larger file is never read.
+const MAX_EXIT_BYTES: usize = 64;
+/// Deepest directory level the removal of a pod's tree descends to; a container could nest
+/// directories without end, and a deeper tree is left for an operator rather than recursed.
+const MAX_REMOVE_DEPTH: usize = 8;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ShareError {
+    #[error("{op} {path}: {source}")]
+    Io {
+        op: &'static str,
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("{kind} name {name:?} is not valid")]
+    BadName { kind: &'static str, name: String },
+    #[error("{path} is not a regular file")]
+    NotAFile { path: PathBuf },
+    #[error("{path} is nested deeper than {MAX_REMOVE_DEPTH} levels; left in place")]
+    TooDeep { path: PathBuf },
+}
+
+impl ShareError {
+    fn io(op: &'static str, path: impl Into<PathBuf>, source: impl Into<io::Error>) -> Self {
+        ShareError::Io {
+            op,
+            path: path.into(),
+            source: source.into(),
+        }
+    }
+
+    /// True when the file or directory named is simply not there (a pod gone, a file removed).
+    pub fn is_not_found(&self) -> bool {
+        matches!(self, ShareError::Io { source, .. } if source.kind() == io::ErrorKind::NotFound)
+    }
+}
+
+/// A pod UID as the kubelet names pod directories: an RFC 4122 UUID for API pods, a 32-digit
+/// hex hash for static pods.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PodUid(String);
+
+impl PodUid {
+    pub fn parse(s: &str) -> Result<Self, ShareError> {
+        let ok = (8..=64).contains(&s.len())
+            && s.bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b) || b == b'-')
+            && !s.starts_with('-');
+        if ok {
+            Ok(PodUid(s.to_owned()))
+        } else {
+            Err(ShareError::BadName {
+                kind: "pod uid",
+                name: s.to_owned(),
+            })
+        }
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for PodUid {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// A container name: a DNS-1123 label, as Kubernetes requires.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ContainerName(String);
+
+impl ContainerName {
+    pub fn parse(s: &str) -> Result<Self, ShareError> {
+        let b = s.as_bytes();
+        let ok = !b.is_empty()
+            && b.len() <= 63
+            && b.iter()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+            && b[0] != b'-'
+            && b[b.len() - 1] != b'-';
+        if ok {
+            Ok(ContainerName(s.to_owned()))
+        } else {
+            Err(ShareError::BadName {
+                kind: "container",
+                name: s.to_owned(),
+            })
+        }
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for ContainerName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// One container's place in the share.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ExitKey {
+    pub pod: PodUid,
+    pub container: ContainerName,
+}
+
+impl fmt::Display for ExitKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.pod, self.container)
+    }
+}
+
+/// What a change under `pods/` was about.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ShareEntry {
+    Pod(PodUid),
+    Container(ExitKey),
+    ExitFile(ExitKey),
+}
+
+/// The state of one container's exit file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ExitState {
+    Absent,
+    Waiting,
+    Allowed,
+    /// Content that is neither `wait` nor `allow` (at most the first 64 bytes, lossy).
+    Unexpected(String),
+}
+
+/// The opened share directory.
+#[derive(Debug)]
+pub struct Share {
+    root: PathBuf,
+    pods: OwnedFd,
+    bin: OwnedFd,
+}
+
+static TEMP_SEQ: AtomicU64 = AtomicU64::new(0);
+
+fn temp_name(prefix: &str) -> String {
+    let nanos = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    format!(
+        ".{prefix}.{}.{}.{nanos}",
+        std::process::id(),
+        TEMP_SEQ.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+fn dir_flags() -> OFlags {
+    OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC
+}
+
+fn open_dir_at<Fd: AsFd>(dir: Fd, name: &str, path: &Path) -> Result<OwnedFd, ShareError> {
+    rfs::openat(dir, name, dir_flags(), Mode::empty())
+        .map_err(|e| ShareError::io("open directory", path, e))
+}
+
+fn mkdir_at<Fd: AsFd>(dir: Fd, name: &str, path: &Path, mode: u32) -> Result<(), ShareError> {
+    match rfs::mkdirat(dir, name, Mode::from_raw_mode(mode)) {
+        Ok(()) | Err(rustix::io::Errno::EXIST) => Ok(()),
+        Err(e) => Err(ShareError::io("create directory", path, e)),
+    }
+}
+
+impl Share {
+    /// Opens (creating if needed) the share at `root` with its `pods/` and `bin/`.
+    pub fn open(root: &Path) -> Result<Self, ShareError> {
+        // The root itself is the operator's choice (it may sit behind a symlink such as
+        // /var/lib -> /data); only what is below it is guarded.
+        std::fs::create_dir_all(root).map_err(|e| ShareError::io("create directory", root, e))?;
+        let root_fd = rfs::open(
+            root,
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| ShareError::io("open directory", root, e))?;
+        let pods_path = root.join("pods");
+        let bin_path = root.join("bin");
+        mkdir_at(&root_fd, "pods", &pods_path, 0o755)?;
+        mkdir_at(&root_fd, "bin", &bin_path, 0o755)?;
+        Ok(Share {
+            pods: open_dir_at(&root_fd, "pods", &pods_path)?,
+            bin: open_dir_at(&root_fd, "bin", &bin_path)?,
+            root: root.to_owned(),
+        })
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    pub fn pods_path(&self) -> PathBuf {
+        self.root.join("pods")
+    }
+
+    pub fn pod_path(&self, pod: &PodUid) -> PathBuf {
+        self.pods_path().join(pod.as_str())
+    }
+
+    pub fn container_path(&self, key: &ExitKey) -> PathBuf {
+        self.pod_path(&key.pod).join(key.container.as_str())
+    }
+
+    pub fn entrypoint_path(&self) -> PathBuf {
+        self.root.join("bin").join(ENTRYPOINT_NAME)
+    }
+
+    /// Classifies a path reported by the file watcher. `Ok(None)` for paths that are not ours
+    /// to look at (temp files, other names); `Err` for names that cannot be a pod or container.
+    pub fn classify(&self, path: &Path) -> Result<Option<ShareEntry>, ShareError> {
+        let pods = self.pods_path();
+        let Ok(rel) = path.strip_prefix(&pods) else {
+            return Ok(None);
+        };
+        let parts: Vec<&OsStr> = rel
+            .components()
+            .map(|c| match c {
+                Component::Normal(s) => Ok(s),
+                _ => Err(ShareError::BadName {
+                    kind: "path",
+                    name: path.display().to_string(),
+                }),
+            })
+            .collect::<Result<_, _>>()?;
+        match parts.as_slice() {
+            [uid] => Ok(Some(ShareEntry::Pod(PodUid::parse(utf8(uid, "pod uid")?)?))),
+            [uid, name] => Ok(Some(ShareEntry::Container(ExitKey {
+                pod: PodUid::parse(utf8(uid, "pod uid")?)?,
+                container: ContainerName::parse(utf8(name, "container")?)?,
+            }))),
+            [uid, name, file] if file.as_bytes() == EXIT_FILE.as_bytes() => {
+                Ok(Some(ShareEntry::ExitFile(ExitKey {
+                    pod: PodUid::parse(utf8(uid, "pod uid")?)?,
+                    container: ContainerName::parse(utf8(name, "container")?)?,
+                })))
+            }
+            _ => Ok(None),
+        }
+    }
+
+    fn open_pod(&self, pod: &PodUid) -> Result<OwnedFd, ShareError> {
+        open_dir_at(&self.pods, pod.as_str(), &self.pod_path(pod))
+    }
+
+    fn open_container(&self, key: &ExitKey) -> Result<OwnedFd, ShareError> {
+        let pod = self.open_pod(&key.pod)?;
+        open_dir_at(&pod, key.container.as_str(), &self.container_path(key))
+    }
+
+    /// Makes a container's directory writable by the container's user. The kubelet creates
+    /// `subPathExpr` directories as root, and proxies such as linkerd-proxy run as non-root,
+    /// so without this their preStop could not create `exit`. The directory is that one
+    /// container's own, so opening it up gives nothing to anyone else.
+    pub fn prepare_container_dir(&self, key: &ExitKey) -> Result<(), ShareError> {
+        let dir = self.open_container(key)?;
+        let path = self.container_path(key);
+        let st = rfs::fstat(&dir).map_err(|e| ShareError::io("stat", &path, e))?;
+        if st.st_mode & 0o7777 != 0o777 {
+            rfs::fchmod(&dir, Mode::from_raw_mode(0o777))
+                .map_err(|e| ShareError::io("chmod", &path, e))?;
+        }
+        Ok(())
+    }
+
+    /// Reads a container's exit file.
+    pub fn read_exit(&self, key: &ExitKey) -> Result<ExitState, ShareError> {
+        let dir = match self.open_container(key) {
+            Ok(d) => d,
+            Err(e) if e.is_not_found() => return Ok(ExitState::Absent),
+            Err(e) => return Err(e),
+        };
+        let path = self.container_path(key).join(EXIT_FILE);
+        let fd = match rfs::openat(
+            &dir,
+            EXIT_FILE,
+            OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
+            Mode::empty(),
+        ) {
+            Ok(fd) => fd,
+            Err(rustix::io::Errno::NOENT) => return Ok(ExitState::Absent),
+            Err(e) => return Err(ShareError::io("open", path, e)),
+        };
+        let st = rfs::fstat(&fd).map_err(|e| ShareError::io("stat", &path, e))?;
+        if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
+            return Err(ShareError::NotAFile { path });
+        }
+        let mut buf = [0u8; MAX_EXIT_BYTES];
+        let mut len = 0;
+        while len < buf.len() {
+            match rustix::io::read(&fd, &mut buf[len..]) {
+                Ok(0) => break,
+                Ok(n) => len += n,
+                Err(rustix::io::Errno::INTR) => continue,
+                Err(e) => return Err(ShareError::io("read", path, e)),
+            }
+        }
+        let text = String::from_utf8_lossy(&buf[..len]);
+        Ok(match text.trim() {
+            "" | WAIT => ExitState::Waiting,
+            ALLOW => ExitState::Allowed,
+            other => ExitState::Unexpected(other.to_owned()),
+        })
+    }
+
+    /// Lets a container exit: `allow` goes to a temp file that is renamed over `exit`, so the
+    /// waiting entrypoint never reads a half-written answer.
+    pub fn write_allow(&self, key: &ExitKey) -> Result<(), ShareError> {
+        let dir = self.open_container(key)?;
+        let path = self.container_path(key);
+        write_replace(
+            &dir,
+            &path,
+            EXIT_FILE,
+            format!("{ALLOW}\n").as_bytes(),
+            0o644,
+            false,
+        )
+    }
+
+    /// Every valid container directory in the share.
+    pub fn containers(&self) -> Result<Vec<ExitKey>, ShareError> {
+        let mut out = Vec::new();
+        for pod in self.pods()? {
+            out.extend(self.containers_in(&pod)?);
+        }
+        Ok(out)
+    }
+
+    /// Pod directories with valid names (others are ignored: they cannot come from the kubelet).
+    pub fn pods(&self) -> Result<Vec<PodUid>, ShareError> {
+        Ok(subdirs(&self.pods, &self.pods_path())?
+            .into_iter()
+            .filter_map(|n| PodUid::parse(&n.to_string_lossy()).ok())
+            .collect())
+    }
+
+    /// The valid container directories of one pod (none when the pod directory is gone).
+    pub fn containers_in(&self, pod: &PodUid) -> Result<Vec<ExitKey>, ShareError> {
+        let pod_fd = match self.open_pod(pod) {
+            Ok(fd) => fd,
+            Err(e) if e.is_not_found() => return Ok(Vec::new()),
+            Err(e) => return Err(e),
+        };
+        Ok(subdirs(&pod_fd, &self.pod_path(pod))?
+            .into_iter()
+            .filter_map(|name| ContainerName::parse(&name.to_string_lossy()).ok())
+            .map(|container| ExitKey {
+                pod: pod.clone(),
+                container,
+            })
+            .collect())
+    }
+
+    /// Containers of a pod with a live (waiting) exit file.
+    pub fn waiting_in(&self, pod: &PodUid) -> Result<Vec<ExitKey>, ShareError> {
+        let mut out = Vec::new();
+        for key in self.containers_in(pod)? {
+            if self.read_exit(&key)? == ExitState::Waiting {
+                out.push(key);
+            }
+        }
+        Ok(out)
+    }
+
+    /// When the pod directory last changed.
+    pub fn pod_mtime(&self, pod: &PodUid) -> Result<SystemTime, ShareError> {
+        let st = rfs::statat(&self.pods, pod.as_str(), AtFlags::SYMLINK_NOFOLLOW)
+            .map_err(|e| ShareError::io("stat", self.pod_path(pod), e))?;
+        let secs = u64::try_from(st.st_mtime).unwrap_or(0);
+        Ok(SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(secs))
+    }
+
+    /// Removes a pod's directory unless a container in it still waits. Returns whether it was
+    /// removed.
+    pub fn remove_pod(&self, pod: &PodUid) -> Result<bool, ShareError> {
+        if !self.waiting_in(pod)?.is_empty() {
+            return Ok(false);
+        }
+        let path = self.pod_path(pod);
+        match rfs::statat(&self.pods, pod.as_str(), AtFlags::SYMLINK_NOFOLLOW) {
+            Ok(st) if FileType::from_raw_mode(st.st_mode) == FileType::Directory => {}
+            Ok(_) => return Err(ShareError::NotAFile { path }),
+            Err(rustix::io::Errno::NOENT) => return Ok(false),
+            Err(e) => return Err(ShareError::io("stat", path, e)),
+        }
+        remove_tree_at(&self.pods, pod.as_str(), &path, 0)?;
+        Ok(true)
+    }
+
+    /// Installs the entrypoint binary as `bin/exitorder-entrypoint` (temp file, fsync,
+    /// rename), so a container starting at the same moment sees either the old or the new
+    /// binary, never a partial one.
+    pub fn install_entrypoint(&self, src: &Path) -> Result<PathBuf, ShareError> {
+        let bytes = std::fs::read(src).map_err(|e| ShareError::io("read", src, e))?;
+        let dst = self.entrypoint_path();
+        write_replace(&self.bin, &dst, ENTRYPOINT_NAME, &bytes, 0o755, true)?;
+        Ok(dst)
+    }
+}
+
+/// Writes `bytes` to a new temp file in `dir` and renames it to `name`.
+fn write_replace(
+    dir: &OwnedFd,
+    dir_path: &Path,
+    name: &str,
+    bytes: &[u8],
+    mode: u32,
+    durable: bool,
+) -> Result<(), ShareError> {
+    let tmp = temp_name(name);
+    let tmp_path = dir_path.join(&tmp);
+    let fd = rfs::openat(
+        dir,
+        tmp.as_str(),
+        OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::from_raw_mode(mode),
+    )
+    .map_err(|e| ShareError::io("create", &tmp_path, e))?;
+    let result = (|| {
+        let mut done = 0;
+        while done < bytes.len() {
+            match rustix::io::write(&fd, &bytes[done..]) {
+                Ok(n) => done += n,
+                Err(rustix::io::Errno::INTR) => continue,
+                Err(e) => return Err(ShareError::io("write", &tmp_path, e)),
+            }
+        }
+        // The umask may have narrowed the mode given to openat.
+        rfs::fchmod(&fd, Mode::from_raw_mode(mode))
+            .map_err(|e| ShareError::io("chmod", &tmp_path, e))?;
+        if durable {
+            rfs::fsync(&fd).map_err(|e| ShareError::io("fsync", &tmp_path, e))?;
+        }
+        rfs::renameat(dir, tmp.as_str(), dir, name)
+            .map_err(|e| ShareError::io("rename", dir_path.join(name), e))
+    })();
+    if result.is_err() {
+        let _ = rfs::unlinkat(dir, tmp.as_str(), AtFlags::empty());
+    } else if durable {
+        rfs::fsync(dir).map_err(|e| ShareError::io("fsync", dir_path, e))?;
+    }
+    result
+}
+
+/// Names of the real (not symlinked) subdirectories of `dir`.
+fn subdirs(dir: &OwnedFd, path: &Path) -> Result<Vec<OsString>, ShareError> {
+    let mut out = Vec::new();
+    for name in entries(dir, path)? {
+        let st = match rfs::statat(dir, name.as_os_str(), AtFlags::SYMLINK_NOFOLLOW) {
+            Ok(st) => st,
+            Err(rustix::io::Errno::NOENT) => continue,
+            Err(e) => return Err(ShareError::io("stat", path.join(&name), e)),
+        };
+        if FileType::from_raw_mode(st.st_mode) == FileType::Directory {
+            out.push(name);
+        }
+    }
+    Ok(out)
+}
+
+fn entries(dir: &OwnedFd, path: &Path) -> Result<Vec<OsString>, ShareError> {
+    // Dir::read_from reopens "." from the fd, so the listing stays on the opened directory.
+    let listing = rfs::Dir::read_from(dir).map_err(|e| ShareError::io("list", path, e))?;
+    let mut out = Vec::new();
+    for entry in listing {
+        let entry = entry.map_err(|e| ShareError::io("list", path, e))?;
+        let name = entry.file_name().to_bytes();
+        if name != b"." && name != b".." {
+            out.push(OsStr::from_bytes(name).to_owned());
+        }
+    }
+    Ok(out)
+}
+
+fn remove_tree_at(
+    parent: &OwnedFd,
+    name: &str,
+    path: &Path,
+    depth: usize,
+) -> Result<(), ShareError> {
+    if depth > MAX_REMOVE_DEPTH {
+        return Err(ShareError::TooDeep {
+            path: path.to_owned(),
+        });
+    }
+    let dir = open_dir_at(parent, name, path)?;
+    for child in entries(&dir, path)? {
+        let child_path = path.join(&child);
+        let st = match rfs::statat(&dir, child.as_os_str(), AtFlags::SYMLINK_NOFOLLOW) {
+            Ok(st) => st,
+            Err(rustix::io::Errno::NOENT) => continue,
+            Err(e) => return Err(ShareError::io("stat", child_path, e)),
+        };
+        if FileType::from_raw_mode(st.st_mode) == FileType::Directory {
+            let child_name = child.to_str().ok_or_else(|| ShareError::BadName {
+                kind: "path",
+                name: child_path.display().to_string(),
+            })?;
+            remove_tree_at(&dir, child_name, &child_path, depth + 1)?;
+        } else {
+            match rfs::unlinkat(&dir, child.as_os_str(), AtFlags::empty()) {
+                Ok(()) | Err(rustix::io::Errno::NOENT) => {}
+                Err(e) => return Err(ShareError::io("remove", child_path, e)),
+            }
+        }
+    }
+    match rfs::unlinkat(parent, name, AtFlags::REMOVEDIR) {
+        Ok(()) | Err(rustix::io::Errno::NOENT) => Ok(()),
+        Err(e) => Err(ShareError::io("remove directory", path, e)),
+    }
+}
+
+fn utf8<'a>(s: &'a OsStr, kind: &'static str) -> Result<&'a str, ShareError> {
+    s.to_str().ok_or_else(|| ShareError::BadName {
+        kind,
+        name: s.to_string_lossy().into_owned(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::{symlink, PermissionsExt};
+
+    const UID: &str = "0f5c7a1e-8d2b-4c3e-9f00-123456789abc";
+
+    fn key(uid: &str, name: &str) -> ExitKey {
+        ExitKey {
+            pod: PodUid::parse(uid).unwrap(),
+            container: ContainerName::parse(name).unwrap(),
+        }
+    }
+
+    fn setup() -> (tempfile::TempDir, Share) {
+        let t = tempfile::tempdir().unwrap();
+        let s = Share::open(t.path()).unwrap();
+        (t, s)
+    }
+
+    #[test]
+    fn names() {
+        assert!(PodUid::parse(UID).is_ok());
+        assert!(PodUid::parse("6c4b0a8a2b3d4e5f60718293a4b5c6d7").is_ok()); // static pod
+        for bad in [
+            "",
+            "..",
+            "abc",
+            "UPPERCASE-0000",
+            "0f5c/..",
+            "-0f5c7a1e8d2b",
+        ] {
+            assert!(PodUid::parse(bad).is_err(), "{bad}");
+        }
+        assert!(ContainerName::parse("linkerd-proxy").is_ok());
+        for bad in ["", "-a", "a-", "A", "a_b", "a.b", "..", &"a".repeat(64)] {
+            assert!(ContainerName::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn classify_paths() {
+        let (_t, s) = setup();
+        let p = s.pods_path();
+        assert_eq!(
+            s.classify(&p.join(UID).join("proxy").join("exit")).unwrap(),
+            Some(ShareEntry::ExitFile(key(UID, "proxy")))
+        );
+        assert_eq!(
+            s.classify(&p.join(UID).join("proxy")).unwrap(),
+            Some(ShareEntry::Container(key(UID, "proxy")))
+        );
+        assert_eq!(
+            s.classify(&p.join(UID)).unwrap(),
+            Some(ShareEntry::Pod(PodUid::parse(UID).unwrap()))
+        );
+        assert_eq!(
+            s.classify(&p.join(UID).join("proxy").join(".tmp")).unwrap(),
+            None
+        );
+        assert_eq!(s.classify(Path::new("/elsewhere/exit")).unwrap(), None);
+        assert!(s
+            .classify(&p.join("not-a-uid!").join("proxy").join("exit"))
+            .is_err());
+        assert!(s
+            .classify(&p.join(UID).join("Bad_Name").join("exit"))
+            .is_err());
+    }
+
+    #[test]
+    fn exit_file_round_trip() {
+        let (_t, s) = setup();
+        let k = key(UID, "proxy");
+        let dir = s.container_path(&k);
+        assert_eq!(s.read_exit(&k).unwrap(), ExitState::Absent);
+        std::fs::create_dir_all(&dir).unwrap();
+        assert_eq!(s.read_exit(&k).unwrap(), ExitState::Absent);
+        std::fs::write(dir.join("exit"), "").unwrap();
+        assert_eq!(s.read_exit(&k).unwrap(), ExitState::Waiting);
+        std::fs::write(dir.join("exit"), "wait\n").unwrap();
+        assert_eq!(s.read_exit(&k).unwrap(), ExitState::Waiting);
+        assert_eq!(s.waiting_in(&k.pod).unwrap(), vec![k.clone()]);
+        s.write_allow(&k).unwrap();
+        assert_eq!(
+            std::fs::read_to_string(dir.join("exit")).unwrap(),
+            "allow\n"
+        );
+        assert_eq!(s.read_exit(&k).unwrap(), ExitState::Allowed);
+        // Only `exit` is left: the temp file was renamed, not copied.
+        let names: Vec<_> = std::fs::read_dir(&dir).unwrap().collect();
+        assert_eq!(names.len(), 1);
+        std::fs::write(dir.join("exit"), "x".repeat(1000)).unwrap();
+        match s.read_exit(&k).unwrap() {
+            ExitState::Unexpected(text) => assert_eq!(text.len(), MAX_EXIT_BYTES),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn links_are_never_followed() {
+        let (t, s) = setup();
+        let outside = t.path().join("outside");
+        std::fs::create_dir_all(&outside).unwrap();
+        std::fs::write(outside.join("exit"), "wait").unwrap();
+        // A symlinked exit file is refused, and the allow replaces the link, not its target.
+        let k = key(UID, "proxy");
+        let dir = s.container_path(&k);
+        std::fs::create_dir_all(&dir).unwrap();
+        symlink(outside.join("exit"), dir.join("exit")).unwrap();
+        assert!(s.read_exit(&k).is_err());
+        s.write_allow(&k).unwrap();
+        assert_eq!(
+            std::fs::read_to_string(outside.join("exit")).unwrap(),
+            "wait"
+        );
+        // A symlinked container or pod directory is refused.
+        let k2 = key(UID, "other");
+        symlink(&outside, s.container_path(&k2)).unwrap();
+        assert!(s.read_exit(&k2).is_err());
+        assert!(s.write_allow(&k2).is_err());
+        assert!(s.prepare_container_dir(&k2).is_err());
+        let uid2 = "11111111-2222-3333-4444-555555555555";
+        symlink(&outside, s.pods_path().join(uid2)).unwrap();
+        assert!(s.write_allow(&key(uid2, "proxy")).is_err());
+        assert!(!s.pods().unwrap().iter().any(|p| p.as_str() == uid2));
+        // Removing the pod removes links, never what they point to.
+        assert!(s.remove_pod(&k.pod).unwrap());
+        assert!(outside.join("exit").exists());
+        assert!(!s.pod_path(&k.pod).exists());
+    }
+
+    #[test]
+    fn fifo_exit_file_does_not_block() {
+        let (_t, s) = setup();
+        let k = key(UID, "proxy");
+        let dir = s.container_path(&k);
+        std::fs::create_dir_all(&dir).unwrap();
+        rfs::mknodat(
+            rfs::CWD,
+            dir.join("exit").as_path(),
+            FileType::Fifo,
+            Mode::from_raw_mode(0o644),
+            0,
+        )
+        .unwrap();
+        assert!(matches!(s.read_exit(&k), Err(ShareError::NotAFile { .. })));
+    }
+
+    #[test]
+    fn remove_pod_keeps_live_waits() {
+        let (_t, s) = setup();
+        let k = key(UID, "proxy");
+        let dir = s.container_path(&k);
+        std::fs::create_dir_all(dir.join("nested/deeper")).unwrap();
+        std::fs::write(dir.join("exit"), "wait").unwrap();
+        assert!(!s.remove_pod(&k.pod).unwrap());
+        assert!(dir.exists());
+        s.write_allow(&k).unwrap();
+        assert!(s.remove_pod(&k.pod).unwrap());
+        assert!(!s.pod_path(&k.pod).exists());
+        assert!(!s.remove_pod(&k.pod).unwrap());
+    }
+
+    #[test]
+    fn prepare_opens_container_dir_to_its_user() {
+        let (_t, s) = setup();
+        let k = key(UID, "proxy");
+        let dir = s.container_path(&k);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o750)).unwrap();
+        s.prepare_container_dir(&k).unwrap();
+        let mode = std::fs::metadata(&dir).unwrap().permissions().mode() & 0o7777;
+        assert_eq!(mode, 0o777);
+        assert_eq!(s.containers().unwrap(), vec![k]);
+    }
+
+    #[test]
+    fn install_entrypoint_atomically_with_mode() {
+        let (t, s) = setup();
+        let src = t.path().join("src-bin");
+        std::fs::write(&src, b"\x7fELF-binary").unwrap();
+        let dst = s.install_entrypoint(&src).unwrap();
+        assert_eq!(dst, t.path().join("bin/exitorder-entrypoint"));
+        assert_eq!(std::fs::read(&dst).unwrap(), b"\x7fELF-binary");
+        let mode = std::fs::metadata(&dst).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o755);
+        std::fs::write(&src, b"v2").unwrap();
+        s.install_entrypoint(&src).unwrap();
+        assert_eq!(std::fs::read(&dst).unwrap(), b"v2");
+        assert_eq!(std::fs::read_dir(t.path().join("bin")).unwrap().count(), 1);
+        assert!(s.install_entrypoint(&t.path().join("missing")).is_err());
+    }
+}

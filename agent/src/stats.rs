@@ -1,0 +1,135 @@
+//! Counters the agent keeps about its own work, shared with whatever reports them (logs,
+//! metrics, tests). Plain atomics: the decision loop must never wait on a reader.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use crate::decide::Reason;
+
+/// Upper bounds (seconds) of the allow latency histogram: from the exit file appearing to
+/// `allow` written. Waits run from microseconds (nothing to wait for) to the grace period.
+pub const LATENCY_BUCKETS: [f64; 12] = [
+    0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0, 5.0, 15.0, 30.0, 60.0,
+];
+
+#[derive(Default)]
+pub struct Histogram {
+    buckets: [AtomicU64; LATENCY_BUCKETS.len()],
+    count: AtomicU64,
+    sum_micros: AtomicU64,
+}
+
+impl Histogram {
+    pub fn observe(&self, d: Duration) {
+        let secs = d.as_secs_f64();
+        for (i, le) in LATENCY_BUCKETS.iter().enumerate() {
+            if secs <= *le {
+                self.buckets[i].fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        self.count.fetch_add(1, Ordering::Relaxed);
+        let micros = u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+        self.sum_micros.fetch_add(micros, Ordering::Relaxed);
+    }
+
+    /// Cumulative bucket counts, total count and sum in seconds.
+    pub fn read(&self) -> (Vec<u64>, u64, f64) {
+        let b = self
+            .buckets
+            .iter()
+            .map(|b| b.load(Ordering::Relaxed))
+            .collect();
+        let sum = self.sum_micros.load(Ordering::Relaxed) as f64 / 1e6;
+        (b, self.count.load(Ordering::Relaxed), sum)
+    }
+}
+
+#[derive(Default)]
+pub struct Stats {
+    allows: [AtomicU64; Reason::ALL.len()],
+    latency: [Histogram; Reason::ALL.len()],
+    pending: AtomicU64,
+    runtime_errors: Mutex<BTreeMap<&'static str, u64>>,
+    share_errors: AtomicU64,
+    event_source: Mutex<&'static str>,
+    watching: AtomicBool,
+    runtime_ok: AtomicBool,
+}
+
+fn idx(r: Reason) -> usize {
+    Reason::ALL.iter().position(|x| *x == r).unwrap_or(0)
+}
+
+impl Stats {
+    pub fn allowed(&self, reason: Reason, waited: Duration) {
+        self.allows[idx(reason)].fetch_add(1, Ordering::Relaxed);
+        self.latency[idx(reason)].observe(waited);
+    }
+
+    pub fn allows(&self, reason: Reason) -> u64 {
+        self.allows[idx(reason)].load(Ordering::Relaxed)
+    }
+
+    pub fn latency(&self, reason: Reason) -> &Histogram {
+        &self.latency[idx(reason)]
+    }
+
+    pub fn set_pending(&self, n: usize) {
+        self.pending.store(n as u64, Ordering::Relaxed);
+    }
+
+    pub fn pending(&self) -> u64 {
+        self.pending.load(Ordering::Relaxed)
+    }
+
+    pub fn runtime_error(&self, kind: &'static str) {
+        self.runtime_ok.store(false, Ordering::Relaxed);
+        if let Ok(mut m) = self.runtime_errors.lock() {
+            *m.entry(kind).or_default() += 1;
+        }
+    }
+
+    pub fn runtime_errors(&self) -> BTreeMap<&'static str, u64> {
+        self.runtime_errors
+            .lock()
+            .map(|m| m.clone())
+            .unwrap_or_default()
+    }
+
+    pub fn share_error(&self) {
+        self.share_errors.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn share_errors(&self) -> u64 {
+        self.share_errors.load(Ordering::Relaxed)
+    }
+
+    pub fn set_event_source(&self, name: &'static str) {
+        if let Ok(mut s) = self.event_source.lock() {
+            *s = name;
+        }
+    }
+
+    /// The exit-detection source in use ("" before the first decision about it).
+    pub fn event_source(&self) -> &'static str {
+        self.event_source.lock().map(|s| *s).unwrap_or("")
+    }
+
+    pub fn set_watching(&self, on: bool) {
+        self.watching.store(on, Ordering::Relaxed);
+    }
+
+    pub fn watching(&self) -> bool {
+        self.watching.load(Ordering::Relaxed)
+    }
+
+    pub fn set_runtime_ok(&self, ok: bool) {
+        self.runtime_ok.store(ok, Ordering::Relaxed);
+    }
+
+    pub fn runtime_ok(&self) -> bool {
+        self.runtime_ok.load(Ordering::Relaxed)
+    }
+}

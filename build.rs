@@ -1,0 +1,20 @@
+//! Compiles the project's own protos (proto/) with protox, a pure-Rust protobuf compiler, so a
+//! fresh machine needs no `protoc`.
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let files = [
+        "proto/runtime/v1/api.proto",
+        "proto/containerd/services/events/v1/events.proto",
+        "proto/containerd/events/task.proto",
+    ];
+    for f in &files {
+        println!("cargo:rerun-if-changed={f}");
+    }
+    let fds = protox::compile(files, ["proto"])?;
+    // Server stubs too: the tests serve a fake CRI runtime and a fake containerd event stream.
+    tonic_prost_build::configure()
+        .build_server(true)
+        .build_client(true)
+        .compile_fds(fds)?;
+    Ok(())
+}
