@@ -1,0 +1,313 @@
+//! The real agent loop on a temp share against an in-process fake CRI runtime.
+
+mod fakecri;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use exitorder::agent::{Agent, Config};
+use exitorder::cri::ContainerState;
+use exitorder::decide::Reason;
+use exitorder::priority::ANNOTATION;
+use exitorder::stats::Stats;
+use fakecri::{FakeCri, Served};
+use tokio::sync::oneshot;
+
+const APP_UID: &str = "8a3e8c3b-1111-4c3e-9f00-000000000001";
+
+struct Rig {
+    _dir: tempfile::TempDir,
+    share: PathBuf,
+    served: Served,
+    stats: Arc<Stats>,
+    agent: Option<(tokio::task::JoinHandle<()>, oneshot::Sender<()>)>,
+    reserve: Duration,
+}
+
+impl Rig {
+    fn new() -> Rig {
+        let dir = tempfile::tempdir().unwrap();
+        let share = dir.path().join("share");
+        let served = FakeCri::default().serve(&dir.path().join("cri.sock"));
+        Rig {
+            share,
+            served,
+            _dir: dir,
+            stats: Arc::new(Stats::default()),
+            agent: None,
+            reserve: Duration::from_secs(1),
+        }
+    }
+
+    fn cri(&self) -> &FakeCri {
+        &self.served.cri
+    }
+
+    fn start_agent(&mut self) {
+        let mut cfg = Config::new(self.share.clone(), self.served.socket.clone());
+        cfg.poll_interval = Duration::from_millis(10);
+        cfg.grace_reserve = self.reserve;
+        self.stats = Arc::new(Stats::default());
+        let agent = Agent::start(cfg, self.stats.clone()).expect("agent start");
+        let (tx, rx) = oneshot::channel();
+        let task = tokio::spawn(async move {
+            agent
+                .run(async {
+                    let _ = rx.await;
+                })
+                .await
+                .expect("agent run");
+        });
+        self.agent = Some((task, tx));
+    }
+
+    async fn stop_agent(&mut self) {
+        if let Some((task, tx)) = self.agent.take() {
+            let _ = tx.send(());
+            tokio::time::timeout(Duration::from_secs(5), task)
+                .await
+                .expect("agent stops within its bound")
+                .expect("agent task");
+        }
+    }
+
+    fn dir(&self, uid: &str, name: &str) -> PathBuf {
+        self.share.join("pods").join(uid).join(name)
+    }
+
+    /// What the entrypoint does when a preStop starts: create `exit` saying `wait`.
+    fn request_exit(&self, uid: &str, name: &str) -> PathBuf {
+        let dir = self.dir(uid, name);
+        std::fs::create_dir_all(&dir).unwrap();
+        let f = dir.join("exit");
+        std::fs::write(&f, "wait\n").unwrap();
+        f
+    }
+}
+
+fn content(f: &Path) -> String {
+    std::fs::read_to_string(f).unwrap_or_default()
+}
+
+/// Waits until `f` says allow; false if `within` passes first.
+async fn allowed_within(f: &Path, within: Duration) -> bool {
+    let end = Instant::now() + within;
+    while Instant::now() < end {
+        if content(f).trim() == "allow" {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    false
+}
+
+/// Asserts `f` is still unanswered over `span` (many agent poll rounds).
+async fn stays_waiting(f: &Path, span: Duration) {
+    assert!(
+        !allowed_within(f, span).await,
+        "{} was answered too early",
+        f.display()
+    );
+    assert_eq!(content(f).trim(), "wait");
+}
+
+fn two_level_pod(rig: &Rig, grace: u64) -> (String, String) {
+    rig.cri()
+        .add_pod(APP_UID, &[(ANNOTATION, r#"{"proxy":1}"#)]);
+    let app = rig.cri().add_container(APP_UID, "app", 0, grace);
+    let proxy = rig.cri().add_container(APP_UID, "proxy", 0, grace);
+    (app, proxy)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sidecar_waits_until_main_exits() {
+    let mut rig = Rig::new();
+    let (app, _proxy) = two_level_pod(&rig, 60);
+    rig.start_agent();
+    let f = rig.request_exit(APP_UID, "proxy");
+    stays_waiting(&f, Duration::from_millis(300)).await;
+    assert_eq!(rig.stats.pending(), 1);
+    rig.cri().set_state(&app, ContainerState::ContainerExited);
+    assert!(allowed_within(&f, Duration::from_secs(2)).await);
+    assert_eq!(rig.stats.allows(Reason::Ordered), 1);
+    rig.stop_agent().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_levels_answered_in_order() {
+    let mut rig = Rig::new();
+    rig.cri()
+        .add_pod(APP_UID, &[(ANNOTATION, r#"{"proxy":1,"logs":2}"#)]);
+    let app = rig.cri().add_container(APP_UID, "app", 0, 60);
+    let proxy = rig.cri().add_container(APP_UID, "proxy", 0, 60);
+    rig.cri().add_container(APP_UID, "logs", 0, 60);
+    rig.start_agent();
+    let fp = rig.request_exit(APP_UID, "proxy");
+    let fl = rig.request_exit(APP_UID, "logs");
+    stays_waiting(&fp, Duration::from_millis(200)).await;
+    rig.cri().set_state(&app, ContainerState::ContainerExited);
+    assert!(allowed_within(&fp, Duration::from_secs(2)).await);
+    // The proxy was allowed but still runs: logs keeps waiting for it.
+    stays_waiting(&fl, Duration::from_millis(200)).await;
+    rig.cri().set_state(&proxy, ContainerState::ContainerExited);
+    assert!(allowed_within(&fl, Duration::from_secs(2)).await);
+    rig.stop_agent().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restarted_agent_answers_files_already_waiting() {
+    let mut rig = Rig::new();
+    let (app, _) = two_level_pod(&rig, 60);
+    rig.start_agent();
+    let f = rig.request_exit(APP_UID, "proxy");
+    stays_waiting(&f, Duration::from_millis(100)).await;
+    rig.stop_agent().await;
+    // Main exits while no agent runs; a new agent must find the waiting file by scanning.
+    rig.cri().set_state(&app, ContainerState::ContainerExited);
+    stays_waiting(&f, Duration::from_millis(100)).await;
+    rig.start_agent();
+    assert!(allowed_within(&f, Duration::from_secs(2)).await);
+    rig.stop_agent().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restarted_agent_keeps_order_for_files_already_waiting() {
+    let mut rig = Rig::new();
+    let (app, _) = two_level_pod(&rig, 60);
+    // Written while no agent runs.
+    let f = rig.request_exit(APP_UID, "proxy");
+    rig.start_agent();
+    stays_waiting(&f, Duration::from_millis(300)).await;
+    rig.cri().set_state(&app, ContainerState::ContainerExited);
+    assert!(allowed_within(&f, Duration::from_secs(2)).await);
+    rig.stop_agent().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restarted_main_container_is_waited_for() {
+    let mut rig = Rig::new();
+    rig.cri()
+        .add_pod(APP_UID, &[(ANNOTATION, r#"{"proxy":1}"#)]);
+    let old = rig.cri().add_container(APP_UID, "app", 0, 60);
+    rig.cri().set_state(&old, ContainerState::ContainerExited);
+    let new = rig.cri().add_container(APP_UID, "app", 1, 60);
+    rig.cri().add_container(APP_UID, "proxy", 0, 60);
+    rig.start_agent();
+    let f = rig.request_exit(APP_UID, "proxy");
+    stays_waiting(&f, Duration::from_millis(200)).await;
+    rig.cri().set_state(&new, ContainerState::ContainerExited);
+    assert!(allowed_within(&f, Duration::from_secs(2)).await);
+    rig.stop_agent().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn env_priority_orders_a_pod_without_annotation() {
+    let mut rig = Rig::new();
+    rig.cri().add_pod(APP_UID, &[]);
+    let app = rig.cri().add_container(APP_UID, "app", 0, 60);
+    let shipper = rig.cri().add_container(APP_UID, "log-shipper", 0, 60);
+    rig.cri()
+        .set_env(&shipper, "KRUISE_EXIT_PRIORITY", "3");
+    rig.start_agent();
+    let f = rig.request_exit(APP_UID, "log-shipper");
+    stays_waiting(&f, Duration::from_millis(200)).await;
+    rig.cri().set_state(&app, ContainerState::ContainerExited);
+    assert!(allowed_within(&f, Duration::from_secs(2)).await);
+    rig.stop_agent().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mesh_proxy_preset_waits_without_any_priority_given() {
+    let mut rig = Rig::new();
+    rig.cri().add_pod(APP_UID, &[]);
+    let app = rig.cri().add_container(APP_UID, "app", 0, 60);
+    rig.cri().add_container(APP_UID, "linkerd-proxy", 0, 60);
+    rig.start_agent();
+    let f = rig.request_exit(APP_UID, "linkerd-proxy");
+    stays_waiting(&f, Duration::from_millis(200)).await;
+    rig.cri().set_state(&app, ContainerState::ContainerExited);
+    assert!(allowed_within(&f, Duration::from_secs(2)).await);
+    rig.stop_agent().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_annotation_never_holds_the_pod() {
+    for bad in [r#"{"proxy":256}"#, r#"{"proxy":-1}"#, "not json", r#"{"proxy":"1"}"#] {
+        let mut rig = Rig::new();
+        rig.cri().add_pod(APP_UID, &[(ANNOTATION, bad)]);
+        rig.cri().add_container(APP_UID, "app", 0, 60);
+        rig.cri().add_container(APP_UID, "proxy", 0, 60);
+        rig.start_agent();
+        let f = rig.request_exit(APP_UID, "proxy");
+        assert!(allowed_within(&f, Duration::from_secs(2)).await, "{bad}");
+        assert_eq!(rig.stats.allows(Reason::Ordered), 1, "{bad}");
+        rig.stop_agent().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_pod_fails_open() {
+    let mut rig = Rig::new();
+    rig.start_agent();
+    let f = rig.request_exit(APP_UID, "proxy");
+    assert!(allowed_within(&f, Duration::from_secs(2)).await);
+    assert_eq!(rig.stats.allows(Reason::Unknown), 1);
+    rig.stop_agent().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deadline_releases_before_the_grace_period_ends() {
+    let mut rig = Rig::new();
+    rig.reserve = Duration::from_millis(1500);
+    two_level_pod(&rig, 2);
+    rig.start_agent();
+    let started = Instant::now();
+    let f = rig.request_exit(APP_UID, "proxy");
+    assert!(allowed_within(&f, Duration::from_secs(3)).await);
+    let took = started.elapsed();
+    // grace 2 s - reserve 1.5 s: released at about 0.5 s, while main still runs.
+    assert!(took >= Duration::from_millis(450), "released after {took:?}");
+    assert_eq!(rig.stats.allows(Reason::Deadline), 1);
+    rig.stop_agent().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runtime_down_still_releases_at_the_deadline() {
+    let mut rig = Rig::new();
+    rig.reserve = Duration::from_millis(1500);
+    two_level_pod(&rig, 2);
+    rig.start_agent();
+    // The agent learns the grace period while the runtime answers...
+    let f = rig.request_exit(APP_UID, "proxy");
+    stays_waiting(&f, Duration::from_millis(100)).await;
+    // ...then the runtime fails: the wait must still end by the deadline.
+    rig.cri().fail_with(Some(tonic::Code::Unavailable));
+    assert!(allowed_within(&f, Duration::from_secs(3)).await);
+    assert_eq!(rig.stats.allows(Reason::Deadline), 1);
+    assert!(!rig.stats.runtime_errors().is_empty());
+    rig.stop_agent().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_entries_are_skipped_and_the_agent_keeps_working() {
+    let mut rig = Rig::new();
+    let (app, _) = two_level_pod(&rig, 60);
+    let pods = rig.share.join("pods");
+    std::fs::create_dir_all(pods.join("NOT-A-UID/proxy")).unwrap();
+    std::fs::write(pods.join("NOT-A-UID/proxy/exit"), "wait").unwrap();
+    std::fs::create_dir_all(pods.join(APP_UID).join("Bad_Name")).unwrap();
+    std::fs::write(pods.join(APP_UID).join("Bad_Name/exit"), "wait").unwrap();
+    let odd = rig.request_exit(APP_UID, "odd");
+    std::fs::write(&odd, "something else").unwrap();
+    rig.start_agent();
+    // Also after start-up, while the agent runs.
+    std::fs::create_dir_all(pods.join("..uid..")).unwrap();
+    let f = rig.request_exit(APP_UID, "proxy");
+    stays_waiting(&f, Duration::from_millis(100)).await;
+    rig.cri().set_state(&app, ContainerState::ContainerExited);
+    assert!(allowed_within(&f, Duration::from_secs(2)).await);
+    assert_eq!(content(&odd), "something else");
+    assert_eq!(content(&pods.join("NOT-A-UID/proxy/exit")), "wait");
+    rig.stop_agent().await;
+}

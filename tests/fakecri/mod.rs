@@ -1,0 +1,279 @@
+//! An in-process fake CRI runtime (tonic over a unix socket) for what a real containerd 1.6
+//! cannot show on demand: exact states, env-only priorities, unknown pods, failing calls.
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use exitorder::cri::runtime_service_server::{RuntimeService, RuntimeServiceServer};
+use exitorder::cri::*;
+use exitorder::runtime::{ANNOTATION_GRACE, LABEL_CONTAINER_NAME, LABEL_POD_UID};
+use tokio_stream::wrappers::{ReceiverStream, UnixListenerStream};
+use tonic::{Request, Response, Status};
+
+#[derive(Clone, Debug)]
+pub struct FakeContainer {
+    pub id: String,
+    pub pod_uid: String,
+    pub name: String,
+    pub attempt: u32,
+    pub state: ContainerState,
+    pub created_at: i64,
+    pub envs: Vec<(String, String)>,
+    pub annotations: HashMap<String, String>,
+}
+
+#[derive(Clone, Debug)]
+pub struct FakeSandbox {
+    pub id: String,
+    pub uid: String,
+    pub annotations: HashMap<String, String>,
+    pub created_at: i64,
+}
+
+#[derive(Default)]
+pub struct State {
+    pub sandboxes: Vec<FakeSandbox>,
+    pub containers: Vec<FakeContainer>,
+    /// When set, every call fails with this code.
+    pub fail_with: Option<tonic::Code>,
+    pub list_calls: u64,
+    pub status_calls: u64,
+    seq: i64,
+}
+
+#[derive(Clone, Default)]
+pub struct FakeCri {
+    pub state: Arc<Mutex<State>>,
+}
+
+pub struct Served {
+    pub socket: PathBuf,
+    pub cri: FakeCri,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl FakeCri {
+    /// Serves the fake on `socket` until the returned handle is dropped.
+    pub fn serve(self, socket: &Path) -> Served {
+        let listener = tokio::net::UnixListener::bind(socket).expect("bind fake CRI socket");
+        let svc = RuntimeServiceServer::new(self.clone());
+        let task = tokio::spawn(async move {
+            let _ = tonic::transport::Server::builder()
+                .add_service(svc)
+                .serve_with_incoming(UnixListenerStream::new(listener))
+                .await;
+        });
+        Served {
+            socket: socket.to_owned(),
+            cri: self,
+            task,
+        }
+    }
+
+    fn next(&self) -> i64 {
+        let mut s = self.state.lock().unwrap();
+        s.seq += 1;
+        s.seq
+    }
+
+    /// Adds a pod sandbox with the pod's annotations.
+    pub fn add_pod(&self, uid: &str, annotations: &[(&str, &str)]) {
+        let n = self.next();
+        self.state.lock().unwrap().sandboxes.push(FakeSandbox {
+            id: format!("sb-{n}"),
+            uid: uid.to_owned(),
+            annotations: annotations
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            created_at: n,
+        });
+    }
+
+    /// Adds a running container (attempt 0 unless given) and returns its id.
+    pub fn add_container(&self, uid: &str, name: &str, attempt: u32, grace_secs: u64) -> String {
+        let n = self.next();
+        let id = format!("c-{name}-{n}");
+        self.state.lock().unwrap().containers.push(FakeContainer {
+            id: id.clone(),
+            pod_uid: uid.to_owned(),
+            name: name.to_owned(),
+            attempt,
+            state: ContainerState::ContainerRunning,
+            created_at: n,
+            envs: Vec::new(),
+            annotations: [(ANNOTATION_GRACE.to_owned(), grace_secs.to_string())].into(),
+        });
+        id
+    }
+
+    pub fn set_env(&self, id: &str, key: &str, value: &str) {
+        let mut s = self.state.lock().unwrap();
+        if let Some(c) = s.containers.iter_mut().find(|c| c.id == id) {
+            c.envs.push((key.to_owned(), value.to_owned()));
+        }
+    }
+
+    pub fn set_state(&self, id: &str, state: ContainerState) {
+        let mut s = self.state.lock().unwrap();
+        let c = s
+            .containers
+            .iter_mut()
+            .find(|c| c.id == id)
+            .expect("no such fake container");
+        c.state = state;
+    }
+
+    pub fn fail_with(&self, code: Option<tonic::Code>) {
+        self.state.lock().unwrap().fail_with = code;
+    }
+
+    fn check(&self) -> Result<(), Status> {
+        match self.state.lock().unwrap().fail_with {
+            Some(code) => Err(Status::new(code, "fake runtime failure")),
+            None => Ok(()),
+        }
+    }
+
+    fn to_container(c: &FakeContainer) -> Container {
+        Container {
+            id: c.id.clone(),
+            pod_sandbox_id: String::new(),
+            metadata: Some(ContainerMetadata {
+                name: c.name.clone(),
+                attempt: c.attempt,
+            }),
+            state: c.state as i32,
+            created_at: c.created_at,
+            labels: [
+                (LABEL_POD_UID.to_owned(), c.pod_uid.clone()),
+                (LABEL_CONTAINER_NAME.to_owned(), c.name.clone()),
+            ]
+            .into(),
+            annotations: c.annotations.clone(),
+            ..Default::default()
+        }
+    }
+}
+
+fn unimplemented<T>() -> Result<Response<T>, Status> {
+    Err(Status::unimplemented("not in the fake"))
+}
+
+#[tonic::async_trait]
+impl RuntimeService for FakeCri {
+    async fn version(&self, _: Request<VersionRequest>) -> Result<Response<VersionResponse>, Status> {
+        self.check()?;
+        Ok(Response::new(VersionResponse {
+            version: "0.1.0".into(),
+            runtime_name: "fake".into(),
+            runtime_version: "0.0.1".into(),
+            runtime_api_version: "v1".into(),
+        }))
+    }
+
+    async fn list_pod_sandbox(
+        &self,
+        _: Request<ListPodSandboxRequest>,
+    ) -> Result<Response<ListPodSandboxResponse>, Status> {
+        self.check()?;
+        let mut s = self.state.lock().unwrap();
+        s.list_calls += 1;
+        let items = s
+            .sandboxes
+            .iter()
+            .map(|sb| PodSandbox {
+                id: sb.id.clone(),
+                created_at: sb.created_at,
+                labels: [(LABEL_POD_UID.to_owned(), sb.uid.clone())].into(),
+                annotations: sb.annotations.clone(),
+                ..Default::default()
+            })
+            .collect();
+        Ok(Response::new(ListPodSandboxResponse { items }))
+    }
+
+    async fn list_containers(
+        &self,
+        _: Request<ListContainersRequest>,
+    ) -> Result<Response<ListContainersResponse>, Status> {
+        self.check()?;
+        let s = self.state.lock().unwrap();
+        let containers = s.containers.iter().map(Self::to_container).collect();
+        Ok(Response::new(ListContainersResponse { containers }))
+    }
+
+    async fn container_status(
+        &self,
+        req: Request<ContainerStatusRequest>,
+    ) -> Result<Response<ContainerStatusResponse>, Status> {
+        self.check()?;
+        let id = req.into_inner().container_id;
+        let mut s = self.state.lock().unwrap();
+        s.status_calls += 1;
+        let c = s
+            .containers
+            .iter()
+            .find(|c| c.id == id)
+            .ok_or_else(|| Status::not_found("no such container"))?;
+        let envs: Vec<serde_json::Value> = c
+            .envs
+            .iter()
+            .map(|(k, v)| serde_json::json!({"key": k, "value": v}))
+            .collect();
+        let info = serde_json::json!({"pid": 1, "config": {"envs": envs}}).to_string();
+        Ok(Response::new(ContainerStatusResponse {
+            status: Some(ContainerStatus {
+                id: c.id.clone(),
+                state: c.state as i32,
+                ..Default::default()
+            }),
+            info: [("info".to_owned(), info)].into(),
+        }))
+    }
+
+    async fn run_pod_sandbox(&self, _: Request<RunPodSandboxRequest>) -> Result<Response<RunPodSandboxResponse>, Status> {
+        unimplemented()
+    }
+    async fn stop_pod_sandbox(&self, _: Request<StopPodSandboxRequest>) -> Result<Response<StopPodSandboxResponse>, Status> {
+        unimplemented()
+    }
+    async fn remove_pod_sandbox(&self, _: Request<RemovePodSandboxRequest>) -> Result<Response<RemovePodSandboxResponse>, Status> {
+        unimplemented()
+    }
+    async fn pod_sandbox_status(&self, _: Request<PodSandboxStatusRequest>) -> Result<Response<PodSandboxStatusResponse>, Status> {
+        unimplemented()
+    }
+    async fn create_container(&self, _: Request<CreateContainerRequest>) -> Result<Response<CreateContainerResponse>, Status> {
+        unimplemented()
+    }
+    async fn start_container(&self, _: Request<StartContainerRequest>) -> Result<Response<StartContainerResponse>, Status> {
+        unimplemented()
+    }
+    async fn stop_container(&self, _: Request<StopContainerRequest>) -> Result<Response<StopContainerResponse>, Status> {
+        unimplemented()
+    }
+    async fn remove_container(&self, _: Request<RemoveContainerRequest>) -> Result<Response<RemoveContainerResponse>, Status> {
+        unimplemented()
+    }
+    async fn exec_sync(&self, _: Request<ExecSyncRequest>) -> Result<Response<ExecSyncResponse>, Status> {
+        unimplemented()
+    }
+
+    type GetContainerEventsStream = ReceiverStream<Result<ContainerEventResponse, Status>>;
+
+    async fn get_container_events(
+        &self,
+        _: Request<GetEventsRequest>,
+    ) -> Result<Response<Self::GetContainerEventsStream>, Status> {
+        unimplemented()
+    }
+}
