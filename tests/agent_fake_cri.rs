@@ -207,8 +207,7 @@ async fn env_priority_orders_a_pod_without_annotation() {
     rig.cri().add_pod(APP_UID, &[]);
     let app = rig.cri().add_container(APP_UID, "app", 0, 60);
     let shipper = rig.cri().add_container(APP_UID, "log-shipper", 0, 60);
-    rig.cri()
-        .set_env(&shipper, "KRUISE_EXIT_PRIORITY", "3");
+    rig.cri().set_env(&shipper, "KRUISE_EXIT_PRIORITY", "3");
     rig.start_agent();
     let f = rig.request_exit(APP_UID, "log-shipper");
     stays_waiting(&f, Duration::from_millis(200)).await;
@@ -233,7 +232,12 @@ async fn mesh_proxy_preset_waits_without_any_priority_given() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_annotation_never_holds_the_pod() {
-    for bad in [r#"{"proxy":256}"#, r#"{"proxy":-1}"#, "not json", r#"{"proxy":"1"}"#] {
+    for bad in [
+        r#"{"proxy":256}"#,
+        r#"{"proxy":-1}"#,
+        "not json",
+        r#"{"proxy":"1"}"#,
+    ] {
         let mut rig = Rig::new();
         rig.cri().add_pod(APP_UID, &[(ANNOTATION, bad)]);
         rig.cri().add_container(APP_UID, "app", 0, 60);
@@ -267,7 +271,10 @@ async fn deadline_releases_before_the_grace_period_ends() {
     assert!(allowed_within(&f, Duration::from_secs(3)).await);
     let took = started.elapsed();
     // grace 2 s - reserve 1.5 s: released at about 0.5 s, while main still runs.
-    assert!(took >= Duration::from_millis(450), "released after {took:?}");
+    assert!(
+        took >= Duration::from_millis(450),
+        "released after {took:?}"
+    );
     assert_eq!(rig.stats.allows(Reason::Deadline), 1);
     rig.stop_agent().await;
 }
@@ -309,5 +316,107 @@ async fn bad_entries_are_skipped_and_the_agent_keeps_working() {
     assert!(allowed_within(&f, Duration::from_secs(2)).await);
     assert_eq!(content(&odd), "something else");
     assert_eq!(content(&pods.join("NOT-A-UID/proxy/exit")), "wait");
+    rig.stop_agent().await;
+}
+
+async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let req = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    s.write_all(req.as_bytes()).await.unwrap();
+    let mut buf = String::new();
+    s.read_to_string(&mut buf).await.unwrap();
+    let code = buf
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = buf.split_once("\r\n\r\n").map_or("", |(_, b)| b).to_owned();
+    (code, body)
+}
+
+/// Parses Prometheus text into (series with labels, value), checking every line's shape.
+fn parse_metrics(text: &str) -> Vec<(String, f64)> {
+    text.lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .map(|l| {
+            let (series, value) = l.rsplit_once(' ').expect("series and value");
+            (
+                series.to_owned(),
+                value.parse::<f64>().expect("numeric value"),
+            )
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_and_health_endpoints() {
+    let mut rig = Rig::new();
+    let (app, _) = two_level_pod(&rig, 60);
+    rig.start_agent();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let http = tokio::spawn(exitorder::metrics::serve(listener, rig.stats.clone()));
+    let f = rig.request_exit(APP_UID, "proxy");
+    stays_waiting(&f, Duration::from_millis(100)).await;
+
+    let (code, body) = http_get(addr, "/metrics").await;
+    assert_eq!(code, 200);
+    let m = parse_metrics(&body);
+    let get = |name: &str| m.iter().find(|(s, _)| s == name).map(|(_, v)| *v);
+    for family in [
+        "exitorder_allow_latency_seconds_bucket",
+        "exitorder_allows_total",
+        "exitorder_pending_exits",
+        "exitorder_event_source",
+        "exitorder_share_errors_total",
+    ] {
+        assert!(
+            m.iter().any(|(s, _)| s.starts_with(family)),
+            "{family} missing"
+        );
+    }
+    assert_eq!(get("exitorder_pending_exits"), Some(1.0));
+    assert_eq!(
+        get(r#"exitorder_allows_total{reason="ordered"}"#),
+        Some(0.0)
+    );
+    assert_eq!(get(r#"exitorder_event_source{source="poll"}"#), Some(1.0));
+
+    rig.cri().set_state(&app, ContainerState::ContainerExited);
+    assert!(allowed_within(&f, Duration::from_secs(2)).await);
+    let (_, body) = http_get(addr, "/metrics").await;
+    let m = parse_metrics(&body);
+    let get = |name: &str| m.iter().find(|(s, _)| s == name).map(|(_, v)| *v);
+    assert_eq!(
+        get(r#"exitorder_allows_total{reason="ordered"}"#),
+        Some(1.0)
+    );
+    assert_eq!(
+        get(r#"exitorder_allow_latency_seconds_count{reason="ordered"}"#),
+        Some(1.0)
+    );
+    assert_eq!(get("exitorder_pending_exits"), Some(0.0));
+
+    assert_eq!(http_get(addr, "/healthz").await.0, 200);
+    assert_eq!(http_get(addr, "/readyz").await.0, 200);
+    rig.cri().fail_with(Some(tonic::Code::Unavailable));
+    // The next runtime round fails; readiness follows.
+    rig.request_exit(APP_UID, "other");
+    let end = Instant::now() + Duration::from_secs(2);
+    while http_get(addr, "/readyz").await.0 != 503 {
+        assert!(
+            Instant::now() < end,
+            "readyz never reported the runtime down"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let (_, body) = http_get(addr, "/metrics").await;
+    assert!(
+        body.contains("exitorder_runtime_errors_total{kind="),
+        "{body}"
+    );
+    assert_eq!(http_get(addr, "/nope").await.0, 404);
+    http.abort();
     rig.stop_agent().await;
 }

@@ -7,6 +7,7 @@
 pub mod agent;
 pub mod cli;
 pub mod decide;
+pub mod metrics;
 pub mod priority;
 pub mod runtime;
 pub mod share;

@@ -1,0 +1,150 @@
+//! The agent's HTTP endpoint: `/metrics` (Prometheus text), `/healthz` (the process answers),
+//! `/readyz` (the share watch runs and the runtime answered its last call).
+
+use std::convert::Infallible;
+use std::fmt::Write as _;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpListener;
+use tracing::{debug, Instrument};
+
+use crate::decide::Reason;
+use crate::stats::{Stats, LATENCY_BUCKETS};
+
+/// Renders every metric family in the Prometheus text format.
+pub fn render(stats: &Stats) -> String {
+    let mut out = String::with_capacity(4096);
+    let _ = writeln!(
+        out,
+        "# HELP exitorder_allow_latency_seconds Time from an exit file appearing to allow written.\n\
+         # TYPE exitorder_allow_latency_seconds histogram"
+    );
+    for reason in Reason::ALL {
+        let (buckets, count, sum) = stats.latency(reason).read();
+        for (le, n) in LATENCY_BUCKETS.iter().zip(buckets) {
+            let _ = writeln!(
+                out,
+                "exitorder_allow_latency_seconds_bucket{{reason=\"{reason}\",le=\"{le}\"}} {n}"
+            );
+        }
+        let _ = writeln!(
+            out,
+            "exitorder_allow_latency_seconds_bucket{{reason=\"{reason}\",le=\"+Inf\"}} {count}\n\
+             exitorder_allow_latency_seconds_sum{{reason=\"{reason}\"}} {sum}\n\
+             exitorder_allow_latency_seconds_count{{reason=\"{reason}\"}} {count}"
+        );
+    }
+    let _ = writeln!(
+        out,
+        "# HELP exitorder_allows_total Exits allowed, by reason.\n# TYPE exitorder_allows_total counter"
+    );
+    for reason in Reason::ALL {
+        let _ = writeln!(
+            out,
+            "exitorder_allows_total{{reason=\"{reason}\"}} {}",
+            stats.allows(reason)
+        );
+    }
+    let _ = writeln!(
+        out,
+        "# HELP exitorder_pending_exits Containers waiting for exit permission.\n\
+         # TYPE exitorder_pending_exits gauge\nexitorder_pending_exits {}",
+        stats.pending()
+    );
+    let _ = writeln!(
+        out,
+        "# HELP exitorder_event_source How container exits are detected (1 = in use).\n\
+         # TYPE exitorder_event_source gauge\nexitorder_event_source{{source=\"{}\"}} 1",
+        stats.event_source()
+    );
+    let _ = writeln!(
+        out,
+        "# HELP exitorder_runtime_errors_total Failed runtime calls, by call.\n\
+         # TYPE exitorder_runtime_errors_total counter"
+    );
+    for (kind, n) in stats.runtime_errors() {
+        let _ = writeln!(out, "exitorder_runtime_errors_total{{kind=\"{kind}\"}} {n}");
+    }
+    let _ = writeln!(
+        out,
+        "# HELP exitorder_share_errors_total Share entries that could not be read or written.\n\
+         # TYPE exitorder_share_errors_total counter\nexitorder_share_errors_total {}",
+        stats.share_errors()
+    );
+    out
+}
+
+fn respond(stats: &Stats, req: &Request<Incoming>) -> Response<Full<Bytes>> {
+    let text = |code: StatusCode, body: String| {
+        let mut r = Response::new(Full::new(Bytes::from(body)));
+        *r.status_mut() = code;
+        r
+    };
+    if req.method() != Method::GET {
+        return text(StatusCode::METHOD_NOT_ALLOWED, "GET only\n".into());
+    }
+    match req.uri().path() {
+        "/metrics" => {
+            let mut r = text(StatusCode::OK, render(stats));
+            r.headers_mut().insert(
+                hyper::header::CONTENT_TYPE,
+                hyper::header::HeaderValue::from_static("text/plain; version=0.0.4"),
+            );
+            r
+        }
+        "/healthz" => text(StatusCode::OK, "ok\n".into()),
+        "/readyz" if stats.watching() && stats.runtime_ok() => {
+            text(StatusCode::OK, "ready\n".into())
+        }
+        "/readyz" => text(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!(
+                "not ready: share watch {}, runtime {}\n",
+                if stats.watching() {
+                    "running"
+                } else {
+                    "stopped"
+                },
+                if stats.runtime_ok() {
+                    "reachable"
+                } else {
+                    "unreachable"
+                }
+            ),
+        ),
+        _ => text(StatusCode::NOT_FOUND, "not found\n".into()),
+    }
+}
+
+/// Serves until the task is dropped or aborted; each connection runs in its own named task.
+pub async fn serve(listener: TcpListener, stats: Arc<Stats>) {
+    loop {
+        let (stream, peer) = match listener.accept().await {
+            Ok(c) => c,
+            Err(e) => {
+                debug!(error = %e, "metrics accept failed");
+                continue;
+            }
+        };
+        let stats = stats.clone();
+        let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
+            let resp = respond(&stats, &req);
+            async move { Ok::<_, Infallible>(resp) }
+        });
+        tokio::spawn(
+            async move {
+                let conn = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), svc);
+                if let Err(e) = conn.await {
+                    debug!(error = %e, "metrics connection ended");
+                }
+            }
+            .instrument(tracing::debug_span!("metrics_conn", %peer)),
+        );
+    }
+}
