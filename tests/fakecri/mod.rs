@@ -170,7 +170,10 @@ fn unimplemented<T>() -> Result<Response<T>, Status> {
 
 #[tonic::async_trait]
 impl RuntimeService for FakeCri {
-    async fn version(&self, _: Request<VersionRequest>) -> Result<Response<VersionResponse>, Status> {
+    async fn version(
+        &self,
+        _: Request<VersionRequest>,
+    ) -> Result<Response<VersionResponse>, Status> {
         self.check()?;
         Ok(Response::new(VersionResponse {
             version: "0.1.0".into(),
@@ -240,31 +243,58 @@ impl RuntimeService for FakeCri {
         }))
     }
 
-    async fn run_pod_sandbox(&self, _: Request<RunPodSandboxRequest>) -> Result<Response<RunPodSandboxResponse>, Status> {
+    async fn run_pod_sandbox(
+        &self,
+        _: Request<RunPodSandboxRequest>,
+    ) -> Result<Response<RunPodSandboxResponse>, Status> {
         unimplemented()
     }
-    async fn stop_pod_sandbox(&self, _: Request<StopPodSandboxRequest>) -> Result<Response<StopPodSandboxResponse>, Status> {
+    async fn stop_pod_sandbox(
+        &self,
+        _: Request<StopPodSandboxRequest>,
+    ) -> Result<Response<StopPodSandboxResponse>, Status> {
         unimplemented()
     }
-    async fn remove_pod_sandbox(&self, _: Request<RemovePodSandboxRequest>) -> Result<Response<RemovePodSandboxResponse>, Status> {
+    async fn remove_pod_sandbox(
+        &self,
+        _: Request<RemovePodSandboxRequest>,
+    ) -> Result<Response<RemovePodSandboxResponse>, Status> {
         unimplemented()
     }
-    async fn pod_sandbox_status(&self, _: Request<PodSandboxStatusRequest>) -> Result<Response<PodSandboxStatusResponse>, Status> {
+    async fn pod_sandbox_status(
+        &self,
+        _: Request<PodSandboxStatusRequest>,
+    ) -> Result<Response<PodSandboxStatusResponse>, Status> {
         unimplemented()
     }
-    async fn create_container(&self, _: Request<CreateContainerRequest>) -> Result<Response<CreateContainerResponse>, Status> {
+    async fn create_container(
+        &self,
+        _: Request<CreateContainerRequest>,
+    ) -> Result<Response<CreateContainerResponse>, Status> {
         unimplemented()
     }
-    async fn start_container(&self, _: Request<StartContainerRequest>) -> Result<Response<StartContainerResponse>, Status> {
+    async fn start_container(
+        &self,
+        _: Request<StartContainerRequest>,
+    ) -> Result<Response<StartContainerResponse>, Status> {
         unimplemented()
     }
-    async fn stop_container(&self, _: Request<StopContainerRequest>) -> Result<Response<StopContainerResponse>, Status> {
+    async fn stop_container(
+        &self,
+        _: Request<StopContainerRequest>,
+    ) -> Result<Response<StopContainerResponse>, Status> {
         unimplemented()
     }
-    async fn remove_container(&self, _: Request<RemoveContainerRequest>) -> Result<Response<RemoveContainerResponse>, Status> {
+    async fn remove_container(
+        &self,
+        _: Request<RemoveContainerRequest>,
+    ) -> Result<Response<RemoveContainerResponse>, Status> {
         unimplemented()
     }
-    async fn exec_sync(&self, _: Request<ExecSyncRequest>) -> Result<Response<ExecSyncResponse>, Status> {
+    async fn exec_sync(
+        &self,
+        _: Request<ExecSyncRequest>,
+    ) -> Result<Response<ExecSyncResponse>, Status> {
         unimplemented()
     }
 
