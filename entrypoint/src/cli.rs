@@ -1,0 +1,614 @@
+//! Command-line parsing into a typed [`Command`].
+//!
+//! Two spellings lead to the same wait:
+//! - `wait [--dir DIR] [--timeout DURATION] [-- CMD ARGS...]`, the native form;
+//! - `-wait-container-exit [-entrypoint CMD] [-- ARGS...]`, the form of the
+//!   OpenKruise SidecarExitPriority proposal, parsed with Go `flag` package
+//!   rules (one or two dashes, `-flag=value`, flags end at the first
+//!   non-flag argument) so pod specs written for it keep working.
+
+use std::ffi::{OsStr, OsString};
+use std::fmt;
+use std::os::unix::ffi::OsStrExt;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::duration;
+
+/// Directory the agent shares with the container when nothing else is said.
+pub const DEFAULT_DIR: &str = "/var/run/exitorder";
+/// Just under Kubernetes' default 30 s termination grace period, so the
+/// wrapped command still gets a few seconds before kubelet's SIGKILL.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(25);
+/// Overrides [`DEFAULT_DIR`]; `--dir` overrides it in turn.
+pub const ENV_DIR: &str = "EXITORDER_DIR";
+/// Overrides [`DEFAULT_TIMEOUT`]; `--timeout` overrides it in turn.
+pub const ENV_TIMEOUT: &str = "EXITORDER_WAIT_TIMEOUT";
+
+/// Exit status for bad usage (`EX_USAGE` from sysexits.h).
+pub const EX_USAGE: u8 = 64;
+
+pub const USAGE: &str = "\
+usage: exitorder-entrypoint wait [--dir DIR] [--timeout DURATION] [-- CMD [ARGS...]]
+       exitorder-entrypoint -wait-container-exit [-entrypoint CMD] [-- ARGS...]
+
+Waits until the exitorder agent on this node allows this container to exit,
+then runs CMD with ARGS in its place (or exits 0 without CMD). Meant for a
+sidecar's preStop hook. If the agent does not answer, it proceeds anyway.
+
+options:
+  --dir DIR            directory shared with the agent
+                       (env EXITORDER_DIR, default /var/run/exitorder)
+  --timeout DURATION   proceed without permission after DURATION
+                       (env EXITORDER_WAIT_TIMEOUT, default 25s);
+                       DURATION is 500ms, 30s, 2m, 1h or plain seconds
+  -entrypoint CMD      (with -wait-container-exit) command to run after the
+                       wait; without it, the arguments after -- are the command
+  -h, --help           show this help
+";
+
+/// What the invocation asks for.
+///
+/// New subcommands get a variant here and an arm in `main`'s dispatcher.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Command {
+    /// Print usage on stdout and exit 0.
+    Help,
+    /// Wait for exit permission, then run the wrapped command.
+    Wait(WaitArgs),
+}
+
+/// Arguments of the wait, with environment and defaults already applied.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WaitArgs {
+    pub dir: PathBuf,
+    pub timeout: Duration,
+    pub then: Option<Exec>,
+}
+
+/// The command that replaces this process once the wait is over.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Exec {
+    pub program: OsString,
+    pub args: Vec<OsString>,
+}
+
+/// The environment variables parsing looks at, passed in so tests need not
+/// touch the process environment.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Env {
+    pub dir: Option<OsString>,
+    pub timeout: Option<OsString>,
+}
+
+impl Env {
+    /// Reads the variables from the process environment. An empty value counts
+    /// as unset: templating tools often render a missing value as `""`.
+    pub fn from_process() -> Self {
+        let get = |name| std::env::var_os(name).filter(|value| !value.is_empty());
+        Env {
+            dir: get(ENV_DIR),
+            timeout: get(ENV_TIMEOUT),
+        }
+    }
+}
+
+/// An invocation that cannot be carried out; main prints it with [`USAGE`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UsageError(pub String);
+
+impl fmt::Display for UsageError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for UsageError {}
+
+fn usage_error(message: impl Into<String>) -> UsageError {
+    UsageError(message.into())
+}
+
+/// Parses the arguments after the program name.
+pub fn parse<I>(args: I, env: &Env) -> Result<Command, UsageError>
+where
+    I: IntoIterator<Item = OsString>,
+{
+    let mut args = args.into_iter();
+    let Some(first) = args.next() else {
+        return Err(usage_error("missing subcommand"));
+    };
+    if first == "wait" {
+        return parse_wait(args, env);
+    }
+    let kind = Flag::split(&first).map(|flag| match flag.name {
+        "h" | "help" if flag.value.is_none() => Leading::Help,
+        "wait-container-exit" | "entrypoint" => Leading::Kruise,
+        _ => Leading::Unknown,
+    });
+    match kind {
+        Some(Leading::Help) => Ok(Command::Help),
+        Some(Leading::Kruise) => parse_kruise(std::iter::once(first).chain(args), env),
+        Some(Leading::Unknown) => Err(unexpected(&first)),
+        None => Err(usage_error(format!(
+            "unknown subcommand {:?}",
+            first.to_string_lossy()
+        ))),
+    }
+}
+
+/// What a flag-shaped first argument selects.
+enum Leading {
+    Help,
+    Kruise,
+    Unknown,
+}
+
+/// A `-name`, `--name`, `-name=value` or `--name=value` argument.
+struct Flag<'a> {
+    name: &'a str,
+    dashes: usize,
+    value: Option<&'a OsStr>,
+}
+
+impl<'a> Flag<'a> {
+    /// `None` for anything that is not flag-shaped: no leading dash, a lone
+    /// `-`, the `--` terminator, or a name that is not UTF-8.
+    fn split(arg: &'a OsStr) -> Option<Self> {
+        let bytes = arg.as_bytes();
+        let dashes = if bytes.starts_with(b"--") {
+            2
+        } else if bytes.starts_with(b"-") {
+            1
+        } else {
+            return None;
+        };
+        let rest = &bytes[dashes..];
+        if rest.is_empty() || rest.starts_with(b"-") {
+            return None;
+        }
+        let (name, value) = match rest.iter().position(|&b| b == b'=') {
+            Some(at) => (&rest[..at], Some(OsStr::from_bytes(&rest[at + 1..]))),
+            None => (rest, None),
+        };
+        let name = std::str::from_utf8(name).ok()?;
+        Some(Flag {
+            name,
+            dashes,
+            value,
+        })
+    }
+
+    /// The flag's value: inline after `=`, else the next argument.
+    fn value(
+        &self,
+        shown: &str,
+        rest: &mut impl Iterator<Item = OsString>,
+    ) -> Result<OsString, UsageError> {
+        match self.value {
+            Some(value) => Ok(value.to_owned()),
+            None => rest
+                .next()
+                .ok_or_else(|| usage_error(format!("{shown} needs a value"))),
+        }
+    }
+}
+
+fn parse_wait(mut args: impl Iterator<Item = OsString>, env: &Env) -> Result<Command, UsageError> {
+    let mut dir = None;
+    let mut timeout = None;
+    let mut command = Vec::new();
+    while let Some(arg) = args.next() {
+        if arg == "--" {
+            command.extend(args.by_ref());
+            break;
+        }
+        let flag = Flag::split(&arg)
+            .filter(|flag| flag.dashes == 2 || flag.name == "h")
+            .ok_or_else(|| unexpected(&arg))?;
+        match flag.name {
+            "h" | "help" if flag.value.is_none() => return Ok(Command::Help),
+            "dir" => dir = Some(dir_value(flag.value("--dir", &mut args)?, "--dir")?),
+            "timeout" => {
+                timeout = Some(timeout_value(
+                    flag.value("--timeout", &mut args)?,
+                    "--timeout",
+                )?)
+            }
+            _ => return Err(unexpected(&arg)),
+        }
+    }
+    let then = command_from(None, command);
+    finish(dir, timeout, then, env)
+}
+
+fn parse_kruise(
+    mut args: impl Iterator<Item = OsString>,
+    env: &Env,
+) -> Result<Command, UsageError> {
+    let mut wait_flag = None;
+    let mut entrypoint = None;
+    let mut dir = None;
+    let mut timeout = None;
+    let mut positional = Vec::new();
+    while let Some(arg) = args.next() {
+        if arg == "--" {
+            positional.extend(args.by_ref());
+            break;
+        }
+        let Some(flag) = Flag::split(&arg) else {
+            // Go's flag package stops at the first non-flag argument; the
+            // rest, this one included, are positional.
+            positional.push(arg);
+            positional.extend(args.by_ref());
+            break;
+        };
+        let shown = format!("-{}", flag.name);
+        match flag.name {
+            "h" | "help" if flag.value.is_none() => return Ok(Command::Help),
+            "wait-container-exit" => wait_flag = Some(go_bool(flag.value, &shown)?),
+            "entrypoint" => {
+                let program = flag.value(&shown, &mut args)?;
+                if program.is_empty() {
+                    return Err(usage_error("-entrypoint needs a command"));
+                }
+                entrypoint = Some(program);
+            }
+            "dir" => dir = Some(dir_value(flag.value(&shown, &mut args)?, &shown)?),
+            "timeout" => timeout = Some(timeout_value(flag.value(&shown, &mut args)?, &shown)?),
+            _ => return Err(unexpected(&arg)),
+        }
+    }
+    if wait_flag != Some(true) {
+        return Err(usage_error(
+            "-wait-container-exit is required (running a command without the wait is not supported)",
+        ));
+    }
+    let then = command_from(entrypoint, positional);
+    finish(dir, timeout, then, env)
+}
+
+/// Go's `strconv.ParseBool` spellings, as `-wait-container-exit=true` is a
+/// valid Go `flag` spelling.
+fn go_bool(value: Option<&OsStr>, shown: &str) -> Result<bool, UsageError> {
+    let Some(value) = value else { return Ok(true) };
+    match value.as_bytes() {
+        b"1" | b"t" | b"T" | b"true" | b"TRUE" | b"True" => Ok(true),
+        b"0" | b"f" | b"F" | b"false" | b"FALSE" | b"False" => Ok(false),
+        _ => Err(usage_error(format!(
+            "{shown} takes true or false, not {:?}",
+            value.to_string_lossy()
+        ))),
+    }
+}
+
+fn unexpected(arg: &OsStr) -> UsageError {
+    let shown = arg.to_string_lossy();
+    if Flag::split(arg).is_some() {
+        usage_error(format!("unknown flag {shown}"))
+    } else {
+        usage_error(format!(
+            "unexpected argument {shown:?} (put the command after --)"
+        ))
+    }
+}
+
+fn dir_value(value: OsString, shown: &str) -> Result<PathBuf, UsageError> {
+    if value.is_empty() {
+        return Err(usage_error(format!("{shown} needs a non-empty path")));
+    }
+    Ok(PathBuf::from(value))
+}
+
+fn timeout_value(value: OsString, shown: &str) -> Result<Duration, UsageError> {
+    let text = value.to_str().unwrap_or("\u{fffd}");
+    duration::parse(text).map_err(|err| usage_error(format!("{shown}: {err}")))
+}
+
+fn command_from(program: Option<OsString>, mut rest: Vec<OsString>) -> Option<Exec> {
+    let program = match program {
+        Some(program) => program,
+        None if rest.is_empty() => return None,
+        None => rest.remove(0),
+    };
+    Some(Exec {
+        program,
+        args: rest,
+    })
+}
+
+/// Fills in what the command line left out: flag, then environment, then
+/// default. The environment's timeout is only parsed when it is used, so a
+/// flag can override a broken value.
+fn finish(
+    dir: Option<PathBuf>,
+    timeout: Option<Duration>,
+    then: Option<Exec>,
+    env: &Env,
+) -> Result<Command, UsageError> {
+    let dir = dir
+        .or_else(|| env.dir.clone().map(PathBuf::from))
+        .unwrap_or_else(|| PathBuf::from(DEFAULT_DIR));
+    let timeout = match (timeout, &env.timeout) {
+        (Some(timeout), _) => timeout,
+        (None, Some(value)) => timeout_value(value.clone(), ENV_TIMEOUT)?,
+        (None, None) => DEFAULT_TIMEOUT,
+    };
+    Ok(Command::Wait(WaitArgs { dir, timeout, then }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn os(args: &[&str]) -> Vec<OsString> {
+        args.iter().map(OsString::from).collect()
+    }
+
+    fn parse_with(args: &[&str], env: &Env) -> Result<Command, UsageError> {
+        parse(os(args), env)
+    }
+
+    fn wait(args: &[&str]) -> WaitArgs {
+        match parse_with(args, &Env::default()) {
+            Ok(Command::Wait(wait)) => wait,
+            other => panic!("{args:?} parsed as {other:?}"),
+        }
+    }
+
+    fn error(args: &[&str]) -> String {
+        match parse_with(args, &Env::default()) {
+            Err(UsageError(message)) => message,
+            Ok(command) => panic!("{args:?} should be a usage error, parsed as {command:?}"),
+        }
+    }
+
+    fn exec(program: &str, args: &[&str]) -> Option<Exec> {
+        Some(Exec {
+            program: program.into(),
+            args: os(args),
+        })
+    }
+
+    #[test]
+    fn bare_wait_uses_defaults() {
+        assert_eq!(
+            wait(&["wait"]),
+            WaitArgs {
+                dir: PathBuf::from("/var/run/exitorder"),
+                timeout: Duration::from_secs(25),
+                then: None,
+            }
+        );
+    }
+
+    #[test]
+    fn wait_flags_in_both_spellings() {
+        let spaced = wait(&["wait", "--dir", "/d", "--timeout", "500ms"]);
+        let inline = wait(&["wait", "--timeout=500ms", "--dir=/d"]);
+        assert_eq!(spaced, inline);
+        assert_eq!(spaced.dir, PathBuf::from("/d"));
+        assert_eq!(spaced.timeout, Duration::from_millis(500));
+    }
+
+    #[test]
+    fn wait_command_after_double_dash() {
+        let parsed = wait(&[
+            "wait",
+            "--timeout",
+            "3",
+            "--",
+            "sh",
+            "-c",
+            "exit 7",
+            "--dir",
+        ]);
+        assert_eq!(parsed.timeout, Duration::from_secs(3));
+        assert_eq!(parsed.then, exec("sh", &["-c", "exit 7", "--dir"]));
+        assert_eq!(wait(&["wait", "--"]).then, None);
+    }
+
+    #[test]
+    fn inline_value_may_contain_equals_and_be_non_utf8() {
+        assert_eq!(wait(&["wait", "--dir=/a=b"]).dir, PathBuf::from("/a=b"));
+        let odd = OsStr::from_bytes(b"/d\xff").to_owned();
+        let mut args = os(&["wait", "--dir"]);
+        args.push(odd.clone());
+        match parse(args, &Env::default()) {
+            Ok(Command::Wait(parsed)) => assert_eq!(parsed.dir, PathBuf::from(odd)),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn environment_sits_between_defaults_and_flags() {
+        let env = Env {
+            dir: Some("/env/dir".into()),
+            timeout: Some("2m".into()),
+        };
+        match parse_with(&["wait"], &env) {
+            Ok(Command::Wait(parsed)) => {
+                assert_eq!(parsed.dir, PathBuf::from("/env/dir"));
+                assert_eq!(parsed.timeout, Duration::from_secs(120));
+            }
+            other => panic!("{other:?}"),
+        }
+        match parse_with(&["wait", "--dir", "/flag", "--timeout", "1s"], &env) {
+            Ok(Command::Wait(parsed)) => {
+                assert_eq!(parsed.dir, PathBuf::from("/flag"));
+                assert_eq!(parsed.timeout, Duration::from_secs(1));
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn broken_environment_timeout_is_a_usage_error_unless_overridden() {
+        let env = Env {
+            dir: None,
+            timeout: Some("soon".into()),
+        };
+        let message = parse_with(&["wait"], &env).unwrap_err().0;
+        assert!(message.contains(ENV_TIMEOUT), "{message}");
+        assert!(parse_with(&["wait", "--timeout", "1s"], &env).is_ok());
+    }
+
+    #[test]
+    fn help_anywhere_before_the_command() {
+        let env = Env::default();
+        for args in [
+            &["-h"][..],
+            &["--help"],
+            &["wait", "-h"],
+            &["wait", "--dir", "/d", "--help"],
+            &["-wait-container-exit", "-help"],
+            &["--wait-container-exit", "--h"],
+        ] {
+            assert_eq!(parse_with(args, &env), Ok(Command::Help), "{args:?}");
+        }
+        // After `--`, -h belongs to the wrapped command.
+        assert_eq!(
+            wait(&["wait", "--", "cmd", "-h"]).then,
+            exec("cmd", &["-h"])
+        );
+    }
+
+    #[test]
+    fn kruise_form_with_entrypoint() {
+        let expected = exec("sh", &["-c", "exit 3"]);
+        for args in [
+            &[
+                "-wait-container-exit",
+                "-entrypoint",
+                "sh",
+                "--",
+                "-c",
+                "exit 3",
+            ][..],
+            &[
+                "--wait-container-exit",
+                "--entrypoint",
+                "sh",
+                "--",
+                "-c",
+                "exit 3",
+            ],
+            &[
+                "-wait-container-exit",
+                "-entrypoint=sh",
+                "--",
+                "-c",
+                "exit 3",
+            ],
+            &[
+                "-wait-container-exit",
+                "--entrypoint=sh",
+                "--",
+                "-c",
+                "exit 3",
+            ],
+            &[
+                "-entrypoint",
+                "sh",
+                "-wait-container-exit",
+                "--",
+                "-c",
+                "exit 3",
+            ],
+            &[
+                "-wait-container-exit=true",
+                "-entrypoint",
+                "sh",
+                "--",
+                "-c",
+                "exit 3",
+            ],
+        ] {
+            let parsed = wait(args);
+            assert_eq!(parsed.then, expected, "{args:?}");
+            assert_eq!(parsed.dir, PathBuf::from(DEFAULT_DIR), "{args:?}");
+            assert_eq!(parsed.timeout, DEFAULT_TIMEOUT, "{args:?}");
+        }
+    }
+
+    #[test]
+    fn kruise_form_without_entrypoint() {
+        assert_eq!(
+            wait(&["-wait-container-exit", "--", "sh", "-c", "exit 3"]).then,
+            exec("sh", &["-c", "exit 3"])
+        );
+        assert_eq!(wait(&["-wait-container-exit"]).then, None);
+        assert_eq!(wait(&["-wait-container-exit", "--"]).then, None);
+        assert_eq!(
+            wait(&["-wait-container-exit", "-entrypoint", "/bin/true"]).then,
+            exec("/bin/true", &[])
+        );
+        // Go flag rules: the first non-flag argument ends the flags.
+        assert_eq!(
+            wait(&["-wait-container-exit", "sleep", "-x", "1"]).then,
+            exec("sleep", &["-x", "1"])
+        );
+    }
+
+    #[test]
+    fn kruise_form_takes_dir_and_timeout() {
+        let parsed = wait(&[
+            "-wait-container-exit",
+            "-dir",
+            "/d",
+            "--timeout=2m",
+            "-entrypoint",
+            "sh",
+        ]);
+        assert_eq!(parsed.dir, PathBuf::from("/d"));
+        assert_eq!(parsed.timeout, Duration::from_secs(120));
+        assert_eq!(parsed.then, exec("sh", &[]));
+    }
+
+    #[test]
+    fn usage_errors() {
+        for (args, needle) in [
+            (&[][..], "missing subcommand"),
+            (&["sleep"], "unknown subcommand"),
+            (&["--dir", "/d"], "unknown flag"),
+            (&["wait", "--bogus"], "unknown flag --bogus"),
+            (&["wait", "-dir", "/d"], "unknown flag -dir"),
+            (&["wait", "sh"], "put the command after --"),
+            (&["wait", "--dir"], "--dir needs a value"),
+            (&["wait", "--dir="], "non-empty"),
+            (&["wait", "--timeout"], "--timeout needs a value"),
+            (&["wait", "--timeout", "1.5s"], "invalid duration"),
+            (&["wait", "--timeout", "-1"], "invalid duration"),
+            (&["wait", "--help=yes"], "unknown flag"),
+            (
+                &["-wait-container-exit", "-entrypoint"],
+                "-entrypoint needs a value",
+            ),
+            (&["-wait-container-exit", "-entrypoint="], "needs a command"),
+            (&["-wait-container-exit", "-bogus"], "unknown flag -bogus"),
+            (
+                &["-wait-container-exit", "-timeout", "x"],
+                "invalid duration",
+            ),
+            (&["-wait-container-exit=maybe"], "true or false"),
+            (&["-entrypoint", "sh"], "-wait-container-exit is required"),
+            (
+                &["-wait-container-exit=false", "-entrypoint", "sh"],
+                "is required",
+            ),
+        ] {
+            let message = error(args);
+            assert!(
+                message.contains(needle),
+                "{args:?}: {message:?} lacks {needle:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn usage_does_not_advertise_unbuilt_subcommands() {
+        assert!(USAGE.contains("wait [--dir DIR]"));
+        assert!(!USAGE.contains("await"));
+        assert!(!USAGE.contains("shutdown"));
+    }
+}

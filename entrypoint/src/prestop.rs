@@ -1,0 +1,56 @@
+//! The `wait` subcommand: ask for exit permission, wait for it, then hand
+//! over to the wrapped command.
+//!
+//! Every failure here fails open. The hook runs inside the pod's grace
+//! period, so an agent that is down, a missing mount or a read-only
+//! directory must cost at most the timeout, never the whole grace period
+//! and a SIGKILL of the sidecar.
+
+use std::process::ExitCode;
+use std::time::Instant;
+
+use crate::cli::WaitArgs;
+use crate::duration;
+use crate::exec;
+use crate::log;
+use crate::wait::{ExitRequest, Outcome};
+
+/// Runs the wait and then the wrapped command; returns only when there is no
+/// command or it could not be started.
+pub fn run(args: &WaitArgs) -> ExitCode {
+    wait_for_permission(args);
+    match &args.then {
+        Some(command) => ExitCode::from(exec::replace_process(command)),
+        None => ExitCode::SUCCESS,
+    }
+}
+
+fn wait_for_permission(args: &WaitArgs) {
+    let started = Instant::now();
+    let dir = args.dir.display();
+    let timeout = duration::show(args.timeout);
+    let request = match ExitRequest::post(&args.dir) {
+        Ok(request) => request,
+        Err(err) => {
+            log!("{err}; proceeding without exit permission");
+            return;
+        }
+    };
+    log!("waiting up to {timeout} for exit permission in {dir}");
+    match request.wait(args.timeout) {
+        Ok(Outcome::Allowed) => {
+            log!("exit allowed after {}ms", started.elapsed().as_millis());
+        }
+        Ok(Outcome::TimedOut) => log!(
+            "no exit permission after {timeout}; proceeding \
+             (is the exitorder agent running on this node?)"
+        ),
+        Ok(Outcome::DirectoryGone) => {
+            log!("{dir} was removed or unmounted while waiting; proceeding");
+        }
+        Err(err) => log!("waiting for exit permission in {dir} failed: {err}; proceeding"),
+    }
+    if let Err(err) = request.withdraw() {
+        log!("cannot remove {dir}/exit: {err}");
+    }
+}
