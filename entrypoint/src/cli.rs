@@ -7,16 +7,18 @@
 //!   rules (one or two dashes, `-flag=value`, flags end at the first
 //!   non-flag argument) so pod specs written for it keep working.
 
-use std::ffi::{OsStr, OsString};
-use std::fmt;
-use std::os::unix::ffi::OsStrExt;
-use std::path::PathBuf;
-use std::time::Duration;
+use alloc::ffi::CString;
+use alloc::format;
+use alloc::string::String;
+use alloc::vec::Vec;
+use core::ffi::CStr;
+use core::fmt;
+use core::time::Duration;
 
-use crate::duration;
+use crate::{duration, sys};
 
 /// Directory the agent shares with the container when nothing else is said.
-pub const DEFAULT_DIR: &str = "/var/run/exitorder";
+pub const DEFAULT_DIR: &CStr = c"/var/run/exitorder";
 /// Just under Kubernetes' default 30 s termination grace period, so the
 /// wrapped command still gets a few seconds before kubelet's SIGKILL.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(25);
@@ -59,9 +61,12 @@ pub enum Command {
 }
 
 /// Arguments of the wait, with environment and defaults already applied.
+///
+/// Arguments, paths and environment values are kept as the C strings they
+/// arrive as: any bytes but NUL, not necessarily UTF-8.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WaitArgs {
-    pub dir: PathBuf,
+    pub dir: CString,
     pub timeout: Duration,
     pub then: Option<Exec>,
 }
@@ -69,23 +74,23 @@ pub struct WaitArgs {
 /// The command that replaces this process once the wait is over.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Exec {
-    pub program: OsString,
-    pub args: Vec<OsString>,
+    pub program: CString,
+    pub args: Vec<CString>,
 }
 
 /// The environment variables parsing looks at, passed in so tests need not
 /// touch the process environment.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Env {
-    pub dir: Option<OsString>,
-    pub timeout: Option<OsString>,
+    pub dir: Option<CString>,
+    pub timeout: Option<CString>,
 }
 
 impl Env {
     /// Reads the variables from the process environment. An empty value counts
     /// as unset: templating tools often render a missing value as `""`.
     pub fn from_process() -> Self {
-        let get = |name| std::env::var_os(name).filter(|value| !value.is_empty());
+        let get = |name| sys::getenv(name).filter(|value| !value.is_empty());
         Env {
             dir: get(ENV_DIR),
             timeout: get(ENV_TIMEOUT),
@@ -103,7 +108,7 @@ impl fmt::Display for UsageError {
     }
 }
 
-impl std::error::Error for UsageError {}
+impl core::error::Error for UsageError {}
 
 fn usage_error(message: impl Into<String>) -> UsageError {
     UsageError(message.into())
@@ -112,13 +117,13 @@ fn usage_error(message: impl Into<String>) -> UsageError {
 /// Parses the arguments after the program name.
 pub fn parse<I>(args: I, env: &Env) -> Result<Command, UsageError>
 where
-    I: IntoIterator<Item = OsString>,
+    I: IntoIterator<Item = CString>,
 {
     let mut args = args.into_iter();
     let Some(first) = args.next() else {
         return Err(usage_error("missing subcommand"));
     };
-    if first == "wait" {
+    if first.as_bytes() == b"wait" {
         return parse_wait(args, env);
     }
     let kind = Flag::split(&first).map(|flag| match flag.name {
@@ -128,11 +133,11 @@ where
     });
     match kind {
         Some(Leading::Help) => Ok(Command::Help),
-        Some(Leading::Kruise) => parse_kruise(std::iter::once(first).chain(args), env),
+        Some(Leading::Kruise) => parse_kruise(core::iter::once(first).chain(args), env),
         Some(Leading::Unknown) => Err(unexpected(&first)),
         None => Err(usage_error(format!(
             "unknown subcommand {:?}",
-            first.to_string_lossy()
+            String::from_utf8_lossy(first.as_bytes())
         ))),
     }
 }
@@ -148,14 +153,14 @@ enum Leading {
 struct Flag<'a> {
     name: &'a str,
     dashes: usize,
-    value: Option<&'a OsStr>,
+    value: Option<&'a CStr>,
 }
 
 impl<'a> Flag<'a> {
     /// `None` for anything that is not flag-shaped: no leading dash, a lone
     /// `-`, the `--` terminator, or a name that is not UTF-8.
-    fn split(arg: &'a OsStr) -> Option<Self> {
-        let bytes = arg.as_bytes();
+    fn split(arg: &'a CStr) -> Option<Self> {
+        let bytes = arg.to_bytes();
         let dashes = if bytes.starts_with(b"--") {
             2
         } else if bytes.starts_with(b"-") {
@@ -168,10 +173,15 @@ impl<'a> Flag<'a> {
             return None;
         }
         let (name, value) = match rest.iter().position(|&b| b == b'=') {
-            Some(at) => (&rest[..at], Some(OsStr::from_bytes(&rest[at + 1..]))),
+            Some(at) => {
+                // The value runs to the end of the argument, so it keeps the
+                // argument's NUL terminator and stays a C string.
+                let with_nul = &arg.to_bytes_with_nul()[dashes + at + 1..];
+                (&rest[..at], Some(CStr::from_bytes_with_nul(with_nul).ok()?))
+            }
             None => (rest, None),
         };
-        let name = std::str::from_utf8(name).ok()?;
+        let name = core::str::from_utf8(name).ok()?;
         Some(Flag {
             name,
             dashes,
@@ -183,10 +193,10 @@ impl<'a> Flag<'a> {
     fn value(
         &self,
         shown: &str,
-        rest: &mut impl Iterator<Item = OsString>,
-    ) -> Result<OsString, UsageError> {
+        rest: &mut impl Iterator<Item = CString>,
+    ) -> Result<CString, UsageError> {
         match self.value {
-            Some(value) => Ok(value.to_owned()),
+            Some(value) => Ok(CString::from(value)),
             None => rest
                 .next()
                 .ok_or_else(|| usage_error(format!("{shown} needs a value"))),
@@ -194,12 +204,12 @@ impl<'a> Flag<'a> {
     }
 }
 
-fn parse_wait(mut args: impl Iterator<Item = OsString>, env: &Env) -> Result<Command, UsageError> {
+fn parse_wait(mut args: impl Iterator<Item = CString>, env: &Env) -> Result<Command, UsageError> {
     let mut dir = None;
     let mut timeout = None;
     let mut command = Vec::new();
     while let Some(arg) = args.next() {
-        if arg == "--" {
+        if arg.as_bytes() == b"--" {
             command.extend(args.by_ref());
             break;
         }
@@ -222,17 +232,14 @@ fn parse_wait(mut args: impl Iterator<Item = OsString>, env: &Env) -> Result<Com
     finish(dir, timeout, then, env)
 }
 
-fn parse_kruise(
-    mut args: impl Iterator<Item = OsString>,
-    env: &Env,
-) -> Result<Command, UsageError> {
+fn parse_kruise(mut args: impl Iterator<Item = CString>, env: &Env) -> Result<Command, UsageError> {
     let mut wait_flag = None;
     let mut entrypoint = None;
     let mut dir = None;
     let mut timeout = None;
     let mut positional = Vec::new();
     while let Some(arg) = args.next() {
-        if arg == "--" {
+        if arg.as_bytes() == b"--" {
             positional.extend(args.by_ref());
             break;
         }
@@ -270,20 +277,20 @@ fn parse_kruise(
 
 /// Go's `strconv.ParseBool` spellings, as `-wait-container-exit=true` is a
 /// valid Go `flag` spelling.
-fn go_bool(value: Option<&OsStr>, shown: &str) -> Result<bool, UsageError> {
+fn go_bool(value: Option<&CStr>, shown: &str) -> Result<bool, UsageError> {
     let Some(value) = value else { return Ok(true) };
-    match value.as_bytes() {
+    match value.to_bytes() {
         b"1" | b"t" | b"T" | b"true" | b"TRUE" | b"True" => Ok(true),
         b"0" | b"f" | b"F" | b"false" | b"FALSE" | b"False" => Ok(false),
         _ => Err(usage_error(format!(
             "{shown} takes true or false, not {:?}",
-            value.to_string_lossy()
+            String::from_utf8_lossy(value.to_bytes())
         ))),
     }
 }
 
-fn unexpected(arg: &OsStr) -> UsageError {
-    let shown = arg.to_string_lossy();
+fn unexpected(arg: &CStr) -> UsageError {
+    let shown = String::from_utf8_lossy(arg.to_bytes());
     if Flag::split(arg).is_some() {
         usage_error(format!("unknown flag {shown}"))
     } else {
@@ -293,19 +300,19 @@ fn unexpected(arg: &OsStr) -> UsageError {
     }
 }
 
-fn dir_value(value: OsString, shown: &str) -> Result<PathBuf, UsageError> {
+fn dir_value(value: CString, shown: &str) -> Result<CString, UsageError> {
     if value.is_empty() {
         return Err(usage_error(format!("{shown} needs a non-empty path")));
     }
-    Ok(PathBuf::from(value))
+    Ok(value)
 }
 
-fn timeout_value(value: OsString, shown: &str) -> Result<Duration, UsageError> {
+fn timeout_value(value: CString, shown: &str) -> Result<Duration, UsageError> {
     let text = value.to_str().unwrap_or("\u{fffd}");
     duration::parse(text).map_err(|err| usage_error(format!("{shown}: {err}")))
 }
 
-fn command_from(program: Option<OsString>, mut rest: Vec<OsString>) -> Option<Exec> {
+fn command_from(program: Option<CString>, mut rest: Vec<CString>) -> Option<Exec> {
     let program = match program {
         Some(program) => program,
         None if rest.is_empty() => return None,
@@ -321,14 +328,14 @@ fn command_from(program: Option<OsString>, mut rest: Vec<OsString>) -> Option<Ex
 /// default. The environment's timeout is only parsed when it is used, so a
 /// flag can override a broken value.
 fn finish(
-    dir: Option<PathBuf>,
+    dir: Option<CString>,
     timeout: Option<Duration>,
     then: Option<Exec>,
     env: &Env,
 ) -> Result<Command, UsageError> {
     let dir = dir
-        .or_else(|| env.dir.clone().map(PathBuf::from))
-        .unwrap_or_else(|| PathBuf::from(DEFAULT_DIR));
+        .or_else(|| env.dir.clone())
+        .unwrap_or_else(|| DEFAULT_DIR.into());
     let timeout = match (timeout, &env.timeout) {
         (Some(timeout), _) => timeout,
         (None, Some(value)) => timeout_value(value.clone(), ENV_TIMEOUT)?,
@@ -341,8 +348,12 @@ fn finish(
 mod tests {
     use super::*;
 
-    fn os(args: &[&str]) -> Vec<OsString> {
-        args.iter().map(OsString::from).collect()
+    fn c(text: &str) -> CString {
+        CString::new(text).expect("test strings have no NUL")
+    }
+
+    fn os(args: &[&str]) -> Vec<CString> {
+        args.iter().map(|arg| c(arg)).collect()
     }
 
     fn parse_with(args: &[&str], env: &Env) -> Result<Command, UsageError> {
@@ -365,7 +376,7 @@ mod tests {
 
     fn exec(program: &str, args: &[&str]) -> Option<Exec> {
         Some(Exec {
-            program: program.into(),
+            program: c(program),
             args: os(args),
         })
     }
@@ -375,7 +386,7 @@ mod tests {
         assert_eq!(
             wait(&["wait"]),
             WaitArgs {
-                dir: PathBuf::from("/var/run/exitorder"),
+                dir: c("/var/run/exitorder"),
                 timeout: Duration::from_secs(25),
                 then: None,
             }
@@ -387,7 +398,7 @@ mod tests {
         let spaced = wait(&["wait", "--dir", "/d", "--timeout", "500ms"]);
         let inline = wait(&["wait", "--timeout=500ms", "--dir=/d"]);
         assert_eq!(spaced, inline);
-        assert_eq!(spaced.dir, PathBuf::from("/d"));
+        assert_eq!(spaced.dir, c("/d"));
         assert_eq!(spaced.timeout, Duration::from_millis(500));
     }
 
@@ -410,12 +421,12 @@ mod tests {
 
     #[test]
     fn inline_value_may_contain_equals_and_be_non_utf8() {
-        assert_eq!(wait(&["wait", "--dir=/a=b"]).dir, PathBuf::from("/a=b"));
-        let odd = OsStr::from_bytes(b"/d\xff").to_owned();
+        assert_eq!(wait(&["wait", "--dir=/a=b"]).dir, c("/a=b"));
+        let odd = CString::new(b"/d\xff".to_vec()).expect("no NUL");
         let mut args = os(&["wait", "--dir"]);
         args.push(odd.clone());
         match parse(args, &Env::default()) {
-            Ok(Command::Wait(parsed)) => assert_eq!(parsed.dir, PathBuf::from(odd)),
+            Ok(Command::Wait(parsed)) => assert_eq!(parsed.dir, odd),
             other => panic!("{other:?}"),
         }
     }
@@ -423,19 +434,19 @@ mod tests {
     #[test]
     fn environment_sits_between_defaults_and_flags() {
         let env = Env {
-            dir: Some("/env/dir".into()),
-            timeout: Some("2m".into()),
+            dir: Some(c("/env/dir")),
+            timeout: Some(c("2m")),
         };
         match parse_with(&["wait"], &env) {
             Ok(Command::Wait(parsed)) => {
-                assert_eq!(parsed.dir, PathBuf::from("/env/dir"));
+                assert_eq!(parsed.dir, c("/env/dir"));
                 assert_eq!(parsed.timeout, Duration::from_secs(120));
             }
             other => panic!("{other:?}"),
         }
         match parse_with(&["wait", "--dir", "/flag", "--timeout", "1s"], &env) {
             Ok(Command::Wait(parsed)) => {
-                assert_eq!(parsed.dir, PathBuf::from("/flag"));
+                assert_eq!(parsed.dir, c("/flag"));
                 assert_eq!(parsed.timeout, Duration::from_secs(1));
             }
             other => panic!("{other:?}"),
@@ -446,7 +457,7 @@ mod tests {
     fn broken_environment_timeout_is_a_usage_error_unless_overridden() {
         let env = Env {
             dir: None,
-            timeout: Some("soon".into()),
+            timeout: Some(c("soon")),
         };
         let message = parse_with(&["wait"], &env).unwrap_err().0;
         assert!(message.contains(ENV_TIMEOUT), "{message}");
@@ -526,7 +537,7 @@ mod tests {
         ] {
             let parsed = wait(args);
             assert_eq!(parsed.then, expected, "{args:?}");
-            assert_eq!(parsed.dir, PathBuf::from(DEFAULT_DIR), "{args:?}");
+            assert_eq!(parsed.dir.as_c_str(), DEFAULT_DIR, "{args:?}");
             assert_eq!(parsed.timeout, DEFAULT_TIMEOUT, "{args:?}");
         }
     }
@@ -560,7 +571,7 @@ mod tests {
             "-entrypoint",
             "sh",
         ]);
-        assert_eq!(parsed.dir, PathBuf::from("/d"));
+        assert_eq!(parsed.dir, c("/d"));
         assert_eq!(parsed.timeout, Duration::from_secs(120));
         assert_eq!(parsed.then, exec("sh", &[]));
     }

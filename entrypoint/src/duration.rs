@@ -5,8 +5,10 @@
 //! compound values): the value lands in pod specs, and a strict grammar makes
 //! a typo fail loudly instead of silently meaning something else.
 
-use std::fmt;
-use std::time::Duration;
+use alloc::format;
+use alloc::string::String;
+use core::fmt;
+use core::time::Duration;
 
 /// A value that is not one of the accepted duration forms.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -22,11 +24,11 @@ impl fmt::Display for InvalidDuration {
     }
 }
 
-impl std::error::Error for InvalidDuration {}
+impl core::error::Error for InvalidDuration {}
 
 /// Parses `<digits>[ms|s|m|h]`; no unit means seconds.
 pub fn parse(text: &str) -> Result<Duration, InvalidDuration> {
-    let invalid = || InvalidDuration(text.to_owned());
+    let invalid = || InvalidDuration(String::from(text));
     let split = text
         .find(|c: char| !c.is_ascii_digit())
         .unwrap_or(text.len());
@@ -62,6 +64,7 @@ pub fn show(duration: Duration) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use alloc::string::ToString;
 
     #[test]
     fn accepts_each_unit() {

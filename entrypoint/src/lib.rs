@@ -2,12 +2,21 @@
 //!
 //! Runs as a sidecar's preStop hook and holds the sidecar's shutdown until
 //! the exitorder agent on the node says the containers it serves have exited.
-//! The binary is copied into arbitrary images, so it is std-only apart from
-//! rustix and is built fully static.
+//! The binary is copied into arbitrary images and has to be small and fully
+//! static, so the crate does without Rust's std: `core` and `alloc`, over the
+//! C library (linked statically into the shipped binary), see [`sys`].
+
+#![no_std]
+
+extern crate alloc;
+// The unit tests run under libtest, which needs std.
+#[cfg(test)]
+extern crate std;
 
 pub mod cli;
 pub mod duration;
 pub mod exec;
 pub mod log;
 pub mod prestop;
+pub mod sys;
 pub mod wait;

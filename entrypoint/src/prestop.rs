@@ -6,28 +6,27 @@
 //! directory must cost at most the timeout, never the whole grace period
 //! and a SIGKILL of the sidecar.
 
-use std::process::ExitCode;
-use std::time::Instant;
-
 use crate::cli::WaitArgs;
 use crate::duration;
 use crate::exec;
 use crate::log;
+use crate::log::Lossy;
+use crate::sys::Instant;
 use crate::wait::{ExitRequest, Outcome};
 
 /// Runs the wait and then the wrapped command; returns only when there is no
-/// command or it could not be started.
-pub fn run(args: &WaitArgs) -> ExitCode {
+/// command or it could not be started, with the exit status to use.
+pub fn run(args: &WaitArgs) -> u8 {
     wait_for_permission(args);
     match &args.then {
-        Some(command) => ExitCode::from(exec::replace_process(command)),
-        None => ExitCode::SUCCESS,
+        Some(command) => exec::replace_process(command),
+        None => 0,
     }
 }
 
 fn wait_for_permission(args: &WaitArgs) {
     let started = Instant::now();
-    let dir = args.dir.display();
+    let dir = Lossy(args.dir.to_bytes());
     let timeout = duration::show(args.timeout);
     let request = match ExitRequest::post(&args.dir) {
         Ok(request) => request,

@@ -10,17 +10,14 @@
 //! every pod's shutdown. inotify sees writes made on the host side of the
 //! bind mount because watches are on the inode, not on the mount.
 
-use std::fs::File;
-use std::io::{self, Read, Write};
-use std::mem::MaybeUninit;
-use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use alloc::ffi::CString;
+use alloc::vec::Vec;
+use core::ffi::CStr;
+use core::fmt;
+use core::time::Duration;
 
-use rustix::event::{poll, PollFd, PollFlags, Timespec};
-use rustix::fd::OwnedFd;
-use rustix::fs::inotify::{self, CreateFlags, ReadFlags, WatchFlags};
-use rustix::fs::{fchmod, open, unlink, Mode, OFlags};
-use rustix::io::Errno;
+use crate::log::Lossy;
+use crate::sys::{self, Fd, Instant, OsError};
 
 /// Name of the request/answer file inside the directory.
 pub const EXIT_FILE: &str = "exit";
@@ -29,12 +26,12 @@ pub const WAIT_CONTENT: &[u8] = b"wait\n";
 /// The agent's answer, compared after trimming whitespace.
 pub const ALLOW: &[u8] = b"allow";
 /// More than any answer needs; bounds what a stray large file costs us.
-const MAX_ANSWER: u64 = 64;
+const MAX_ANSWER: usize = 64;
 /// Creating `exit` exclusively loses only to a concurrent writer, such as a
 /// late answer to an earlier request; a few retries settle that before
 /// failing open.
 const CREATE_ATTEMPTS: usize = 3;
-/// Upper bound of one poll(2); the deadline is re-checked after each.
+/// Upper bound of one ppoll(2); the deadline is re-checked after each.
 const MAX_POLL: Duration = Duration::from_secs(3600);
 /// Room for many `struct inotify_event`s with a NAME_MAX name each.
 const EVENT_BUFFER: usize = 4096;
@@ -55,24 +52,24 @@ pub enum Outcome {
 #[derive(Debug)]
 pub struct SetupError {
     action: &'static str,
-    dir: PathBuf,
-    source: io::Error,
+    dir: CString,
+    source: OsError,
 }
 
-impl std::fmt::Display for SetupError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+impl fmt::Display for SetupError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
             "cannot {} {}: {}",
             self.action,
-            self.dir.display(),
+            Lossy(self.dir.to_bytes()),
             self.source
         )
     }
 }
 
-impl std::error::Error for SetupError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+impl core::error::Error for SetupError {
+    fn source(&self) -> Option<&(dyn core::error::Error + 'static)> {
         Some(&self.source)
     }
 }
@@ -80,8 +77,8 @@ impl std::error::Error for SetupError {
 /// A posted request for exit permission: `exit` exists and is being watched.
 #[derive(Debug)]
 pub struct ExitRequest {
-    exit_file: PathBuf,
-    inotify: OwnedFd,
+    exit_file: CString,
+    inotify: Fd,
 }
 
 impl ExitRequest {
@@ -95,61 +92,57 @@ impl ExitRequest {
     /// No descriptor of the directory is kept open: it would pin the dentry,
     /// and the kernel then holds back IN_DELETE_SELF until it is closed, so a
     /// removed directory would go unnoticed until the timeout.
-    pub fn post(dir: &Path) -> Result<Self, SetupError> {
+    pub fn post(dir: &CStr) -> Result<Self, SetupError> {
         let fail = |action| {
-            move |errno: Errno| SetupError {
+            move |source: OsError| SetupError {
                 action,
-                dir: dir.to_owned(),
-                source: errno.into(),
+                dir: CString::from(dir),
+                source,
             }
         };
-        let inotify = inotify::init(CreateFlags::NONBLOCK | CreateFlags::CLOEXEC)
+        let inotify = sys::inotify_init(libc::IN_NONBLOCK | libc::IN_CLOEXEC)
             .map_err(fail("set up inotify for"))?;
         // ONLYDIR makes a missing mount that left a plain file behind fail
         // here, with a clear message, instead of at the first file operation.
-        inotify::add_watch(
+        sys::inotify_add_watch(
             &inotify,
             dir,
-            WatchFlags::CLOSE_WRITE
-                | WatchFlags::MOVED_TO
-                | WatchFlags::CREATE
-                | WatchFlags::DELETE_SELF
-                | WatchFlags::MOVE_SELF
-                | WatchFlags::ONLYDIR,
+            libc::IN_CLOSE_WRITE
+                | libc::IN_MOVED_TO
+                | libc::IN_CREATE
+                | libc::IN_DELETE_SELF
+                | libc::IN_MOVE_SELF
+                | libc::IN_ONLYDIR,
         )
         .map_err(fail("watch"))?;
 
-        let exit_file = dir.join(EXIT_FILE);
+        let exit_file = exit_file_in(dir).map_err(fail("create exit file in"))?;
         let mut attempts = 0;
         let file = loop {
             attempts += 1;
             remove_file(&exit_file).map_err(fail("remove stale exit file in"))?;
             match create_exit_file(&exit_file) {
-                Err(Errno::EXIST) if attempts < CREATE_ATTEMPTS => continue,
+                Err(OsError(libc::EEXIST)) if attempts < CREATE_ATTEMPTS => continue,
                 other => break other.map_err(fail("create exit file in"))?,
             }
         };
         if let Err(err) = write_request(file) {
             let _ = remove_file(&exit_file);
-            return Err(SetupError {
-                action: "write exit file in",
-                dir: dir.to_owned(),
-                source: err,
-            });
+            return Err(fail("write exit file in")(err));
         }
         Ok(ExitRequest { exit_file, inotify })
     }
 
     /// Blocks until the agent allows the exit, `timeout` passes, or the
     /// directory goes away.
-    pub fn wait(&self, timeout: Duration) -> io::Result<Outcome> {
+    pub fn wait(&self, timeout: Duration) -> Result<Outcome, OsError> {
         let deadline = Instant::now().checked_add(timeout);
         // The answer may already have landed between creating the file and
         // now; its event is queued too, but checking first costs nothing.
         if self.allowed() {
             return Ok(Outcome::Allowed);
         }
-        let mut buffer = [MaybeUninit::<u8>::uninit(); EVENT_BUFFER];
+        let mut buffer = [0u8; EVENT_BUFFER];
         loop {
             let slice = match deadline {
                 Some(deadline) => {
@@ -162,15 +155,10 @@ impl ExitRequest {
                 // A timeout too large for the clock is as good as none.
                 None => MAX_POLL,
             };
-            let slice = Timespec::try_from(slice).unwrap_or(Timespec {
-                tv_sec: 1,
-                tv_nsec: 0,
-            });
-            let mut fds = [PollFd::new(&self.inotify, PollFlags::IN)];
-            match poll(&mut fds, Some(&slice)) {
-                Ok(0) | Err(Errno::INTR) => continue,
-                Ok(_) => {}
-                Err(errno) => return Err(errno.into()),
+            match sys::poll_readable(&self.inotify, slice) {
+                Ok(false) | Err(OsError(libc::EINTR)) => continue,
+                Ok(true) => {}
+                Err(err) => return Err(err),
             }
 
             let events = self.drain_events(&mut buffer)?;
@@ -184,38 +172,32 @@ impl ExitRequest {
     }
 
     /// Removes `exit`, whatever it holds; a missing file is fine.
-    pub fn withdraw(&self) -> io::Result<()> {
-        remove_file(&self.exit_file).map_err(io::Error::from)
+    pub fn withdraw(&self) -> Result<(), OsError> {
+        remove_file(&self.exit_file)
     }
 
-    fn drain_events(&self, buffer: &mut [MaybeUninit<u8>]) -> io::Result<Events> {
+    fn drain_events(&self, buffer: &mut [u8]) -> Result<Events, OsError> {
         let mut events = Events::default();
-        let mut reader = inotify::Reader::new(&self.inotify, buffer);
         loop {
-            match reader.next() {
-                Ok(event) => {
-                    let flags = event.events();
-                    // MOVE_SELF counts as gone too: the agent answers at the
-                    // path, which no longer leads to this directory.
-                    if flags.intersects(
-                        ReadFlags::DELETE_SELF
-                            | ReadFlags::MOVE_SELF
-                            | ReadFlags::UNMOUNT
-                            | ReadFlags::IGNORED,
-                    ) {
-                        events.directory_gone = true;
-                    }
-                    // After an overflow, events for `exit` may have been lost.
-                    let about_exit = event
-                        .file_name()
-                        .is_some_and(|name| name.to_bytes() == EXIT_FILE.as_bytes());
-                    if about_exit || flags.contains(ReadFlags::QUEUE_OVERFLOW) {
-                        events.recheck = true;
-                    }
+            let len = match sys::read(&self.inotify, buffer) {
+                Ok(0) | Err(OsError(libc::EAGAIN)) => return Ok(events),
+                Ok(len) => len,
+                Err(OsError(libc::EINTR)) => continue,
+                Err(err) => return Err(err),
+            };
+            for event in sys::inotify_events(&buffer[..len]) {
+                // MOVE_SELF counts as gone too: the agent answers at the
+                // path, which no longer leads to this directory.
+                let gone =
+                    libc::IN_DELETE_SELF | libc::IN_MOVE_SELF | libc::IN_UNMOUNT | libc::IN_IGNORED;
+                if event.mask & gone != 0 {
+                    events.directory_gone = true;
                 }
-                Err(Errno::AGAIN) => return Ok(events),
-                Err(Errno::INTR) => continue,
-                Err(errno) => return Err(errno.into()),
+                // After an overflow, events for `exit` may have been lost.
+                let about_exit = event.name == EXIT_FILE.as_bytes();
+                if about_exit || event.mask & libc::IN_Q_OVERFLOW != 0 {
+                    events.recheck = true;
+                }
             }
         }
     }
@@ -233,43 +215,62 @@ struct Events {
     directory_gone: bool,
 }
 
-fn remove_file(path: &Path) -> Result<(), Errno> {
-    match unlink(path) {
-        Ok(()) | Err(Errno::NOENT) => Ok(()),
-        Err(errno) => Err(errno),
+/// `dir/exit`. Fails only if the result is not a C string, which cannot
+/// happen for a directory that came in as one.
+fn exit_file_in(dir: &CStr) -> Result<CString, OsError> {
+    let mut path = Vec::from(dir.to_bytes());
+    if path.last() != Some(&b'/') {
+        path.push(b'/');
+    }
+    path.extend_from_slice(EXIT_FILE.as_bytes());
+    CString::new(path).map_err(|_| OsError(libc::EINVAL))
+}
+
+fn remove_file(path: &CStr) -> Result<(), OsError> {
+    match sys::unlink(path) {
+        Ok(()) | Err(OsError(libc::ENOENT)) => Ok(()),
+        Err(err) => Err(err),
     }
 }
 
-fn create_exit_file(path: &Path) -> Result<File, Errno> {
-    let mode = Mode::from_raw_mode(0o644);
-    let fd = open(
+fn create_exit_file(path: &CStr) -> Result<Fd, OsError> {
+    let mode = 0o644;
+    let fd = sys::open(
         path,
-        OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC,
         mode,
     )?;
     // The container's umask (often 077 in hardened images) must not decide
     // whether the agent can read the request.
-    fchmod(&fd, mode)?;
-    Ok(File::from(fd))
+    sys::fchmod(&fd, mode)?;
+    Ok(fd)
 }
 
-fn write_request(mut file: File) -> io::Result<()> {
-    file.write_all(WAIT_CONTENT)?;
-    // Closing is what raises IN_CLOSE_WRITE for the agent; File's drop
+fn write_request(file: Fd) -> Result<(), OsError> {
+    sys::write_all_fd(&file, WAIT_CONTENT)?;
+    // Closing is what raises IN_CLOSE_WRITE for the agent; Fd's drop
     // ignores close errors, which carry nothing useful for a local file.
     drop(file);
     Ok(())
 }
 
-fn read_answer(path: &Path) -> io::Result<Vec<u8>> {
+fn read_answer(path: &CStr) -> Result<Vec<u8>, OsError> {
     // O_NOFOLLOW so a symlink planted in the shared directory cannot point us
     // at another file; O_NONBLOCK so a FIFO named `exit` cannot hang the hook.
-    let fd = open(
+    let fd = sys::open(
         path,
-        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC,
-        Mode::empty(),
+        libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_CLOEXEC,
+        0,
     )?;
-    let mut answer = Vec::with_capacity(MAX_ANSWER as usize);
-    File::from(fd).take(MAX_ANSWER).read_to_end(&mut answer)?;
-    Ok(answer)
+    let mut answer = [0u8; MAX_ANSWER];
+    let mut len = 0;
+    while len < MAX_ANSWER {
+        match sys::read(&fd, &mut answer[len..]) {
+            Ok(0) => break,
+            Ok(read) => len += read,
+            Err(OsError(libc::EINTR)) => {}
+            Err(err) => return Err(err),
+        }
+    }
+    Ok(Vec::from(&answer[..len]))
 }
