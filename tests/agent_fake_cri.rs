@@ -420,3 +420,126 @@ async fn metrics_and_health_endpoints() {
     http.abort();
     rig.stop_agent().await;
 }
+
+/// Waits until the agent reports `source` in use.
+async fn source_becomes(stats: &Stats, source: &str) {
+    let end = Instant::now() + Duration::from_secs(5);
+    while stats.event_source() != source {
+        assert!(
+            Instant::now() < end,
+            "source stayed {:?}, expected {source}",
+            stats.event_source()
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+impl Rig {
+    /// An agent that never polls on its own: only events (or the start-up scan) make it
+    /// read the runtime, so an allow proves the event got through.
+    fn start_agent_events_only(&mut self) {
+        let mut cfg = Config::new(self.share.clone(), self.served.socket.clone());
+        cfg.poll_interval = Duration::from_secs(3600);
+        cfg.event_resync = Duration::from_secs(3600);
+        cfg.grace_reserve = self.reserve;
+        self.stats = Arc::new(Stats::default());
+        let agent = Agent::start(cfg, self.stats.clone()).expect("agent start");
+        let (tx, rx) = oneshot::channel();
+        let task = tokio::spawn(async move {
+            agent
+                .run(async {
+                    let _ = rx.await;
+                })
+                .await
+                .expect("agent run");
+        });
+        self.agent = Some((task, tx));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streaming_runtime_events_trigger_the_allow() {
+    let mut rig = Rig::new();
+    rig.cri().with_events("cri-o", "1.30.2");
+    let (app, _) = two_level_pod(&rig, 600);
+    rig.start_agent_events_only();
+    source_becomes(&rig.stats, "cri_events").await;
+    let f = rig.request_exit(APP_UID, "proxy");
+    stays_waiting(&f, Duration::from_millis(200)).await;
+    rig.cri().set_state(&app, ContainerState::ContainerExited);
+    assert!(allowed_within(&f, Duration::from_secs(2)).await);
+    rig.stop_agent().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unimplemented_event_stream_falls_back_to_polling() {
+    let mut rig = Rig::new();
+    rig.cri().with_unimplemented_events("containerd", "2.0.0");
+    let (app, _) = two_level_pod(&rig, 600);
+    rig.start_agent();
+    let f = rig.request_exit(APP_UID, "proxy");
+    stays_waiting(&f, Duration::from_millis(300)).await;
+    assert_eq!(rig.stats.event_source(), "poll");
+    // No event will come: polling must find the exit.
+    rig.cri()
+        .set_state_silently(&app, ContainerState::ContainerExited);
+    assert!(allowed_within(&f, Duration::from_secs(2)).await);
+    assert_eq!(rig.stats.event_source(), "poll");
+    rig.stop_agent().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropped_stream_reconnects_and_misses_nothing() {
+    let mut rig = Rig::new();
+    rig.cri().with_events("cri-o", "1.30.2");
+    let (app, _) = two_level_pod(&rig, 600);
+    rig.start_agent_events_only();
+    source_becomes(&rig.stats, "cri_events").await;
+    let f = rig.request_exit(APP_UID, "proxy");
+    stays_waiting(&f, Duration::from_millis(100)).await;
+    // The runtime restarts mid-drain: the stream ends, and main exits with no event sent.
+    rig.cri().drop_event_streams();
+    rig.cri()
+        .set_state_silently(&app, ContainerState::ContainerExited);
+    // The reconnect re-lists and re-decides the pending pod.
+    assert!(allowed_within(&f, Duration::from_secs(5)).await);
+    // And the stream itself comes back.
+    let end = Instant::now() + Duration::from_secs(5);
+    while rig.cri().subscriptions() < 2 {
+        assert!(Instant::now() < end, "the agent never resubscribed");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    source_becomes(&rig.stats, "cri_events").await;
+    rig.stop_agent().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restarted_agent_dates_the_deadline_from_the_exit_file() {
+    let mut rig = Rig::new();
+    rig.reserve = Duration::from_millis(500);
+    two_level_pod(&rig, 2);
+    // A preStop started waiting 1 s before the agent (re)started: grace 2 s - reserve 0.5 s
+    // leaves 0.5 s, not another 1.5 s.
+    let f = rig.request_exit(APP_UID, "proxy");
+    let written = std::time::SystemTime::now() - Duration::from_secs(1);
+    std::fs::File::options()
+        .write(true)
+        .open(&f)
+        .unwrap()
+        .set_modified(written)
+        .unwrap();
+    let started = Instant::now();
+    rig.start_agent();
+    assert!(allowed_within(&f, Duration::from_secs(3)).await);
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_millis(1200),
+        "released after {took:?}"
+    );
+    assert!(
+        took >= Duration::from_millis(350),
+        "released after {took:?}"
+    );
+    assert_eq!(rig.stats.allows(Reason::Deadline), 1);
+    rig.stop_agent().await;
+}

@@ -11,12 +11,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use tokio::sync::mpsc;
-use tracing::{debug, info, warn};
+use tracing::{debug, info, warn, Instrument};
 
 use crate::decide::{self, Attempt, PodFacts, Reason, Verdict};
 use crate::priority::{self, PriorityError};
 use crate::runtime::{RtPod, Runtime, RuntimeError, Snapshot};
 use crate::share::{ContainerName, ExitKey, ExitState, PodUid, Share, ShareEntry, ShareError};
+use crate::source::{self, SourceChoice, SourceKind, SourceSignal};
 use crate::stats::Stats;
 use crate::watch::{FsEvent, ShareWatcher, WatchError};
 
@@ -33,6 +34,11 @@ pub struct Config {
     /// How often the runtime is re-read while some exit is pending (nothing is read while
     /// none is).
     pub poll_interval: Duration,
+    /// How exits are detected: from the runtime's Version answer, or forced.
+    pub exit_source: SourceChoice,
+    /// While an event stream is live, pending pods are still re-read this often: a safety net
+    /// for an event the runtime never sent, not the way exits are found.
+    pub event_resync: Duration,
     /// How often pod directories of pods gone from the runtime are removed, and the share is
     /// rescanned as a safety net for lost inotify events.
     pub gc_interval: Duration,
@@ -49,6 +55,8 @@ impl Config {
             cri_socket,
             grace_reserve: Duration::from_secs(5),
             poll_interval: Duration::from_millis(25),
+            exit_source: SourceChoice::Auto,
+            event_resync: Duration::from_secs(1),
             gc_interval: Duration::from_secs(60),
             gc_min_age: Duration::from_secs(60),
             entrypoint_binary: None,
@@ -85,6 +93,8 @@ struct PendingPod {
     waiting: BTreeMap<ContainerName, Waiter>,
     /// Last grace period the runtime told us, for rounds where the runtime does not answer.
     grace: Option<Duration>,
+    /// When the waits of this pod end regardless of order, as of the last decision.
+    deadline: Option<Instant>,
 }
 
 /// Priority facts about a container id never change; they are read once per container.
@@ -96,6 +106,13 @@ pub struct Agent {
     runtime: Runtime,
     watcher: ShareWatcher,
     events: mpsc::UnboundedReceiver<FsEvent>,
+    signals: mpsc::UnboundedReceiver<SourceSignal>,
+    signal_tx: mpsc::UnboundedSender<SourceSignal>,
+    /// The event stream in use, while it is connected; `None` means polling.
+    live_source: Option<SourceKind>,
+    /// Containers an exit event named, until the runtime's own listing agrees: the event can
+    /// arrive before the runtime's CRI view changes.
+    exited: HashMap<String, Instant>,
     pending: BTreeMap<PodUid, PendingPod>,
     env_cache: HashMap<String, EnvPriority>,
     warned: HashSet<(PodUid, String)>,
@@ -119,6 +136,7 @@ impl Agent {
         }
         let runtime = Runtime::connect(&cfg.cri_socket)?;
         let (tx, events) = mpsc::unbounded_channel();
+        let (signal_tx, signals) = mpsc::unbounded_channel();
         let mut watcher = ShareWatcher::new(tx)?;
         // Watch before scanning: a file created in between is then both scanned and reported.
         watcher.watch(&share.pods_path())?;
@@ -128,6 +146,10 @@ impl Agent {
             runtime,
             watcher,
             events,
+            signals,
+            signal_tx,
+            live_source: None,
+            exited: HashMap::new(),
             pending: BTreeMap::new(),
             env_cache: HashMap::new(),
             warned: HashSet::new(),
@@ -136,7 +158,7 @@ impl Agent {
         };
         agent.rescan();
         agent.stats.set_watching(true);
-        agent.stats.set_event_source("poll");
+        agent.stats.set_event_source(SourceKind::Poll.as_str());
         Ok(agent)
     }
 
@@ -154,7 +176,7 @@ impl Agent {
                     runtime = %v.runtime_name,
                     version = %v.runtime_version,
                     api = %v.runtime_api_version,
-                    "runtime connected; exits detected by polling while any exit is pending"
+                    "runtime connected"
                 );
             }
             Err(e) => {
@@ -171,6 +193,14 @@ impl Agent {
         let all: BTreeSet<PodUid> = self.pending.keys().cloned().collect();
         self.evaluate(all).await;
 
+        let source_task = tokio::spawn(
+            source::run(
+                self.runtime.channel(),
+                self.cfg.exit_source,
+                self.signal_tx.clone(),
+            )
+            .instrument(tracing::info_span!("exit_source")),
+        );
         tokio::pin!(shutdown);
         let mut gc = tokio::time::interval_at(
             tokio::time::Instant::now() + self.cfg.gc_interval,
@@ -190,6 +220,12 @@ impl Agent {
                         self.on_fs_event(ev, &mut dirty);
                     }
                 }
+                Some(sig) = self.signals.recv() => {
+                    self.on_signal(sig, &mut dirty);
+                    while let Ok(sig) = self.signals.try_recv() {
+                        self.on_signal(sig, &mut dirty);
+                    }
+                }
                 () = sleep_until(wake), if wake.is_some() => {
                     dirty.extend(self.pending.keys().cloned());
                 }
@@ -199,15 +235,56 @@ impl Agent {
                 self.evaluate(dirty).await;
             }
         }
+        source_task.abort();
         self.stats.set_watching(false);
         info!(pending = self.pending_count(), "agent stopped");
         Ok(())
     }
 
-    /// When the runtime must be read again without an event: the poll interval while
-    /// anything waits.
+    /// When the runtime must be read again without an event. Nothing pending: never. With a
+    /// live event stream: the earliest deadline, or the safety resync. Polling: the poll
+    /// interval.
     fn next_wake(&self) -> Option<Instant> {
-        (!self.pending.is_empty()).then(|| Instant::now() + self.cfg.poll_interval)
+        if self.pending.is_empty() {
+            return None;
+        }
+        let now = Instant::now();
+        if self.live_source.is_none() {
+            return Some(now + self.cfg.poll_interval);
+        }
+        let resync = now + self.cfg.event_resync;
+        Some(
+            self.pending
+                .values()
+                .filter_map(|p| p.deadline)
+                .fold(resync, Instant::min),
+        )
+    }
+
+    fn on_signal(&mut self, sig: SourceSignal, dirty: &mut BTreeSet<PodUid>) {
+        match sig {
+            SourceSignal::Exit(Some(id)) => {
+                self.exited.insert(id, Instant::now());
+            }
+            SourceSignal::Exit(None) => {}
+            SourceSignal::Connected(kind) => {
+                info!(source = kind.as_str(), "exit source connected");
+                self.live_source = Some(kind);
+                self.stats.set_event_source(kind.as_str());
+            }
+            SourceSignal::Down { kind, .. } => {
+                if self.live_source.take().is_some() {
+                    info!(
+                        source = kind.as_str(),
+                        "exit source down; polling while exits are pending"
+                    );
+                }
+                self.stats.set_event_source(SourceKind::Poll.as_str());
+            }
+        }
+        // Every signal means the runtime may have changed under a pending pod; (re)connects
+        // also cover exits missed while the stream was down.
+        dirty.extend(self.pending.keys().cloned());
     }
 
     fn on_fs_event(&mut self, ev: FsEvent, dirty: &mut BTreeSet<PodUid>) {
@@ -327,26 +404,38 @@ impl Agent {
         };
         match state {
             ExitState::Waiting => {
+                if self
+                    .pending
+                    .get(&key.pod)
+                    .is_some_and(|p| p.waiting.contains_key(&key.container))
+                {
+                    return;
+                }
                 let now = Instant::now();
+                let since = self
+                    .share
+                    .exit_age(key)
+                    .and_then(|age| now.checked_sub(age))
+                    .unwrap_or(now);
                 let pod = self
                     .pending
                     .entry(key.pod.clone())
                     .or_insert_with(|| PendingPod {
-                        first_seen: now,
+                        first_seen: since,
                         waiting: BTreeMap::new(),
                         grace: None,
+                        deadline: None,
                     });
-                if !pod.waiting.contains_key(&key.container) {
-                    pod.waiting.insert(
-                        key.container.clone(),
-                        Waiter {
-                            since: now,
-                            announced: false,
-                        },
-                    );
-                    debug!(container = %key, "exit file waiting");
-                    dirty.insert(key.pod.clone());
-                }
+                pod.first_seen = pod.first_seen.min(since);
+                pod.waiting.insert(
+                    key.container.clone(),
+                    Waiter {
+                        since,
+                        announced: false,
+                    },
+                );
+                debug!(container = %key, "exit file waiting");
+                dirty.insert(key.pod.clone());
             }
             ExitState::Unexpected(text) => {
                 warn!(container = %key, content = %text, "exit file has unexpected content; ignored");
@@ -378,6 +467,7 @@ impl Agent {
         let snapshot = match self.runtime.snapshot().await {
             Ok(s) => {
                 self.stats.set_runtime_ok(true);
+                self.forget_confirmed_exits(&s);
                 Some(s)
             }
             Err(e) => {
@@ -395,6 +485,24 @@ impl Agent {
             self.apply(&pod, facts, now);
         }
         self.stats.set_pending(self.pending_count());
+    }
+
+    /// Drops event-reported exits the runtime's listing now shows (or no longer lists), and
+    /// any older than a minute.
+    fn forget_confirmed_exits(&mut self, snapshot: &Snapshot) {
+        if self.exited.is_empty() {
+            return;
+        }
+        let states: HashMap<&str, decide::RunState> = snapshot
+            .values()
+            .flat_map(|p| p.containers.iter().map(|c| (c.id.as_str(), c.state)))
+            .collect();
+        self.exited.retain(|id, at| {
+            at.elapsed() < Duration::from_secs(60)
+                && states
+                    .get(id.as_str())
+                    .is_some_and(|s| *s != decide::RunState::Exited)
+        });
     }
 
     /// Facts for a pod from the runtime's snapshot; `None` when the runtime has no such pod.
@@ -486,10 +594,11 @@ impl Agent {
                     }
                 }
             };
-            out.push(to_attempt(
-                c,
-                priority::resolve(&c.name, pod_prios.as_ref(), env),
-            ));
+            let mut attempt = to_attempt(c, priority::resolve(&c.name, pod_prios.as_ref(), env));
+            if self.exited.contains_key(&c.id) {
+                attempt.state = decide::RunState::Exited;
+            }
+            out.push(attempt);
         }
         if unordered {
             for a in &mut out {
@@ -529,6 +638,7 @@ impl Agent {
         let Some(p) = self.pending.get_mut(pod) else {
             return;
         };
+        p.deadline = facts.as_ref().and_then(|f| f.deadline);
         let mut allowed = Vec::new();
         for (name, waiter) in p.waiting.iter_mut() {
             match decide::decide(facts.as_ref(), name.as_str(), now) {

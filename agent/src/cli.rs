@@ -9,6 +9,7 @@ use clap::{Args, Parser, Subcommand};
 
 use crate::agent;
 use crate::runtime::socket_path;
+use crate::source::SourceChoice;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -25,6 +26,9 @@ pub struct Cli {
 pub enum Command {
     /// Run the node agent (one per node, as a DaemonSet).
     Agent(AgentArgs),
+    /// Show exitorder at work on a private containerd: one pod deleted, with a timeline
+    /// (root; `containerd runc busybox-static` installed).
+    Demo(crate::demo::DemoArgs),
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -57,6 +61,11 @@ pub struct AgentArgs {
     /// How often the runtime is read while an exit is pending (never while none is).
     #[arg(long, env = "EXITORDER_POLL_INTERVAL", default_value = "25ms", value_parser = parse_duration)]
     pub poll_interval: Duration,
+    /// How container exits are detected: `auto` picks from the runtime's Version answer
+    /// (CRI events on containerd >= 2.0 and CRI-O, containerd's events on containerd 1.x,
+    /// polling otherwise).
+    #[arg(long, env = "EXITORDER_EXIT_SOURCE", value_enum, default_value_t = SourceChoice::Auto)]
+    pub exit_source: SourceChoice,
     /// Address of the HTTP endpoint for /metrics, /healthz and /readyz.
     #[arg(long, env = "EXITORDER_METRICS_ADDR", default_value = "0.0.0.0:9484")]
     pub metrics_addr: SocketAddr,
@@ -74,6 +83,7 @@ impl AgentArgs {
     pub fn config(&self) -> agent::Config {
         let mut cfg = agent::Config::new(self.share_dir.clone(), socket_path(&self.cri_socket));
         cfg.grace_reserve = self.grace_reserve;
+        cfg.exit_source = self.exit_source;
         cfg.poll_interval = self.poll_interval.max(Duration::from_millis(1));
         cfg.entrypoint_binary = Some(
             self.entrypoint_binary
@@ -108,7 +118,9 @@ mod tests {
             "2500ms",
         ])
         .unwrap();
-        let Command::Agent(a) = cli.command;
+        let Command::Agent(a) = cli.command else {
+            panic!("parsed as another command");
+        };
         let cfg = a.config();
         assert_eq!(
             cfg.cri_socket,
@@ -120,6 +132,18 @@ mod tests {
             .entrypoint_binary
             .unwrap()
             .ends_with("exitorder-entrypoint"));
+    }
+
+    #[test]
+    fn demo_flags() {
+        let cli =
+            Cli::try_parse_from(["exitorder", "demo", "--without-agent", "--drain", "1500ms"])
+                .unwrap();
+        let Command::Demo(d) = cli.command else {
+            panic!("parsed as another command");
+        };
+        assert!(d.without_agent);
+        assert_eq!(d.drain, Duration::from_millis(1500));
     }
 
     #[test]

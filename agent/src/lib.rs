@@ -7,12 +7,15 @@
 pub mod agent;
 pub mod cli;
 pub mod decide;
+pub mod demo;
 pub mod metrics;
 pub mod priority;
 pub mod runtime;
 pub mod share;
+pub mod source;
 pub mod stats;
 pub mod telemetry;
+pub mod testbed;
 pub mod watch;
 
 /// Generated from proto/runtime/v1/api.proto: the CRI v1 subset exitorder calls.

@@ -14,6 +14,7 @@ async fn main() -> anyhow::Result<()> {
     telemetry::init_logging().context("logging setup")?;
     match cli.command {
         Command::Agent(args) => run_agent(args).await,
+        Command::Demo(args) => exitorder::demo::run(args).await,
     }
 }
 

@@ -136,14 +136,20 @@ fn run_state(raw: i32) -> RunState {
 
 #[derive(Clone)]
 pub struct Runtime {
+    channel: Channel,
     client: RuntimeServiceClient<Channel>,
 }
 
 impl Runtime {
     pub fn new(channel: Channel) -> Self {
         let client =
-            RuntimeServiceClient::new(channel).max_decoding_message_size(MAX_MESSAGE_BYTES);
-        Runtime { client }
+            RuntimeServiceClient::new(channel.clone()).max_decoding_message_size(MAX_MESSAGE_BYTES);
+        Runtime { channel, client }
+    }
+
+    /// The connection, for other services on the same socket (containerd's events).
+    pub fn channel(&self) -> Channel {
+        self.channel.clone()
     }
 
     pub fn connect(socket: &Path) -> Result<Self, RuntimeError> {

@@ -340,6 +340,17 @@ impl Share {
         })
     }
 
+    /// How long ago the exit file was written: when the preStop started waiting. An agent
+    /// restarted mid-drain dates the wait from this, not from its own start.
+    pub fn exit_age(&self, key: &ExitKey) -> Option<std::time::Duration> {
+        let dir = self.open_container(key).ok()?;
+        let st = rfs::statat(&dir, EXIT_FILE, AtFlags::SYMLINK_NOFOLLOW).ok()?;
+        let secs = u64::try_from(st.st_mtime).ok()?;
+        let nanos = u32::try_from(st.st_mtime_nsec).unwrap_or(0);
+        let mtime = SystemTime::UNIX_EPOCH + std::time::Duration::new(secs, nanos);
+        SystemTime::now().duration_since(mtime).ok()
+    }
+
     /// Lets a container exit: `allow` goes to a temp file that is renamed over `exit`, so the
     /// waiting entrypoint never reads a half-written answer.
     pub fn write_allow(&self, key: &ExitKey) -> Result<(), ShareError> {

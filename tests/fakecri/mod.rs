@@ -40,6 +40,12 @@ pub struct State {
     pub fail_with: Option<tonic::Code>,
     pub list_calls: u64,
     pub status_calls: u64,
+    /// What Version answers (default "fake", so the agent polls).
+    pub runtime_name: Option<(String, String)>,
+    /// The CRI event stream's feed, once a test turns events on.
+    pub events: Option<tokio::sync::broadcast::Sender<ContainerEventResponse>>,
+    pub events_unimplemented: bool,
+    pub subscriptions: u64,
     seq: i64,
 }
 
@@ -123,6 +129,40 @@ impl FakeCri {
     }
 
     pub fn set_state(&self, id: &str, state: ContainerState) {
+        self.set_state_silently(id, state);
+        let s = self.state.lock().unwrap();
+        if let (Some(tx), ContainerState::ContainerExited) = (&s.events, state) {
+            let _ = tx.send(ContainerEventResponse {
+                container_id: id.to_owned(),
+                container_event_type: ContainerEventType::ContainerStoppedEvent as i32,
+                ..Default::default()
+            });
+        }
+    }
+
+    /// Makes the fake claim to be this runtime, with a CRI event stream.
+    pub fn with_events(&self, name: &str, version: &str) {
+        let mut s = self.state.lock().unwrap();
+        s.runtime_name = Some((name.to_owned(), version.to_owned()));
+        s.events = Some(tokio::sync::broadcast::channel(256).0);
+    }
+
+    /// Claims to be a runtime with events, but answers UNIMPLEMENTED when asked for them.
+    pub fn with_unimplemented_events(&self, name: &str, version: &str) {
+        self.with_events(name, version);
+        self.state.lock().unwrap().events_unimplemented = true;
+    }
+
+    /// Ends every open event stream (as a runtime restart does); new subscriptions work.
+    pub fn drop_event_streams(&self) {
+        let mut s = self.state.lock().unwrap();
+        if s.events.is_some() {
+            s.events = Some(tokio::sync::broadcast::channel(256).0);
+        }
+    }
+
+    /// Changes a container's state without telling event subscribers (an event lost).
+    pub fn set_state_silently(&self, id: &str, state: ContainerState) {
         let mut s = self.state.lock().unwrap();
         let c = s
             .containers
@@ -130,6 +170,10 @@ impl FakeCri {
             .find(|c| c.id == id)
             .expect("no such fake container");
         c.state = state;
+    }
+
+    pub fn subscriptions(&self) -> u64 {
+        self.state.lock().unwrap().subscriptions
     }
 
     pub fn fail_with(&self, code: Option<tonic::Code>) {
@@ -175,10 +219,17 @@ impl RuntimeService for FakeCri {
         _: Request<VersionRequest>,
     ) -> Result<Response<VersionResponse>, Status> {
         self.check()?;
+        let (name, version) = self
+            .state
+            .lock()
+            .unwrap()
+            .runtime_name
+            .clone()
+            .unwrap_or_else(|| ("fake".into(), "0.0.1".into()));
         Ok(Response::new(VersionResponse {
             version: "0.1.0".into(),
-            runtime_name: "fake".into(),
-            runtime_version: "0.0.1".into(),
+            runtime_name: name,
+            runtime_version: version,
             runtime_api_version: "v1".into(),
         }))
     }
@@ -304,6 +355,26 @@ impl RuntimeService for FakeCri {
         &self,
         _: Request<GetEventsRequest>,
     ) -> Result<Response<Self::GetContainerEventsStream>, Status> {
-        unimplemented()
+        self.check()?;
+        let mut feed = {
+            let mut s = self.state.lock().unwrap();
+            if s.events_unimplemented {
+                return unimplemented();
+            }
+            s.subscriptions += 1;
+            match &s.events {
+                Some(tx) => tx.subscribe(),
+                None => return unimplemented(),
+            }
+        };
+        let (tx, rx) = tokio::sync::mpsc::channel(256);
+        tokio::spawn(async move {
+            while let Ok(ev) = feed.recv().await {
+                if tx.send(Ok(ev)).await.is_err() {
+                    break;
+                }
+            }
+        });
+        Ok(Response::new(ReceiverStream::new(rx)))
     }
 }

@@ -1,0 +1,300 @@
+//! How the agent learns that a container exited, chosen by what the runtime is:
+//!
+//! - CRI `GetContainerEvents` on containerd >= 2.0 and CRI-O, which serve many subscribers;
+//! - containerd's own events service (`/tasks/exit`, namespace `k8s.io`) on containerd 1.x,
+//!   whose CRI event stream has a single subscriber: taking it would starve the kubelet;
+//! - otherwise nothing here: the agent polls `ListContainers` while an exit is pending.
+//!
+//! A stream that fails or ends is reconnected with backoff; every (re)connect makes the agent
+//! re-list and re-decide every pending pod, so an exit during the gap is never missed.
+
+use std::time::Duration;
+
+use prost::Message as _;
+use tokio::sync::mpsc;
+use tonic::transport::Channel;
+use tracing::{debug, info, warn};
+
+use crate::containerd::events::TaskExit;
+use crate::containerd::services::events::v1::events_client::EventsClient;
+use crate::containerd::services::events::v1::SubscribeRequest;
+use crate::cri::runtime_service_client::RuntimeServiceClient;
+use crate::cri::{ContainerEventType, GetEventsRequest, VersionRequest, VersionResponse};
+
+const BACKOFF_START: Duration = Duration::from_millis(100);
+const BACKOFF_MAX: Duration = Duration::from_secs(5);
+/// How long a subscription must be in flight without failing to count as connected.
+const CONNECT_QUIET: Duration = Duration::from_millis(200);
+/// containerd's event filter: task exits of Kubernetes containers only.
+const CONTAINERD_FILTER: &str = r#"topic=="/tasks/exit",namespace=="k8s.io""#;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SourceKind {
+    CriEvents,
+    ContainerdEvents,
+    Poll,
+}
+
+impl SourceKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SourceKind::CriEvents => "cri_events",
+            SourceKind::ContainerdEvents => "containerd_events",
+            SourceKind::Poll => "poll",
+        }
+    }
+}
+
+/// What the operator asked for (`--exit-source`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum SourceChoice {
+    /// Chosen from the runtime's Version answer.
+    Auto,
+    /// Never subscribe; poll while an exit is pending.
+    Poll,
+    ContainerdEvents,
+    CriEvents,
+}
+
+fn major_minor(version: &str) -> Option<(u32, u32)> {
+    let v = version.trim().trim_start_matches('v');
+    let mut parts = v.split(|c: char| !c.is_ascii_digit());
+    let major = parts.next()?.parse().ok()?;
+    let minor = parts.next().and_then(|m| m.parse().ok()).unwrap_or(0);
+    Some((major, minor))
+}
+
+/// The source for a runtime, from its Version answer.
+pub fn choose(v: &VersionResponse) -> SourceKind {
+    match v.runtime_name.to_ascii_lowercase().as_str() {
+        // Any 1.x, and a version we cannot read: containerd's own events never take anything
+        // from the kubelet.
+        "containerd" => match major_minor(&v.runtime_version) {
+            Some((major, _)) if major >= 2 => SourceKind::CriEvents,
+            _ => SourceKind::ContainerdEvents,
+        },
+        "cri-o" | "crio" => SourceKind::CriEvents,
+        _ => SourceKind::Poll,
+    }
+}
+
+/// What the source task tells the decision loop.
+#[derive(Debug)]
+pub enum SourceSignal {
+    /// Subscribed: exits now arrive as events.
+    Connected(SourceKind),
+    /// A container's own process exited (its CRI container id, when the event names it).
+    /// containerd publishes this before its CRI side marks the container exited, so the id
+    /// is what the decision trusts, not a fresh listing.
+    Exit(Option<String>),
+    /// The stream is gone; poll until `Connected` again. `permanent` when the runtime does not
+    /// offer it at all.
+    Down {
+        kind: SourceKind,
+        reason: String,
+        permanent: bool,
+    },
+}
+
+enum StreamEnd {
+    Retry(String),
+    Unsupported(String),
+}
+
+/// Runs the exit source until the receiver is gone. Spawned by the agent under a named span
+/// and aborted at shutdown.
+pub async fn run(channel: Channel, choice: SourceChoice, tx: mpsc::UnboundedSender<SourceSignal>) {
+    let mut backoff = BACKOFF_START;
+    let kind = loop {
+        let kind = match choice {
+            SourceChoice::Poll => return,
+            SourceChoice::ContainerdEvents => SourceKind::ContainerdEvents,
+            SourceChoice::CriEvents => SourceKind::CriEvents,
+            SourceChoice::Auto => {
+                let mut client = RuntimeServiceClient::new(channel.clone());
+                match client
+                    .version(VersionRequest {
+                        version: "v1".into(),
+                    })
+                    .await
+                {
+                    Ok(v) => choose(v.get_ref()),
+                    Err(e) => {
+                        debug!(error = %e, "runtime version not known yet");
+                        tokio::time::sleep(backoff).await;
+                        backoff = (backoff * 2).min(BACKOFF_MAX);
+                        continue;
+                    }
+                }
+            }
+        };
+        break kind;
+    };
+    if kind == SourceKind::Poll {
+        info!("runtime offers no exit events exitorder can share; polling while exits are pending");
+        return;
+    }
+    backoff = BACKOFF_START;
+    loop {
+        let end = match kind {
+            SourceKind::ContainerdEvents => containerd_stream(&channel, &tx).await,
+            SourceKind::CriEvents => cri_stream(&channel, &tx).await,
+            SourceKind::Poll => return,
+        };
+        if tx.is_closed() {
+            return;
+        }
+        match end {
+            StreamEnd::Unsupported(reason) => {
+                warn!(source = kind.as_str(), %reason, "exit events not offered; polling while exits are pending");
+                let _ = tx.send(SourceSignal::Down {
+                    kind,
+                    reason,
+                    permanent: true,
+                });
+                return;
+            }
+            StreamEnd::Retry(reason) => {
+                warn!(source = kind.as_str(), %reason, retry_in = ?backoff, "exit event stream lost; polling until it is back");
+                let _ = tx.send(SourceSignal::Down {
+                    kind,
+                    reason,
+                    permanent: false,
+                });
+            }
+        }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(BACKOFF_MAX);
+    }
+}
+
+fn classify(status: &tonic::Status) -> StreamEnd {
+    if status.code() == tonic::Code::Unimplemented {
+        StreamEnd::Unsupported(status.to_string())
+    } else {
+        StreamEnd::Retry(status.to_string())
+    }
+}
+
+async fn containerd_stream(
+    channel: &Channel,
+    tx: &mpsc::UnboundedSender<SourceSignal>,
+) -> StreamEnd {
+    let mut client = EventsClient::new(channel.clone());
+    let req = SubscribeRequest {
+        filters: vec![CONTAINERD_FILTER.to_owned()],
+    };
+    // containerd sends the response headers only with the first event, so the call stays
+    // pending on a quiet node; once it has been in flight for a moment without failing, the
+    // subscription is registered and exits will arrive.
+    let call = client.subscribe(req);
+    tokio::pin!(call);
+    let mut announced = false;
+    let resp = loop {
+        tokio::select! {
+            r = &mut call => break r,
+            () = tokio::time::sleep(CONNECT_QUIET), if !announced => {
+                announced = true;
+                let _ = tx.send(SourceSignal::Connected(SourceKind::ContainerdEvents));
+            }
+        }
+    };
+    let mut stream = match resp {
+        Ok(s) => s.into_inner(),
+        Err(e) => return classify(&e),
+    };
+    if !announced {
+        let _ = tx.send(SourceSignal::Connected(SourceKind::ContainerdEvents));
+    }
+    loop {
+        match stream.message().await {
+            Ok(Some(env)) => {
+                if env.topic != "/tasks/exit" || env.namespace != "k8s.io" {
+                    continue;
+                }
+                // Exec processes (the kubelet's probes, preStop hooks) exit too; only a
+                // container's own process ends the container.
+                let exit = env
+                    .event
+                    .as_ref()
+                    .and_then(|any| TaskExit::decode(any.value.as_slice()).ok());
+                let signal = match exit {
+                    Some(e) if !e.id.is_empty() && e.id != e.container_id => continue,
+                    Some(e) => SourceSignal::Exit(Some(e.container_id)),
+                    None => SourceSignal::Exit(None),
+                };
+                if tx.send(signal).is_err() {
+                    return StreamEnd::Retry("agent stopped".into());
+                }
+            }
+            Ok(None) => return StreamEnd::Retry("stream ended".into()),
+            Err(e) => return classify(&e),
+        }
+    }
+}
+
+async fn cri_stream(channel: &Channel, tx: &mpsc::UnboundedSender<SourceSignal>) -> StreamEnd {
+    let mut client = RuntimeServiceClient::new(channel.clone());
+    let mut stream = match client.get_container_events(GetEventsRequest {}).await {
+        Ok(s) => s.into_inner(),
+        Err(e) => return classify(&e),
+    };
+    // containerd 1.6 accepts the call and fails only when the stream is read; say Connected
+    // after the first message or a quiet moment, so an unsupported stream is not announced.
+    let mut announced = false;
+    loop {
+        let next = if announced {
+            stream.message().await
+        } else {
+            match tokio::time::timeout(CONNECT_QUIET, stream.message()).await {
+                Ok(m) => m,
+                Err(_) => {
+                    announced = true;
+                    let _ = tx.send(SourceSignal::Connected(SourceKind::CriEvents));
+                    continue;
+                }
+            }
+        };
+        match next {
+            Ok(Some(ev)) => {
+                if !announced {
+                    announced = true;
+                    let _ = tx.send(SourceSignal::Connected(SourceKind::CriEvents));
+                }
+                if ev.container_event_type == ContainerEventType::ContainerStoppedEvent as i32
+                    && tx.send(SourceSignal::Exit(Some(ev.container_id))).is_err()
+                {
+                    return StreamEnd::Retry("agent stopped".into());
+                }
+            }
+            Ok(None) => return StreamEnd::Retry("stream ended".into()),
+            Err(e) => return classify(&e),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn v(name: &str, version: &str) -> VersionResponse {
+        VersionResponse {
+            runtime_name: name.into(),
+            runtime_version: version.into(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn source_by_runtime_version() {
+        use SourceKind::*;
+        assert_eq!(choose(&v("containerd", "1.6.20~ds1")), ContainerdEvents);
+        assert_eq!(choose(&v("containerd", "v1.7.24")), ContainerdEvents);
+        assert_eq!(choose(&v("containerd", "v2.0.1")), CriEvents);
+        assert_eq!(choose(&v("containerd", "2.1.0-rc.1")), CriEvents);
+        assert_eq!(choose(&v("containerd", "weird")), ContainerdEvents);
+        assert_eq!(choose(&v("cri-o", "1.30.2")), CriEvents);
+        assert_eq!(choose(&v("docker", "26.1")), Poll);
+        assert_eq!(choose(&v("", "")), Poll);
+    }
+}

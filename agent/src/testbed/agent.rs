@@ -1,0 +1,280 @@
+//! The exitorder agent as a child process, with its JSON log lines captured as they come.
+
+use std::io::{BufRead, BufReader};
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use super::{Node, TestbedError};
+
+/// How to start the agent against a [`Node`].
+#[derive(Debug, Clone)]
+pub struct AgentOptions {
+    /// The `exitorder` executable.
+    pub binary: PathBuf,
+    pub cri_socket: PathBuf,
+    pub share_dir: PathBuf,
+    /// The static entrypoint the agent installs into the share.
+    pub entrypoint_binary: PathBuf,
+    pub grace_reserve: Duration,
+    pub poll_interval: Duration,
+    /// How long start-up may take until "agent ready".
+    pub ready_timeout: Duration,
+    pub env: Vec<(String, String)>,
+}
+
+impl AgentOptions {
+    /// The agent on `node`'s socket and share, 3 s grace reserve, default poll interval.
+    pub fn new(binary: impl Into<PathBuf>, node: &Node, entrypoint: impl Into<PathBuf>) -> Self {
+        AgentOptions {
+            binary: binary.into(),
+            cri_socket: node.socket().to_owned(),
+            share_dir: node.share_dir().to_owned(),
+            entrypoint_binary: entrypoint.into(),
+            grace_reserve: Duration::from_secs(3),
+            poll_interval: Duration::from_millis(25),
+            ready_timeout: Duration::from_secs(20),
+            env: Vec::new(),
+        }
+    }
+
+    fn command(&self) -> Command {
+        let mut cmd = Command::new(&self.binary);
+        // Its own process group, so a Ctrl-C at the terminal leaves stopping it to us.
+        cmd.process_group(0)
+            .arg("agent")
+            .arg("--cri-socket")
+            .arg(&self.cri_socket)
+            .arg("--share-dir")
+            .arg(&self.share_dir)
+            .arg("--entrypoint-binary")
+            .arg(&self.entrypoint_binary)
+            .arg("--grace-reserve")
+            .arg(format!("{}ms", self.grace_reserve.as_millis()))
+            .arg("--poll-interval")
+            .arg(format!("{}ms", self.poll_interval.as_millis()))
+            .arg("--metrics-addr")
+            .arg("127.0.0.1:0")
+            .env("EXITORDER_LOG_FORMAT", "json")
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        cmd
+    }
+}
+
+/// One line the agent logged, with when it was read.
+#[derive(Debug, Clone)]
+pub struct LogLine {
+    pub at: Instant,
+    pub text: String,
+    /// The line parsed, when it is JSON (`EXITORDER_LOG_FORMAT=json`).
+    pub json: Option<serde_json::Value>,
+}
+
+impl LogLine {
+    /// The log message (`fields.message`).
+    pub fn message(&self) -> Option<&str> {
+        self.json.as_ref()?.get("fields")?.get("message")?.as_str()
+    }
+
+    /// A field of the event as text (strings as they are, numbers and others as JSON).
+    pub fn field(&self, name: &str) -> Option<String> {
+        let v = self.json.as_ref()?.get("fields")?.get(name)?;
+        Some(match v {
+            serde_json::Value::String(s) => s.clone(),
+            other => other.to_string(),
+        })
+    }
+
+    /// Whether this is the given message with the given field values.
+    pub fn is(&self, message: &str, fields: &[(&str, &str)]) -> bool {
+        self.message() == Some(message)
+            && fields
+                .iter()
+                .all(|(k, v)| self.field(k).as_deref() == Some(*v))
+    }
+}
+
+#[derive(Default)]
+struct LogState {
+    lines: Vec<LogLine>,
+    closed: bool,
+}
+
+/// A running agent. Killed (SIGKILL, by its PID) when dropped.
+pub struct AgentProcess {
+    child: Option<Child>,
+    log: Arc<Mutex<LogState>>,
+    changed: tokio::sync::watch::Receiver<usize>,
+}
+
+fn lock(log: &Mutex<LogState>) -> std::sync::MutexGuard<'_, LogState> {
+    match log.lock() {
+        Ok(g) => g,
+        Err(poisoned) => poisoned.into_inner(),
+    }
+}
+
+impl AgentProcess {
+    /// Starts the agent and waits for its "agent ready" line.
+    pub async fn start(opts: &AgentOptions) -> Result<AgentProcess, TestbedError> {
+        let agent = Self::spawn(opts)?;
+        agent
+            .wait_for(
+                "the agent's \"agent ready\" line",
+                opts.ready_timeout,
+                |l| l.message() == Some("agent ready"),
+            )
+            .await?;
+        Ok(agent)
+    }
+
+    /// Starts the agent without waiting for it.
+    pub fn spawn(opts: &AgentOptions) -> Result<AgentProcess, TestbedError> {
+        let mut child = opts
+            .command()
+            .spawn()
+            .map_err(|e| TestbedError::io("start", &opts.binary, e))?;
+        let log = Arc::new(Mutex::new(LogState::default()));
+        let (tx, changed) = tokio::sync::watch::channel(0usize);
+        if let Some(stderr) = child.stderr.take() {
+            let log = Arc::clone(&log);
+            let echo = std::env::var_os("EXITORDER_TESTBED_ECHO").is_some();
+            let spawned = std::thread::Builder::new()
+                .name("exitorder-agent-log".to_owned())
+                .spawn(move || {
+                    for line in BufReader::new(stderr).lines() {
+                        let Ok(text) = line else { break };
+                        if echo {
+                            eprintln!("agent: {text}");
+                        }
+                        let line = LogLine {
+                            at: Instant::now(),
+                            json: serde_json::from_str(&text).ok(),
+                            text,
+                        };
+                        let n = {
+                            let mut st = lock(&log);
+                            st.lines.push(line);
+                            st.lines.len()
+                        };
+                        let _ = tx.send(n);
+                    }
+                    lock(&log).closed = true;
+                    let _ = tx.send(usize::MAX);
+                });
+            if let Err(e) = spawned {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(TestbedError::io("start log reader for", &opts.binary, e));
+            }
+        }
+        Ok(AgentProcess {
+            child: Some(child),
+            log,
+            changed,
+        })
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// Every line so far.
+    pub fn lines(&self) -> Vec<LogLine> {
+        lock(&self.log).lines.clone()
+    }
+
+    /// The first line so far that matches.
+    pub fn find(&self, pred: impl Fn(&LogLine) -> bool) -> Option<LogLine> {
+        lock(&self.log).lines.iter().find(|l| pred(l)).cloned()
+    }
+
+    /// The last `n` lines, for failure messages.
+    pub fn log_tail(&self, n: usize) -> String {
+        let st = lock(&self.log);
+        st.lines[st.lines.len().saturating_sub(n)..]
+            .iter()
+            .map(|l| l.text.as_str())
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    /// Waits for a line matching `pred` (lines already read count too).
+    pub async fn wait_for(
+        &self,
+        what: &str,
+        timeout: Duration,
+        pred: impl Fn(&LogLine) -> bool,
+    ) -> Result<LogLine, TestbedError> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut changed = self.changed.clone();
+        loop {
+            let closed = {
+                let st = lock(&self.log);
+                if let Some(l) = st.lines.iter().find(|l| pred(l)) {
+                    return Ok(l.clone());
+                }
+                st.closed
+            };
+            if closed {
+                return Err(TestbedError::AgentExited {
+                    status: format!("before {what}"),
+                    log_tail: self.log_tail(30),
+                });
+            }
+            match tokio::time::timeout_at(deadline, changed.changed()).await {
+                Ok(Ok(())) => {}
+                // The reader is gone: the next round sees `closed`.
+                Ok(Err(_)) => tokio::time::sleep(Duration::from_millis(5)).await,
+                Err(_) => {
+                    return Err(TestbedError::Timeout {
+                        what: what.to_owned(),
+                        waited: timeout,
+                        context: format!("; the agent's log ends with:\n{}", self.log_tail(30)),
+                    })
+                }
+            }
+        }
+    }
+
+    /// SIGKILL, as a node losing the agent would see it; waits for the process to go.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for AgentProcess {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn json_fields() {
+        let text = r#"{"timestamp":"t","level":"INFO","fields":{"message":"exit allowed","pod":"p","container":"proxy","reason":"ordered","waited_ms":1034},"target":"exitorder::agent"}"#;
+        let line = LogLine {
+            at: Instant::now(),
+            json: serde_json::from_str(text).ok(),
+            text: text.to_owned(),
+        };
+        assert_eq!(line.message(), Some("exit allowed"));
+        assert_eq!(line.field("waited_ms").as_deref(), Some("1034"));
+        assert!(line.is(
+            "exit allowed",
+            &[("container", "proxy"), ("reason", "ordered")]
+        ));
+        assert!(!line.is("exit allowed", &[("reason", "deadline")]));
+    }
+}

@@ -1,0 +1,448 @@
+//! The node's private containerd: its configuration, its process, its readiness.
+
+use std::fs::File;
+use std::io::{Read, Seek, SeekFrom};
+use std::os::unix::ffi::OsStringExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::cri::runtime_service_client::RuntimeServiceClient;
+use crate::cri::{VersionRequest, VersionResponse};
+
+use super::TestbedError;
+
+pub(crate) const LOG_FILE: &str = "containerd.log";
+const CONFIG_FILE: &str = "containerd.toml";
+const SOCKET: &str = "c.sock";
+const CRI_LOAD_FAILED: &str = "failed to load plugin io.containerd.grpc.v1.cri";
+/// The CRI keeps kubelet-managed containers in this containerd namespace.
+pub(crate) const NAMESPACE: &str = "k8s.io";
+
+/// Where the tools live; root's PATH usually has the sbin directories, other users' may not.
+const FALLBACK_DIRS: &[&str] = &[
+    "/usr/local/sbin",
+    "/usr/local/bin",
+    "/usr/sbin",
+    "/usr/bin",
+    "/sbin",
+    "/bin",
+];
+
+pub(crate) struct Binaries {
+    pub containerd: PathBuf,
+    pub ctr: PathBuf,
+    /// PATH for containerd: it finds the shim, and the shim finds runc, through it.
+    pub path_env: String,
+}
+
+fn find(name: &'static str, hint: &'static str) -> Result<PathBuf, TestbedError> {
+    let path = std::env::var("PATH").unwrap_or_default();
+    path.split(':')
+        .filter(|d| !d.is_empty())
+        .chain(FALLBACK_DIRS.iter().copied())
+        .map(|d| Path::new(d).join(name))
+        .find(|p| p.is_file())
+        .ok_or(TestbedError::BinaryMissing { name, hint })
+}
+
+impl Binaries {
+    pub(crate) fn find() -> Result<Self, TestbedError> {
+        const APT: &str = "install it with `apt-get install -y containerd runc busybox-static`";
+        let containerd = find("containerd", APT)?;
+        let ctr = find("ctr", APT)?;
+        find("containerd-shim-runc-v2", APT)?;
+        find("runc", APT)?;
+        let mut path_env = std::env::var("PATH").unwrap_or_default();
+        for d in FALLBACK_DIRS {
+            if !path_env.split(':').any(|p| p == *d) {
+                if !path_env.is_empty() {
+                    path_env.push(':');
+                }
+                path_env.push_str(d);
+            }
+        }
+        Ok(Binaries {
+            containerd,
+            ctr,
+            path_env,
+        })
+    }
+}
+
+/// overlayfs where the directory's filesystem can carry overlay upper layers; an overlay root
+/// (a container running this test bed) or a kernel without overlay gets `native`.
+pub(crate) fn default_snapshotter(dir: &Path) -> &'static str {
+    let has_overlay = std::fs::read_to_string("/proc/filesystems")
+        .map(|s| s.lines().any(|l| l.trim_end().ends_with("overlay")))
+        .unwrap_or(false);
+    if has_overlay && fs_type_of(dir).as_deref() != Some("overlay") {
+        "overlayfs"
+    } else {
+        "native"
+    }
+}
+
+/// The filesystem type of the mount holding `path`, from /proc/self/mountinfo.
+fn fs_type_of(path: &Path) -> Option<String> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    let mut best: Option<(usize, String)> = None;
+    for line in info.lines() {
+        let (left, right) = line.split_once(" - ")?;
+        let mount_point = unescape_mount_path(left.split(' ').nth(4)?);
+        let fs_type = right.split(' ').next()?.to_owned();
+        if path.starts_with(&mount_point) {
+            let len = mount_point.as_os_str().len();
+            if best.as_ref().is_none_or(|(l, _)| len >= *l) {
+                best = Some((len, fs_type));
+            }
+        }
+    }
+    best.map(|(_, t)| t)
+}
+
+/// mountinfo escapes space, tab, newline and backslash as octal.
+pub(crate) fn unescape_mount_path(s: &str) -> PathBuf {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\'
+            && i + 3 < b.len()
+            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
+        {
+            let digit = |c: u8| u32::from(c - b'0');
+            let v = digit(b[i + 1]) * 64 + digit(b[i + 2]) * 8 + digit(b[i + 3]);
+            out.push(u8::try_from(v).unwrap_or(b'?'));
+            i += 4;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    PathBuf::from(std::ffi::OsString::from_vec(out))
+}
+
+fn config_text(dir: &Path, snapshotter: &str) -> String {
+    let d = dir.display();
+    // restrict_oom_score_adj: without CAP_SYS_RESOURCE (VMs, nested containers) runc cannot
+    // lower the sandbox's oom_score_adj and every RunPodSandbox fails with "can't get final
+    // child's PID from pipe: EOF". Private runc root, opt dir and CNI dirs keep this
+    // containerd's state apart from any other on the machine; empty CNI dirs are fine for
+    // host-network pods ("no network config found" in the log is expected). Stream port 0
+    // lets several nodes run at once.
+    format!(
+        r#"version = 2
+root = "{d}/root"
+state = "{d}/state"
+disabled_plugins = [
+  "io.containerd.snapshotter.v1.aufs",
+  "io.containerd.snapshotter.v1.btrfs",
+  "io.containerd.snapshotter.v1.devmapper",
+  "io.containerd.snapshotter.v1.zfs",
+  "io.containerd.tracing.processor.v1.otlp",
+  "io.containerd.internal.v1.tracing",
+]
+
+[grpc]
+  address = "{d}/{SOCKET}"
+
+[ttrpc]
+  address = "{d}/{SOCKET}.ttrpc"
+
+[debug]
+  address = ""
+
+[metrics]
+  address = ""
+
+[plugins."io.containerd.internal.v1.opt"]
+  path = "{d}/opt"
+
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "{pause}"
+  restrict_oom_score_adj = true
+  disable_apparmor = true
+  disable_hugetlb_controller = true
+  disable_tcp_service = true
+  systemd_cgroup = false
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+  enable_selinux = false
+
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "{snapshotter}"
+    default_runtime_name = "runc"
+
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        SystemdCgroup = false
+        Root = "{d}/runc"
+
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "{d}/cni/bin"
+    conf_dir = "{d}/cni/conf"
+"#,
+        pause = super::image::PAUSE_IMAGE,
+    )
+}
+
+pub(crate) struct Containerd {
+    child: Option<Child>,
+    pub socket: PathBuf,
+    pub state_dir: PathBuf,
+    dir: PathBuf,
+    config: PathBuf,
+}
+
+impl Containerd {
+    pub(crate) fn spawn(
+        bins: &Binaries,
+        dir: &Path,
+        snapshotter: &str,
+    ) -> Result<Containerd, TestbedError> {
+        for sub in ["root", "state", "runc", "opt", "cni/bin", "cni/conf"] {
+            let p = dir.join(sub);
+            std::fs::create_dir_all(&p).map_err(|e| TestbedError::io("create", &p, e))?;
+        }
+        let config = dir.join(CONFIG_FILE);
+        std::fs::write(&config, config_text(dir, snapshotter))
+            .map_err(|e| TestbedError::io("write", &config, e))?;
+        let log_path = dir.join(LOG_FILE);
+        let log = File::create(&log_path).map_err(|e| TestbedError::io("create", &log_path, e))?;
+        let log2 = log
+            .try_clone()
+            .map_err(|e| TestbedError::io("open", &log_path, e))?;
+        // Its own process group: a Ctrl-C at the terminal must reach only the test bed,
+        // which then tears the pods down through this containerd before stopping it.
+        let child = Command::new(&bins.containerd)
+            .process_group(0)
+            .arg("--config")
+            .arg(&config)
+            .env("PATH", &bins.path_env)
+            .stdin(Stdio::null())
+            .stdout(log)
+            .stderr(log2)
+            .spawn()
+            .map_err(|e| TestbedError::io("start", &bins.containerd, e))?;
+        Ok(Containerd {
+            child: Some(child),
+            socket: dir.join(SOCKET),
+            state_dir: dir.join("state"),
+            dir: dir.to_owned(),
+            config,
+        })
+    }
+
+    pub(crate) fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    fn log_tail(&self) -> String {
+        log_tail(&self.dir.join(LOG_FILE), 30)
+    }
+
+    /// Waits until the CRI answers `Version`. containerd serves its own API before the CRI
+    /// plugin is up, and a CRI plugin that failed to load answers UNIMPLEMENTED for good, so
+    /// that answer is given a short while and then reported with the log.
+    pub(crate) async fn wait_ready(
+        &mut self,
+        timeout: Duration,
+    ) -> Result<VersionResponse, TestbedError> {
+        let start = Instant::now();
+        let mut unimplemented_since: Option<Instant> = None;
+        let mut last = String::from("socket not created yet");
+        loop {
+            if let Some(child) = self.child.as_mut() {
+                if let Ok(Some(status)) = child.try_wait() {
+                    self.child = None;
+                    let log_tail = self.log_tail();
+                    if log_tail.contains("TOML") || log_tail.contains("failed to load config") {
+                        return Err(TestbedError::ConfigRejected {
+                            config: self.config.clone(),
+                            log_tail,
+                        });
+                    }
+                    return Err(TestbedError::ContainerdExited {
+                        status: status.to_string(),
+                        log_tail,
+                    });
+                }
+            }
+            if self.socket.exists() {
+                match self.version().await {
+                    Ok(v) => return Ok(v),
+                    Err(status) => {
+                        last = status.to_string();
+                        if status.code() == tonic::Code::Unimplemented {
+                            let since = *unimplemented_since.get_or_insert_with(Instant::now);
+                            if since.elapsed() > Duration::from_secs(2) {
+                                let log_tail = self.log_tail();
+                                let why = log_tail
+                                    .lines()
+                                    .find(|l| l.contains(CRI_LOAD_FAILED))
+                                    .and_then(|l| l.split_once("error="))
+                                    .map_or("see the log", |(_, e)| e);
+                                return Err(TestbedError::NotReady {
+                                    waited: start.elapsed(),
+                                    last: format!("{last}; the CRI plugin did not load: {why}"),
+                                    log_tail,
+                                });
+                            }
+                        }
+                    }
+                }
+            }
+            if start.elapsed() > timeout {
+                return Err(TestbedError::NotReady {
+                    waited: start.elapsed(),
+                    last,
+                    log_tail: self.log_tail(),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    async fn version(&self) -> Result<VersionResponse, tonic::Status> {
+        let channel = crate::runtime::unix_channel(&self.socket)
+            .map_err(|e| tonic::Status::unavailable(e.to_string()))?;
+        let mut req = tonic::Request::new(VersionRequest {
+            version: "v1".to_owned(),
+        });
+        req.set_timeout(Duration::from_secs(1));
+        Ok(RuntimeServiceClient::new(channel)
+            .version(req)
+            .await?
+            .into_inner())
+    }
+
+    /// Imports a docker-archive tarball into the CRI's namespace, unpacked for its snapshotter.
+    pub(crate) fn import(
+        &self,
+        bins: &Binaries,
+        archive: &Path,
+        snapshotter: &str,
+    ) -> Result<(), TestbedError> {
+        let mut cmd = Command::new(&bins.ctr);
+        cmd.arg("--address")
+            .arg(&self.socket)
+            .args([
+                "-n",
+                NAMESPACE,
+                "images",
+                "import",
+                "--snapshotter",
+                snapshotter,
+            ])
+            .arg(archive);
+        run_command(&mut cmd).map(drop).map_err(|e| match e {
+            TestbedError::Command {
+                command,
+                status,
+                output,
+            } => TestbedError::Command {
+                command,
+                status,
+                output: format!("{output}\ncontainerd's log ends with:\n{}", self.log_tail()),
+            },
+            other => other,
+        })
+    }
+
+    /// Stops containerd: TERM, a moment to exit, then KILL. Only ever the process started here.
+    pub(crate) fn stop(&mut self) {
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
+        if let Some(pid) = rustix::process::Pid::from_raw(child.id() as i32) {
+            let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+        }
+        let deadline = Instant::now() + Duration::from_secs(3);
+        while Instant::now() < deadline {
+            match child.try_wait() {
+                Ok(Some(_)) | Err(_) => return,
+                Ok(None) => std::thread::sleep(Duration::from_millis(10)),
+            }
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+}
+
+impl Drop for Containerd {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Runs a command to completion; its combined output on failure.
+pub(crate) fn run_command(cmd: &mut Command) -> Result<Vec<u8>, TestbedError> {
+    let shown = format!(
+        "{} {}",
+        cmd.get_program().to_string_lossy(),
+        cmd.get_args()
+            .map(|a| a.to_string_lossy())
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
+    let out = cmd
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| TestbedError::io("run", cmd.get_program(), e))?;
+    if out.status.success() {
+        Ok(out.stdout)
+    } else {
+        Err(TestbedError::Command {
+            command: shown,
+            status: out.status.to_string(),
+            output: format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            )
+            .trim()
+            .to_owned(),
+        })
+    }
+}
+
+/// The last `lines` lines of a log file (at most its last 64 KiB are read).
+pub(crate) fn log_tail(path: &Path, lines: usize) -> String {
+    let Ok(mut f) = File::open(path) else {
+        return format!("(no log at {})", path.display());
+    };
+    let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+    let _ = f.seek(SeekFrom::Start(len.saturating_sub(64 * 1024)));
+    let mut buf = Vec::new();
+    let _ = f.read_to_end(&mut buf);
+    let text = String::from_utf8_lossy(&buf);
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mountinfo_escapes() {
+        assert_eq!(
+            unescape_mount_path(r"/mnt/with\040space\134x"),
+            PathBuf::from(r"/mnt/with space\x")
+        );
+        assert_eq!(unescape_mount_path(r"/a\04"), PathBuf::from(r"/a\04"));
+    }
+
+    #[test]
+    fn config_keeps_state_private() {
+        let text = config_text(Path::new("/tmp/eo-x"), "overlayfs");
+        assert!(text.contains("restrict_oom_score_adj = true"));
+        assert!(text.contains(r#"Root = "/tmp/eo-x/runc""#));
+        assert!(text.contains(r#"address = "/tmp/eo-x/c.sock""#));
+        assert!(text.contains(r#"snapshotter = "overlayfs""#));
+    }
+}

@@ -1,0 +1,289 @@
+//! Container images without a registry: a docker-archive tarball built by hand (one layer
+//! holding a static busybox and its applet links) with two tags, a shell image and a pause
+//! image, imported into each node with `ctr images import`.
+
+use std::fs::File;
+use std::io::{self, Read, Seek, SeekFrom};
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{Arc, Mutex};
+
+use super::cleanup::{make_temp_dir, DirGuard};
+use super::containerd::run_command;
+use super::TestbedError;
+
+/// The image every test container runs: busybox, `sh` by default.
+pub const BUSYBOX_IMAGE: &str = "exitorder.local/busybox:1";
+/// The sandbox ("pause") image: the same layer, running `sleep infinity`.
+pub const PAUSE_IMAGE: &str = "exitorder.local/pause:1";
+
+const BUSYBOX_PATHS: &[&str] = &["/bin/busybox", "/usr/bin/busybox"];
+
+/// Built once per process; each node gets a copy in its own directory.
+static ARCHIVE: Mutex<Option<Arc<Vec<u8>>>> = Mutex::new(None);
+
+/// The image archive, built on first use.
+pub(crate) fn archive() -> Result<Arc<Vec<u8>>, TestbedError> {
+    let mut cached = match ARCHIVE.lock() {
+        Ok(g) => g,
+        Err(poisoned) => poisoned.into_inner(),
+    };
+    if let Some(a) = cached.as_ref() {
+        return Ok(Arc::clone(a));
+    }
+    let built = Arc::new(build()?);
+    *cached = Some(Arc::clone(&built));
+    Ok(built)
+}
+
+fn find_busybox() -> Result<PathBuf, TestbedError> {
+    let path = BUSYBOX_PATHS
+        .iter()
+        .map(PathBuf::from)
+        .find(|p| p.is_file())
+        .ok_or(TestbedError::BinaryMissing {
+            name: "busybox",
+            hint: "install it with `apt-get install -y busybox-static`",
+        })?;
+    match is_static_elf(&path) {
+        Ok(true) => Ok(path),
+        Ok(false) => Err(TestbedError::BadBinary {
+            path,
+            problem: "dynamically linked; the images need a static busybox \
+                      (`apt-get install -y busybox-static`)"
+                .to_owned(),
+        }),
+        Err(e) => Err(TestbedError::io("read", path, e)),
+    }
+}
+
+fn docker_arch() -> &'static str {
+    match std::env::consts::ARCH {
+        "x86_64" => "amd64",
+        "aarch64" => "arm64",
+        "arm" => "arm",
+        "x86" => "386",
+        "powerpc64" => "ppc64le",
+        "s390x" => "s390x",
+        "riscv64" => "riscv64",
+        other => other,
+    }
+}
+
+fn mkdir(path: &Path, mode: u32) -> Result<(), TestbedError> {
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(mode)
+        .create(path)
+        .map_err(|e| TestbedError::io("create", path, e))?;
+    // The umask may have narrowed the mode (it matters for /tmp's sticky 1777).
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+        .map_err(|e| TestbedError::io("chmod", path, e))
+}
+
+fn write(path: &Path, bytes: &[u8]) -> Result<(), TestbedError> {
+    std::fs::write(path, bytes).map_err(|e| TestbedError::io("write", path, e))
+}
+
+fn build() -> Result<Vec<u8>, TestbedError> {
+    let busybox = find_busybox()?;
+    let work = DirGuard::new(make_temp_dir("eo-img")?);
+    let root = work.path().join("rootfs");
+    for (dir, mode) in [
+        ("bin", 0o755),
+        ("etc", 0o755),
+        ("dev", 0o755),
+        ("proc", 0o555),
+        ("sys", 0o555),
+        ("root", 0o700),
+        ("tmp", 0o1777),
+        ("var/run", 0o755),
+    ] {
+        mkdir(&root.join(dir), mode)?;
+    }
+    let bin = root.join("bin");
+    let dst = bin.join("busybox");
+    std::fs::copy(&busybox, &dst).map_err(|e| TestbedError::io("copy", &busybox, e))?;
+    std::fs::set_permissions(&dst, std::fs::Permissions::from_mode(0o755))
+        .map_err(|e| TestbedError::io("chmod", &dst, e))?;
+    let list = run_command(Command::new(&busybox).arg("--list"))?;
+    for applet in String::from_utf8_lossy(&list).lines().map(str::trim) {
+        if applet.is_empty() || applet == "busybox" || applet.contains('/') {
+            continue;
+        }
+        let link = bin.join(applet);
+        std::os::unix::fs::symlink("busybox", &link)
+            .map_err(|e| TestbedError::io("symlink", &link, e))?;
+    }
+    write(
+        &root.join("etc/passwd"),
+        b"root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/false\n",
+    )?;
+    write(&root.join("etc/group"), b"root:x:0:\nnogroup:x:65534:\n")?;
+
+    let layer = work.path().join("layer.tar");
+    run_command(
+        Command::new("tar")
+            .args(["--numeric-owner", "--owner=0", "--group=0", "-C"])
+            .arg(&root)
+            .arg("-cf")
+            .arg(&layer)
+            .arg("."),
+    )?;
+    let digest = sha256_hex(&layer)?;
+    let layer_dir = work.path().join(&digest);
+    mkdir(&layer_dir, 0o755)?;
+    std::fs::rename(&layer, layer_dir.join("layer.tar"))
+        .map_err(|e| TestbedError::io("rename", &layer, e))?;
+
+    let config = |entrypoint: serde_json::Value, cmd: serde_json::Value| {
+        serde_json::json!({
+            "architecture": docker_arch(),
+            "os": "linux",
+            "config": {
+                "Env": ["PATH=/bin:/usr/bin:/sbin:/usr/sbin"],
+                "Entrypoint": entrypoint,
+                "Cmd": cmd,
+                "WorkingDir": "/",
+            },
+            "rootfs": {"type": "layers", "diff_ids": [format!("sha256:{digest}")]},
+            "history": [{"created_by": "exitorder testbed"}],
+        })
+        .to_string()
+    };
+    write(
+        &work.path().join("busybox.json"),
+        config(serde_json::Value::Null, serde_json::json!(["sh"])).as_bytes(),
+    )?;
+    write(
+        &work.path().join("pause.json"),
+        config(
+            serde_json::json!(["/bin/sleep", "infinity"]),
+            serde_json::Value::Null,
+        )
+        .as_bytes(),
+    )?;
+    let layer_name = format!("{digest}/layer.tar");
+    let manifest = serde_json::json!([
+        {"Config": "busybox.json", "RepoTags": [BUSYBOX_IMAGE], "Layers": [layer_name]},
+        {"Config": "pause.json", "RepoTags": [PAUSE_IMAGE], "Layers": [layer_name]},
+    ]);
+    write(
+        &work.path().join("manifest.json"),
+        manifest.to_string().as_bytes(),
+    )?;
+    let archive = work.path().join("images.tar");
+    run_command(
+        Command::new("tar")
+            .arg("-C")
+            .arg(work.path())
+            .arg("-cf")
+            .arg(&archive)
+            .args(["manifest.json", "busybox.json", "pause.json", &digest]),
+    )?;
+    std::fs::read(&archive).map_err(|e| TestbedError::io("read", &archive, e))
+}
+
+fn sha256_hex(path: &Path) -> Result<String, TestbedError> {
+    let out = run_command(Command::new("sha256sum").arg(path))?;
+    let text = String::from_utf8_lossy(&out);
+    let hex = text.split_whitespace().next().unwrap_or_default();
+    if hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+        Ok(hex.to_ascii_lowercase())
+    } else {
+        Err(TestbedError::Command {
+            command: format!("sha256sum {}", path.display()),
+            status: "unexpected output".to_owned(),
+            output: text.into_owned(),
+        })
+    }
+}
+
+/// Whether an ELF executable runs without a dynamic loader (no `PT_INTERP` program header),
+/// so it works in any image, distroless and busybox alike.
+pub fn is_static_elf(path: &Path) -> io::Result<bool> {
+    const PT_INTERP: u32 = 3;
+    let bad =
+        |what: &str| io::Error::new(io::ErrorKind::InvalidData, format!("not an ELF: {what}"));
+    let mut f = File::open(path)?;
+    let mut header = [0u8; 64];
+    f.read_exact(&mut header)?;
+    if &header[..4] != b"\x7fELF" {
+        return Err(bad("bad magic"));
+    }
+    let little = match header[5] {
+        1 => true,
+        2 => false,
+        _ => return Err(bad("bad byte order")),
+    };
+    let u16_at = |b: &[u8], at: usize| {
+        let v = [b[at], b[at + 1]];
+        u64::from(if little {
+            u16::from_le_bytes(v)
+        } else {
+            u16::from_be_bytes(v)
+        })
+    };
+    let u32_at = |b: &[u8], at: usize| {
+        let v = [b[at], b[at + 1], b[at + 2], b[at + 3]];
+        if little {
+            u32::from_le_bytes(v)
+        } else {
+            u32::from_be_bytes(v)
+        }
+    };
+    let (phoff, phentsize, phnum) = match header[4] {
+        // ELFCLASS64
+        2 => {
+            let mut off = [0u8; 8];
+            off.copy_from_slice(&header[0x20..0x28]);
+            let phoff = if little {
+                u64::from_le_bytes(off)
+            } else {
+                u64::from_be_bytes(off)
+            };
+            (phoff, u16_at(&header, 0x36), u16_at(&header, 0x38))
+        }
+        // ELFCLASS32
+        1 => (
+            u64::from(u32_at(&header, 0x1c)),
+            u16_at(&header, 0x2a),
+            u16_at(&header, 0x2c),
+        ),
+        _ => return Err(bad("bad class")),
+    };
+    if phentsize < 4 || phnum > 4096 {
+        return Err(bad("bad program header table"));
+    }
+    f.seek(SeekFrom::Start(phoff))?;
+    let mut table = vec![0u8; usize::try_from(phentsize * phnum).map_err(|_| bad("too large"))?];
+    f.read_exact(&mut table)?;
+    let entry = usize::try_from(phentsize).map_err(|_| bad("too large"))?;
+    Ok(!table
+        .chunks_exact(entry)
+        .any(|ph| u32_at(ph, 0) == PT_INTERP))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn elf_linkage_is_told_apart() {
+        // Any dynamically linked system binary will do; the test binary itself is one.
+        let me = std::env::current_exe().unwrap();
+        assert!(!is_static_elf(&me).unwrap());
+        if let Ok(bb) = find_busybox() {
+            assert!(is_static_elf(&bb).unwrap());
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let text = dir.path().join("text");
+        std::fs::write(
+            &text,
+            "#!/bin/sh\necho this is a script, not an ELF executable\n",
+        )
+        .unwrap();
+        assert!(is_static_elf(&text).is_err());
+    }
+}

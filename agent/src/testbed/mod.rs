@@ -1,0 +1,400 @@
+//! A real node to test exitorder on: a private containerd, images built without a registry,
+//! and the kubelet's part played through the CRI (pods run, hooks executed, containers stopped
+//! the way the kubelet does it).
+//!
+//! Used by the end-to-end tests, `exitorder demo` and the benchmarks. Everything a [`Node`]
+//! creates lives under one temporary directory and one cgroup subtree, so several nodes can
+//! run side by side, and all of it goes away on [`Node::shutdown`] or on drop (also when a
+//! test panics).
+
+mod agent;
+mod cleanup;
+mod containerd;
+mod image;
+mod pod;
+mod probe;
+pub mod script;
+
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tonic::transport::Channel;
+
+use crate::cri::runtime_service_client::RuntimeServiceClient;
+use crate::cri::VersionResponse;
+
+pub use agent::{AgentOptions, AgentProcess, LogLine};
+pub use image::{is_static_elf, BUSYBOX_IMAGE, PAUSE_IMAGE};
+pub use pod::{
+    ContainerRecord, ContainerSpec, DeleteOptions, Deletion, HookRecord, Pod, PodSpec,
+    ENTRYPOINT_BIN_DIR, EXIT_DIR,
+};
+pub use probe::{ExitFileEvents, ExitFileProbe};
+
+/// Why the test bed could not do what was asked.
+#[derive(Debug, thiserror::Error)]
+pub enum TestbedError {
+    #[error(
+        "a test node needs root (containerd and runc create namespaces, mounts and cgroups); \
+         this process runs as uid {uid}"
+    )]
+    NotRoot { uid: u32 },
+    #[error(
+        "{name} is not installed (looked on PATH and in /usr/sbin, /usr/bin, /sbin, /bin); {hint}"
+    )]
+    BinaryMissing {
+        name: &'static str,
+        hint: &'static str,
+    },
+    #[error("{path}: {problem}")]
+    BadBinary { path: PathBuf, problem: String },
+    #[error("{op} {path}: {source}")]
+    Io {
+        op: &'static str,
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("containerd rejected its configuration {config}; its log ends with:\n{log_tail}")]
+    ConfigRejected { config: PathBuf, log_tail: String },
+    #[error("containerd exited during start-up ({status}); its log ends with:\n{log_tail}")]
+    ContainerdExited { status: String, log_tail: String },
+    #[error(
+        "containerd's CRI did not answer within {waited:?} (last error: {last}); \
+         its log ends with:\n{log_tail}"
+    )]
+    NotReady {
+        waited: Duration,
+        last: String,
+        log_tail: String,
+    },
+    #[error("`{command}` failed ({status}): {output}")]
+    Command {
+        command: String,
+        status: String,
+        output: String,
+    },
+    #[error("CRI {call}: {status}")]
+    Cri {
+        call: &'static str,
+        #[source]
+        status: Box<tonic::Status>,
+    },
+    #[error("pod spec: {0}")]
+    BadSpec(String),
+    #[error(
+        "containerd-shim (pid {pid}) of pod {pod} still ran {waited:?} after the pod was removed"
+    )]
+    ShimLeft {
+        pod: String,
+        pid: u32,
+        waited: Duration,
+    },
+    #[error("{what} did not happen within {waited:?}{context}")]
+    Timeout {
+        what: String,
+        waited: Duration,
+        context: String,
+    },
+    #[error("the agent exited ({status}); its log ends with:\n{log_tail}")]
+    AgentExited { status: String, log_tail: String },
+    #[error("a test bed task failed: {0}")]
+    Task(String),
+    #[error("teardown left things behind: {}", .0.join("; "))]
+    Teardown(Vec<String>),
+    #[error(transparent)]
+    Runtime(#[from] crate::runtime::RuntimeError),
+}
+
+impl TestbedError {
+    fn io(op: &'static str, path: impl Into<PathBuf>, source: io::Error) -> Self {
+        TestbedError::Io {
+            op,
+            path: path.into(),
+            source,
+        }
+    }
+
+    fn cri(call: &'static str) -> impl FnOnce(tonic::Status) -> TestbedError {
+        move |status| TestbedError::Cri {
+            call,
+            status: Box::new(status),
+        }
+    }
+}
+
+/// How to start a [`Node`].
+#[derive(Debug, Clone)]
+pub struct NodeOptions {
+    /// How long containerd may take to answer on its CRI socket.
+    pub start_timeout: Duration,
+    /// containerd snapshotter; `None` picks `overlayfs` where the node's directory can hold
+    /// overlay upper layers, `native` otherwise.
+    pub snapshotter: Option<String>,
+    /// The exitorder share; default `<node dir>/share`.
+    pub share_dir: Option<PathBuf>,
+}
+
+impl Default for NodeOptions {
+    fn default() -> Self {
+        NodeOptions {
+            start_timeout: Duration::from_secs(20),
+            snapshotter: None,
+            share_dir: None,
+        }
+    }
+}
+
+/// What pods and the node's teardown share.
+pub(crate) struct NodeShared {
+    pub(crate) id: String,
+    pub(crate) dir: PathBuf,
+    pub(crate) socket: PathBuf,
+    pub(crate) state_dir: PathBuf,
+    pub(crate) share_dir: PathBuf,
+    pub(crate) log_dir: PathBuf,
+    pub(crate) client: RuntimeServiceClient<Channel>,
+    /// The cgroup every pod of this node is created under (relative to each hierarchy).
+    pub(crate) cgroup_root: String,
+}
+
+impl NodeShared {
+    pub(crate) fn client(&self) -> RuntimeServiceClient<Channel> {
+        self.client.clone()
+    }
+}
+
+/// A running private containerd with the test images imported, playing one Kubernetes node.
+pub struct Node {
+    shared: Arc<NodeShared>,
+    containerd: Mutex<Option<containerd::Containerd>>,
+    version: VersionResponse,
+    /// Removes the node's directory when dropped, after everything else is torn down.
+    _dir_guard: cleanup::DirGuard,
+}
+
+impl Node {
+    /// Starts containerd in a fresh directory under /tmp, waits for its CRI and imports the
+    /// busybox and pause images.
+    pub async fn start(opts: NodeOptions) -> Result<Node, TestbedError> {
+        let uid = rustix::process::geteuid().as_raw();
+        if uid != 0 {
+            return Err(TestbedError::NotRoot { uid });
+        }
+        let bins = containerd::Binaries::find()?;
+        let archive = image::archive()?;
+        let (dir, id) = cleanup::make_node_dir()?;
+        let dir_guard = cleanup::DirGuard::new(dir.clone());
+        let share_dir = opts.share_dir.clone().unwrap_or_else(|| dir.join("share"));
+        let log_dir = dir.join("pod-logs");
+        for d in [&share_dir, &log_dir] {
+            std::fs::create_dir_all(d).map_err(|e| TestbedError::io("create", d, e))?;
+        }
+        let snapshotter = opts
+            .snapshotter
+            .clone()
+            .unwrap_or_else(|| containerd::default_snapshotter(&dir).to_owned());
+        let cgroup_root = format!("exitorder-testbed-{id}");
+        let mut cd = containerd::Containerd::spawn(&bins, &dir, &snapshotter)?;
+        let version = match cd.wait_ready(opts.start_timeout).await {
+            Ok(v) => v,
+            Err(e) => {
+                cd.stop();
+                return Err(e);
+            }
+        };
+        let archive_path = dir.join("images.tar");
+        let imported = std::fs::write(&archive_path, archive.as_slice())
+            .map_err(|e| TestbedError::io("write", &archive_path, e))
+            .and_then(|()| cd.import(&bins, &archive_path, &snapshotter));
+        if let Err(e) = imported {
+            cd.stop();
+            return Err(e);
+        }
+        let client = RuntimeServiceClient::new(crate::runtime::unix_channel(&cd.socket)?)
+            .max_decoding_message_size(16 * 1024 * 1024);
+        let shared = Arc::new(NodeShared {
+            id,
+            socket: cd.socket.clone(),
+            state_dir: cd.state_dir.clone(),
+            dir,
+            share_dir,
+            log_dir,
+            client,
+            cgroup_root,
+        });
+        Ok(Node {
+            shared,
+            containerd: Mutex::new(Some(cd)),
+            version,
+            _dir_guard: dir_guard,
+        })
+    }
+
+    /// The CRI (and containerd) socket.
+    pub fn socket(&self) -> &Path {
+        &self.shared.socket
+    }
+
+    /// The exitorder share the pods' mounts come from (give it to the agent as `--share-dir`).
+    pub fn share_dir(&self) -> &Path {
+        &self.shared.share_dir
+    }
+
+    /// The node's private directory (containerd's root, state, config and log).
+    pub fn dir(&self) -> &Path {
+        &self.shared.dir
+    }
+
+    /// What the runtime answered to `Version`.
+    pub fn version(&self) -> &VersionResponse {
+        &self.version
+    }
+
+    /// A CRI client on the node's socket.
+    pub fn client(&self) -> RuntimeServiceClient<Channel> {
+        self.shared.client()
+    }
+
+    /// The last `lines` lines of containerd's log, for failure messages.
+    pub fn containerd_log_tail(&self, lines: usize) -> String {
+        containerd::log_tail(&self.shared.dir.join(containerd::LOG_FILE), lines)
+    }
+
+    /// Runs a pod the way the kubelet does: sandbox, then each container created and started.
+    pub async fn run_pod(&self, spec: PodSpec) -> Result<Pod, TestbedError> {
+        Pod::run(Arc::clone(&self.shared), spec).await
+    }
+
+    /// Tears the node down: every pod sandbox stopped and removed, their shims gone,
+    /// containerd stopped, cgroups and the directory removed. Reports what could not be
+    /// cleaned up.
+    pub async fn shutdown(self) -> Result<(), TestbedError> {
+        let mut problems = self.teardown_with_runtime().await;
+        if let Err(e) = cleanup::remove_tree(&self.shared.dir) {
+            problems.push(e);
+        }
+        // Drop finds containerd stopped and the directory gone.
+        drop(self);
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(TestbedError::Teardown(problems))
+        }
+    }
+
+    async fn teardown_with_runtime(&self) -> Vec<String> {
+        let cd = match self.containerd.lock() {
+            Ok(mut g) => g.take(),
+            Err(poisoned) => poisoned.into_inner().take(),
+        };
+        let Some(cd) = cd else {
+            return Vec::new();
+        };
+        cleanup::teardown(&self.shared, cd).await
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        let cd = match self.containerd.lock() {
+            Ok(mut g) => g.take(),
+            Err(poisoned) => poisoned.into_inner().take(),
+        };
+        let Some(cd) = cd else {
+            return;
+        };
+        // Drop may run inside an async runtime (a test's, while it unwinds) that cannot be
+        // blocked on; the CRI calls of the teardown get a thread and a runtime of their own.
+        let shared = Arc::clone(&self.shared);
+        let worker = std::thread::Builder::new()
+            .name("exitorder-testbed-teardown".to_owned())
+            .spawn(move || {
+                match tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                {
+                    Ok(rt) => rt.block_on(cleanup::teardown(&shared, cd)),
+                    Err(e) => {
+                        let mut cd = cd;
+                        cd.stop();
+                        vec![format!("no runtime for the teardown: {e}")]
+                    }
+                }
+            });
+        let problems = match worker.map(|h| h.join()) {
+            Ok(Ok(p)) => p,
+            Ok(Err(_)) => vec!["teardown thread panicked".to_owned()],
+            Err(e) => vec![format!("cannot start the teardown thread: {e}")],
+        };
+        if !problems.is_empty() {
+            eprintln!(
+                "exitorder testbed: teardown of node {} left things behind: {}",
+                self.shared.id,
+                problems.join("; ")
+            );
+        }
+    }
+}
+
+/// A random version 4 UUID, as the API server gives pods.
+pub fn random_uuid() -> String {
+    let mut b = random_bytes::<16>();
+    b[6] = (b[6] & 0x0f) | 0x40;
+    b[8] = (b[8] & 0x3f) | 0x80;
+    let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    format!(
+        "{}-{}-{}-{}-{}",
+        &hex[0..8],
+        &hex[8..12],
+        &hex[12..16],
+        &hex[16..20],
+        &hex[20..32]
+    )
+}
+
+/// `N` random bytes from the kernel; if /dev/urandom cannot be read, from std's randomly keyed
+/// hasher (good enough for names, which is all they are used for).
+pub(crate) fn random_bytes<const N: usize>() -> [u8; N] {
+    use std::hash::{BuildHasher, Hasher};
+    use std::io::Read;
+    let mut out = [0u8; N];
+    let from_kernel = std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut out));
+    if from_kernel.is_err() {
+        for (i, chunk) in out.chunks_mut(8).enumerate() {
+            let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+            h.write_usize(i);
+            h.write_u128(
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_nanos()),
+            );
+            let v = h.finish().to_le_bytes();
+            chunk.copy_from_slice(&v[..chunk.len()]);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn uuids_are_version_4_and_parse_as_pod_uids() {
+        let a = random_uuid();
+        let b = random_uuid();
+        assert_ne!(a, b);
+        assert_eq!(a.len(), 36);
+        let parts: Vec<&str> = a.split('-').collect();
+        assert_eq!(
+            parts.iter().map(|p| p.len()).collect::<Vec<_>>(),
+            [8, 4, 4, 4, 12]
+        );
+        assert!(parts[2].starts_with('4'), "{a}");
+        assert!(matches!(&parts[3][..1], "8" | "9" | "a" | "b"), "{a}");
+        assert!(crate::share::PodUid::parse(&a).is_ok());
+    }
+}

@@ -1,0 +1,251 @@
+//! End to end on a real containerd: pods run and deleted the way the kubelet does it, the real
+//! agent answering the real entrypoint. Order is asserted from the runtime's own `finished_at`.
+//!
+//! Needs root and `containerd runc busybox-static`; without them each test prints
+//! "SKIPPED: <reason>" and passes, except in CI (`CI` set), where they are mandatory.
+
+mod support;
+
+use std::time::Duration;
+
+use exitorder::testbed::{script, ContainerSpec, PodSpec};
+use support::{assert_exited_after, Bed};
+
+const READY: Duration = Duration::from_secs(10);
+
+fn secs(s: u64) -> Duration {
+    Duration::from_secs(s)
+}
+
+/// An app and a proxy sidecar (priority 1, injected preStop) that exits at once on TERM.
+fn app_and_proxy(name: &str, app_script: String, grace: u64) -> PodSpec {
+    PodSpec::new(name)
+        .grace(grace)
+        .exit_priorities(&[("proxy", 1)])
+        .container(ContainerSpec::new("app", app_script))
+        .container(ContainerSpec::new("proxy", script::exits_on_term()).injected())
+}
+
+#[tokio::test]
+async fn sidecar_exits_after_main() {
+    let Some(bed) = Bed::start(secs(3)).await else {
+        return;
+    };
+    let spec = app_and_proxy("web", script::drains_for(secs(1)), 30);
+    let uid = spec.uid.clone();
+    let pod = bed.node.run_pod(spec).await.expect("run pod");
+    pod.wait_ready(READY).await.expect("containers ready");
+    let d = pod.delete().await.expect("delete pod");
+    bed.show("sidecar_exits_after_main", &d);
+
+    assert_exited_after(&bed, &d, "proxy", "app");
+    let app = d.container("app").expect("app");
+    let proxy = d.container("proxy").expect("proxy");
+    assert_eq!(
+        (app.exit_code, proxy.exit_code),
+        (0, 0),
+        "{}",
+        bed.context(&d)
+    );
+    let app_ms = d.finished_ms("app").unwrap_or_default();
+    assert!(
+        app_ms >= 900.0,
+        "app finished at {app_ms:.0} ms{}",
+        bed.context(&d)
+    );
+    let hook = proxy.prestop.as_ref().expect("proxy preStop ran");
+    assert_eq!(hook.exit_code, Some(0), "{}", bed.context(&d));
+    // The handshake as the share saw it: the preStop asked, the agent answered, the preStop
+    // took the answer away.
+    let files = d.exit_files.as_ref().expect("probed");
+    let ev = files.get("proxy").expect("proxy exit file events");
+    match (ev.created, ev.allowed, ev.removed) {
+        (Some(c), Some(a), Some(r)) => assert!(c <= a && a <= r, "{}", bed.context(&d)),
+        _ => panic!("incomplete handshake {ev:?}{}", bed.context(&d)),
+    }
+    let allow = bed.allowed(&uid, "proxy").await;
+    assert_eq!(allow.field("reason").as_deref(), Some("ordered"));
+    bed.finish().await;
+}
+
+#[tokio::test]
+async fn three_levels_exit_in_order() {
+    let Some(bed) = Bed::start(secs(3)).await else {
+        return;
+    };
+    let spec = PodSpec::new("levels")
+        .grace(30)
+        .exit_priorities(&[("app", 0), ("proxy", 1), ("logs", 2)])
+        .container(ContainerSpec::new("app", script::drains_for(secs(1))))
+        .container(ContainerSpec::new("proxy", script::exits_on_term()).injected())
+        .container(ContainerSpec::new("logs", script::exits_on_term()).injected());
+    let uid = spec.uid.clone();
+    let pod = bed.node.run_pod(spec).await.expect("run pod");
+    pod.wait_ready(READY).await.expect("containers ready");
+    let d = pod.delete().await.expect("delete pod");
+    bed.show("three_levels_exit_in_order", &d);
+
+    assert_eq!(
+        d.exit_order(),
+        ["app", "proxy", "logs"],
+        "exit order{}",
+        bed.context(&d)
+    );
+    assert_exited_after(&bed, &d, "proxy", "app");
+    assert_exited_after(&bed, &d, "logs", "proxy");
+    for name in ["app", "proxy", "logs"] {
+        assert_eq!(d.container(name).map(|c| c.exit_code), Some(0), "{name}");
+    }
+    for name in ["proxy", "logs"] {
+        let allow = bed.allowed(&uid, name).await;
+        assert_eq!(allow.field("reason").as_deref(), Some("ordered"), "{name}");
+    }
+    bed.finish().await;
+}
+
+#[tokio::test]
+async fn sidecar_waits_for_slow_main() {
+    let Some(bed) = Bed::start(secs(3)).await else {
+        return;
+    };
+    let spec = app_and_proxy("slow", script::drains_for(secs(3)), 30);
+    let pod = bed.node.run_pod(spec).await.expect("run pod");
+    pod.wait_ready(READY).await.expect("containers ready");
+    let d = pod.delete().await.expect("delete pod");
+    bed.show("sidecar_waits_for_slow_main", &d);
+
+    assert_exited_after(&bed, &d, "proxy", "app");
+    let hook = d
+        .container("proxy")
+        .and_then(|c| c.prestop.as_ref())
+        .expect("proxy preStop ran");
+    assert!(
+        hook.took() >= Duration::from_millis(2900),
+        "proxy preStop returned after {:?}, before the app's 3 s drain ended{}",
+        hook.took(),
+        bed.context(&d)
+    );
+    bed.finish().await;
+}
+
+#[tokio::test]
+async fn deadline_lets_sidecar_go_before_the_kill() {
+    // Grace 8 s, reserve 3 s: the proxy is released at about 5 s and drains before the
+    // runtime kills the app (which ignores TERM) at 8 s.
+    let Some(bed) = Bed::start(secs(3)).await else {
+        return;
+    };
+    let spec = app_and_proxy("deaf", script::ignores_term(), 8);
+    let uid = spec.uid.clone();
+    let pod = bed.node.run_pod(spec).await.expect("run pod");
+    pod.wait_ready(READY).await.expect("containers ready");
+    let d = pod.delete().await.expect("delete pod");
+    bed.show("deadline_lets_sidecar_go_before_the_kill", &d);
+
+    assert_exited_after(&bed, &d, "app", "proxy");
+    let app = d.container("app").expect("app");
+    let proxy = d.container("proxy").expect("proxy");
+    assert_eq!(app.exit_code, 137, "app was not killed{}", bed.context(&d));
+    assert_eq!(proxy.exit_code, 0, "{}", bed.context(&d));
+    let allow = bed.allowed(&uid, "proxy").await;
+    assert_eq!(
+        allow.field("reason").as_deref(),
+        Some("deadline"),
+        "{}",
+        bed.context(&d)
+    );
+    let allowed_ms = d.ms(allow.at);
+    assert!(
+        (4500.0..6500.0).contains(&allowed_ms),
+        "deadline allow at {allowed_ms:.0} ms, expected about 5000{}",
+        bed.context(&d)
+    );
+    let proxy_ms = d.finished_ms("proxy").unwrap_or_default();
+    assert!(
+        proxy_ms < 7000.0,
+        "proxy finished at {proxy_ms:.0} ms, too close to the kill{}",
+        bed.context(&d)
+    );
+    bed.finish().await;
+}
+
+#[tokio::test]
+async fn restarted_agent_answers_a_pending_wait() {
+    let Some(mut bed) = Bed::start(secs(3)).await else {
+        return;
+    };
+    let spec = app_and_proxy("restart", script::drains_for(secs(3)), 20);
+    let uid = spec.uid.clone();
+    let pod = bed.node.run_pod(spec).await.expect("run pod");
+    pod.wait_ready(READY).await.expect("containers ready");
+    let deletion = tokio::spawn(pod.delete());
+
+    bed.agent
+        .wait_for("the agent holding the proxy", secs(10), |l| {
+            l.is("exit held", &[("pod", &uid), ("container", "proxy")])
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let first = bed.agent.pid();
+    bed.restart_agent().await.unwrap_or_else(|e| panic!("{e}"));
+    assert_ne!(first, bed.agent.pid());
+
+    let d = deletion.await.expect("delete task").expect("delete pod");
+    bed.show("restarted_agent_answers_a_pending_wait", &d);
+    assert_exited_after(&bed, &d, "proxy", "app");
+    // The answer came from the new agent, and in order.
+    let allow = bed.allowed(&uid, "proxy").await;
+    assert_eq!(
+        allow.field("reason").as_deref(),
+        Some("ordered"),
+        "{}",
+        bed.context(&d)
+    );
+    assert_eq!(d.container("proxy").map(|c| c.exit_code), Some(0));
+    bed.finish().await;
+}
+
+#[tokio::test]
+async fn pod_without_exitorder_is_not_held() {
+    let Some(bed) = Bed::start(secs(3)).await else {
+        return;
+    };
+    let spec = PodSpec::new("plain")
+        .grace(30)
+        .container(ContainerSpec::new("app", script::exits_on_term()))
+        .container(ContainerSpec::new("helper", script::exits_on_term()));
+    let uid = spec.uid.clone();
+    let pod = bed.node.run_pod(spec).await.expect("run pod");
+    pod.wait_ready(READY).await.expect("containers ready");
+    let share_dir = pod.container_dir("app");
+    let d = pod.delete().await.expect("delete pod");
+    bed.show("pod_without_exitorder_is_not_held", &d);
+
+    for c in &d.containers {
+        assert!(c.prestop.is_none());
+        let after_term = d.finished_ms(&c.name).unwrap_or(f64::NAN) - d.ms(c.term_sent);
+        assert!(
+            after_term < 1000.0,
+            "{} finished {after_term:.0} ms after TERM{}",
+            c.name,
+            bed.context(&d)
+        );
+        assert_eq!(c.exit_code, 0);
+    }
+    assert_eq!(d.pod_dir_created, None, "{}", bed.context(&d));
+    assert!(d
+        .exit_files
+        .as_ref()
+        .expect("probed")
+        .values()
+        .all(|e| e.created.is_none()));
+    assert!(!share_dir.exists());
+    assert!(
+        bed.agent
+            .find(|l| l.field("pod").as_deref() == Some(uid.as_str()))
+            .is_none(),
+        "the agent acted on a pod that did not opt in:\n{}",
+        bed.agent.log_tail(20)
+    );
+    bed.finish().await;
+}

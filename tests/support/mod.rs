@@ -1,0 +1,183 @@
+//! Helpers for the end-to-end tests: a node with the real agent on it, the static entrypoint
+//! built once per test process, and assertions on deletion timelines.
+
+#![allow(dead_code)]
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use exitorder::testbed::{
+    is_static_elf, AgentOptions, AgentProcess, Deletion, LogLine, Node, NodeOptions,
+};
+
+/// The agent executable under test.
+pub const AGENT_BIN: &str = env!("CARGO_BIN_EXE_exitorder");
+
+/// Builds `exitorder-entrypoint` statically (it runs inside busybox containers) into
+/// target/static, once per test process. A separate target dir, so this never waits on the
+/// lock of the build that is running the tests.
+pub fn static_entrypoint() -> &'static Path {
+    static BUILT: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    let built = BUILT.get_or_init(|| {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+        let out = Command::new(&cargo)
+            .current_dir(root)
+            .args([
+                "rustc",
+                "-p",
+                "exitorder-entrypoint",
+                "--release",
+                "--bin",
+                "exitorder-entrypoint",
+                "--target-dir",
+                "target/static",
+                "--",
+                "-C",
+                "target-feature=+crt-static",
+            ])
+            .output()
+            .map_err(|e| format!("cannot run {}: {e}", cargo.to_string_lossy()))?;
+        if !out.status.success() {
+            return Err(format!(
+                "static entrypoint build failed ({}):\n{}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
+        let bin = root.join("target/static/release/exitorder-entrypoint");
+        match is_static_elf(&bin) {
+            Ok(true) => Ok(bin),
+            Ok(false) => Err(format!("{} is not statically linked", bin.display())),
+            Err(e) => Err(format!("{}: {e}", bin.display())),
+        }
+    });
+    match built {
+        Ok(p) => p,
+        Err(e) => panic!("{e}"),
+    }
+}
+
+/// Whether this run must not skip: CI sets `CI`.
+fn mandatory() -> bool {
+    std::env::var_os("CI").is_some_and(|v| !v.is_empty() && v != "0" && v != "false")
+}
+
+/// A node with the agent running on it.
+pub struct Bed {
+    // Declared first so it is killed before the node goes away.
+    pub agent: AgentProcess,
+    pub agent_opts: AgentOptions,
+    pub node: Node,
+}
+
+/// On containerd 1.x the agent must detect exits from containerd's own event service (the
+/// CRI stream there has a single subscriber, the kubelet's): asserted from the agent's report.
+async fn expect_containerd_events(agent: &AgentProcess) {
+    agent
+        .wait_for(
+            "\"exit source connected\" with containerd_events",
+            Duration::from_secs(10),
+            |l| l.is("exit source connected", &[("source", "containerd_events")]),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+}
+
+impl Bed {
+    /// Starts a node and the agent (reserve as given). `None` when this machine cannot run
+    /// containerd and this is not CI: the test then returns early, having said why.
+    pub async fn start(grace_reserve: Duration) -> Option<Bed> {
+        let node = match Node::start(NodeOptions::default()).await {
+            Ok(n) => n,
+            Err(e) => {
+                if mandatory() {
+                    panic!("end-to-end tests need a real containerd (mandatory in CI): {e}");
+                }
+                // Straight to the stderr handle, past the test harness's output capture, so
+                // the skip is seen without --nocapture.
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "\n*** SKIPPED: no test node on this machine: {e}\n\
+                     *** (run as root with `apt-get install -y containerd runc busybox-static`)\n"
+                );
+                return None;
+            }
+        };
+        let mut agent_opts = AgentOptions::new(AGENT_BIN, &node, static_entrypoint());
+        agent_opts.grace_reserve = grace_reserve;
+        let agent = match AgentProcess::start(&agent_opts).await {
+            Ok(a) => a,
+            Err(e) => panic!("agent did not start: {e}"),
+        };
+        expect_containerd_events(&agent).await;
+        Some(Bed {
+            agent,
+            agent_opts,
+            node,
+        })
+    }
+
+    /// Kills the agent with SIGKILL and starts a fresh one with the same options.
+    pub async fn restart_agent(&mut self) -> Result<(), String> {
+        self.agent.kill();
+        self.agent = AgentProcess::start(&self.agent_opts)
+            .await
+            .map_err(|e| e.to_string())?;
+        expect_containerd_events(&self.agent).await;
+        Ok(())
+    }
+
+    /// Waits for an "exit allowed" line about `container` of pod `uid`.
+    pub async fn allowed(&self, uid: &str, container: &str) -> LogLine {
+        self.agent
+            .wait_for(
+                &format!("\"exit allowed\" for {container}"),
+                Duration::from_secs(10),
+                |l| l.is("exit allowed", &[("pod", uid), ("container", container)]),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// Stops the agent, then tears the node down; fails the test if anything is left.
+    pub async fn finish(self) {
+        let Bed {
+            mut agent, node, ..
+        } = self;
+        agent.kill();
+        if let Err(e) = node.shutdown().await {
+            panic!("node teardown: {e}");
+        }
+    }
+
+    /// Prints the deletion's timeline (shown with `--nocapture`, or when the test fails).
+    pub fn show(&self, test: &str, d: &Deletion) {
+        eprintln!("--- {test}: deletion timeline ---\n{}", d.describe());
+    }
+
+    /// Context for a failed assertion: the deletion's steps and the agent's last lines.
+    pub fn context(&self, d: &Deletion) -> String {
+        format!(
+            "\n--- deletion ---\n{}\n--- agent log ---\n{}",
+            d.describe(),
+            self.agent.log_tail(25)
+        )
+    }
+}
+
+/// Asserts the runtime saw `later` exit after `earlier`.
+pub fn assert_exited_after(bed: &Bed, d: &Deletion, later: &str, earlier: &str) {
+    let l = d.container(later).expect("container in deletion");
+    let e = d.container(earlier).expect("container in deletion");
+    assert!(
+        l.finished_at_ns > e.finished_at_ns,
+        "{later} finished at {:.0} ms, not after {earlier} at {:.0} ms{}",
+        d.finished_ms(later).unwrap_or(f64::NAN),
+        d.finished_ms(earlier).unwrap_or(f64::NAN),
+        bed.context(d)
+    );
+}
