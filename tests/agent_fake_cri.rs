@@ -45,9 +45,13 @@ impl Rig {
     }
 
     fn start_agent(&mut self) {
+        self.start_agent_with(|cfg| cfg.poll_interval = Duration::from_millis(10));
+    }
+
+    fn start_agent_with(&mut self, tune: impl FnOnce(&mut Config)) {
         let mut cfg = Config::new(self.share.clone(), self.served.socket.clone());
-        cfg.poll_interval = Duration::from_millis(10);
         cfg.grace_reserve = self.reserve;
+        tune(&mut cfg);
         self.stats = Arc::new(Stats::default());
         let agent = Agent::start(cfg, self.stats.clone()).expect("agent start");
         let (tx, rx) = oneshot::channel();
@@ -102,6 +106,19 @@ async fn allowed_within(f: &Path, within: Duration) -> bool {
     false
 }
 
+/// Waits until the agent has counted `n` allows for `reason` (the count follows the write).
+async fn allows_reach(stats: &Stats, reason: Reason, n: u64) {
+    let end = Instant::now() + Duration::from_secs(2);
+    while stats.allows(reason) != n {
+        assert!(
+            Instant::now() < end,
+            "allows for {reason}: {} (expected {n})",
+            stats.allows(reason)
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
 /// Asserts `f` is still unanswered over `span` (many agent poll rounds).
 async fn stays_waiting(f: &Path, span: Duration) {
     assert!(
@@ -130,7 +147,7 @@ async fn sidecar_waits_until_main_exits() {
     assert_eq!(rig.stats.pending(), 1);
     rig.cri().set_state(&app, ContainerState::ContainerExited);
     assert!(allowed_within(&f, Duration::from_secs(2)).await);
-    assert_eq!(rig.stats.allows(Reason::Ordered), 1);
+    allows_reach(&rig.stats, Reason::Ordered, 1).await;
     rig.stop_agent().await;
 }
 
@@ -245,7 +262,7 @@ async fn malformed_annotation_never_holds_the_pod() {
         rig.start_agent();
         let f = rig.request_exit(APP_UID, "proxy");
         assert!(allowed_within(&f, Duration::from_secs(2)).await, "{bad}");
-        assert_eq!(rig.stats.allows(Reason::Ordered), 1, "{bad}");
+        allows_reach(&rig.stats, Reason::Ordered, 1).await;
         rig.stop_agent().await;
     }
 }
@@ -256,7 +273,7 @@ async fn unknown_pod_fails_open() {
     rig.start_agent();
     let f = rig.request_exit(APP_UID, "proxy");
     assert!(allowed_within(&f, Duration::from_secs(2)).await);
-    assert_eq!(rig.stats.allows(Reason::Unknown), 1);
+    allows_reach(&rig.stats, Reason::Unknown, 1).await;
     rig.stop_agent().await;
 }
 
@@ -275,7 +292,7 @@ async fn deadline_releases_before_the_grace_period_ends() {
         took >= Duration::from_millis(450),
         "released after {took:?}"
     );
-    assert_eq!(rig.stats.allows(Reason::Deadline), 1);
+    allows_reach(&rig.stats, Reason::Deadline, 1).await;
     rig.stop_agent().await;
 }
 
@@ -291,7 +308,7 @@ async fn runtime_down_still_releases_at_the_deadline() {
     // ...then the runtime fails: the wait must still end by the deadline.
     rig.cri().fail_with(Some(tonic::Code::Unavailable));
     assert!(allowed_within(&f, Duration::from_secs(3)).await);
-    assert_eq!(rig.stats.allows(Reason::Deadline), 1);
+    allows_reach(&rig.stats, Reason::Deadline, 1).await;
     assert!(!rig.stats.runtime_errors().is_empty());
     rig.stop_agent().await;
 }
@@ -385,6 +402,12 @@ async fn metrics_and_health_endpoints() {
 
     rig.cri().set_state(&app, ContainerState::ContainerExited);
     assert!(allowed_within(&f, Duration::from_secs(2)).await);
+    allows_reach(&rig.stats, Reason::Ordered, 1).await;
+    let end = Instant::now() + Duration::from_secs(2);
+    while rig.stats.pending() != 0 {
+        assert!(Instant::now() < end, "pending gauge never went back to 0");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
     let (_, body) = http_get(addr, "/metrics").await;
     let m = parse_metrics(&body);
     let get = |name: &str| m.iter().find(|(s, _)| s == name).map(|(_, v)| *v);
@@ -434,27 +457,11 @@ async fn source_becomes(stats: &Stats, source: &str) {
     }
 }
 
-impl Rig {
-    /// An agent that never polls on its own: only events (or the start-up scan) make it
-    /// read the runtime, so an allow proves the event got through.
-    fn start_agent_events_only(&mut self) {
-        let mut cfg = Config::new(self.share.clone(), self.served.socket.clone());
-        cfg.poll_interval = Duration::from_secs(3600);
-        cfg.event_resync = Duration::from_secs(3600);
-        cfg.grace_reserve = self.reserve;
-        self.stats = Arc::new(Stats::default());
-        let agent = Agent::start(cfg, self.stats.clone()).expect("agent start");
-        let (tx, rx) = oneshot::channel();
-        let task = tokio::spawn(async move {
-            agent
-                .run(async {
-                    let _ = rx.await;
-                })
-                .await
-                .expect("agent run");
-        });
-        self.agent = Some((task, tx));
-    }
+/// An agent that never polls on its own: only events (or the start-up scan) make it read the
+/// runtime, so an allow proves the event got through.
+fn events_only(cfg: &mut Config) {
+    cfg.poll_interval = Duration::from_secs(3600);
+    cfg.event_resync = Duration::from_secs(3600);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -462,7 +469,7 @@ async fn streaming_runtime_events_trigger_the_allow() {
     let mut rig = Rig::new();
     rig.cri().with_events("cri-o", "1.30.2");
     let (app, _) = two_level_pod(&rig, 600);
-    rig.start_agent_events_only();
+    rig.start_agent_with(events_only);
     source_becomes(&rig.stats, "cri_events").await;
     let f = rig.request_exit(APP_UID, "proxy");
     stays_waiting(&f, Duration::from_millis(200)).await;
@@ -493,7 +500,7 @@ async fn dropped_stream_reconnects_and_misses_nothing() {
     let mut rig = Rig::new();
     rig.cri().with_events("cri-o", "1.30.2");
     let (app, _) = two_level_pod(&rig, 600);
-    rig.start_agent_events_only();
+    rig.start_agent_with(events_only);
     source_becomes(&rig.stats, "cri_events").await;
     let f = rig.request_exit(APP_UID, "proxy");
     stays_waiting(&f, Duration::from_millis(100)).await;
@@ -540,6 +547,6 @@ async fn restarted_agent_dates_the_deadline_from_the_exit_file() {
         took >= Duration::from_millis(350),
         "released after {took:?}"
     );
-    assert_eq!(rig.stats.allows(Reason::Deadline), 1);
+    allows_reach(&rig.stats, Reason::Deadline, 1).await;
     rig.stop_agent().await;
 }

@@ -341,20 +341,25 @@ impl Agent {
 
     fn sync_pod(&mut self, pod: &PodUid, dirty: &mut BTreeSet<PodUid>) {
         let path = self.share.pod_path(pod);
-        match self.share.containers_in(pod) {
-            Ok(keys) if path.is_dir() => {
-                if let Err(e) = self.watcher.watch(&path) {
-                    self.stats.share_error();
-                    warn!(error = %e, "cannot watch pod directory");
-                }
-                for key in keys {
-                    self.sync_container(&key, dirty);
-                }
-            }
-            Ok(_) => self.watcher.forget(&path),
-            Err(e) => {
+        if !path.is_dir() {
+            self.watcher.forget(&path);
+        } else {
+            // Watch before listing: the kubelet creates container directories right after
+            // the pod's, and one created between a listing and the watch would go unseen.
+            if let Err(e) = self.watcher.watch(&path) {
                 self.stats.share_error();
-                warn!(pod = %pod, error = %e, "cannot list pod directory");
+                warn!(error = %e, "cannot watch pod directory");
+            }
+            match self.share.containers_in(pod) {
+                Ok(keys) => {
+                    for key in keys {
+                        self.sync_container(&key, dirty);
+                    }
+                }
+                Err(e) => {
+                    self.stats.share_error();
+                    warn!(pod = %pod, error = %e, "cannot list pod directory");
+                }
             }
         }
         // Waits recorded for containers whose directory is gone are re-read (and dropped).

@@ -71,7 +71,8 @@ fn docker_arch() -> &'static str {
     }
 }
 
-fn mkdir(path: &Path, mode: u32) -> Result<(), TestbedError> {
+/// Creates `path` (and parents) with exactly `mode`.
+pub(crate) fn mkdir(path: &Path, mode: u32) -> Result<(), TestbedError> {
     std::fs::DirBuilder::new()
         .recursive(true)
         .mode(mode)

@@ -1,8 +1,7 @@
 //! Pods run and deleted the way the kubelet does it, through the CRI.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -20,7 +19,7 @@ use crate::runtime::{ANNOTATION_GRACE, LABEL_CONTAINER_NAME, LABEL_POD_UID};
 use crate::share::{ContainerName, PodUid, ENTRYPOINT_NAME};
 
 use super::cleanup::{remove_cgroup, shim_alive, wait_shim_gone, SHIM_EXIT_TIMEOUT};
-use super::image::BUSYBOX_IMAGE;
+use super::image::{mkdir, BUSYBOX_IMAGE};
 use super::probe::{ExitFileEvents, ExitFileProbe};
 use super::{NodeShared, TestbedError};
 
@@ -315,16 +314,6 @@ fn request<T>(msg: T, timeout: Duration) -> tonic::Request<T> {
     let mut req = tonic::Request::new(msg);
     req.set_timeout(timeout);
     req
-}
-
-fn mkdir(path: &Path, mode: u32) -> Result<(), TestbedError> {
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(mode)
-        .create(path)
-        .map_err(|e| TestbedError::io("create", path, e))?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
-        .map_err(|e| TestbedError::io("chmod", path, e))
 }
 
 fn now_unix_ns() -> i64 {
