@@ -129,6 +129,18 @@ async fn stays_waiting(f: &Path, span: Duration) {
     assert_eq!(content(f).trim(), "wait");
 }
 
+/// Starts the agent, has `waiting` ask to exit, and checks that it is held while `blocker`
+/// runs and allowed once it exits.
+async fn assert_held_until_exit(rig: &mut Rig, waiting: &str, blocker: &str) {
+    rig.start_agent();
+    let f = rig.request_exit(APP_UID, waiting);
+    stays_waiting(&f, Duration::from_millis(200)).await;
+    rig.cri()
+        .set_state(blocker, ContainerState::ContainerExited);
+    assert!(allowed_within(&f, Duration::from_secs(2)).await);
+    rig.stop_agent().await;
+}
+
 fn two_level_pod(rig: &Rig, grace: u64) -> (String, String) {
     rig.cri()
         .add_pod(APP_UID, &[(ANNOTATION, r#"{"proxy":1}"#)]);
@@ -210,12 +222,7 @@ async fn restarted_main_container_is_waited_for() {
     rig.cri().set_state(&old, ContainerState::ContainerExited);
     let new = rig.cri().add_container(APP_UID, "app", 1, 60);
     rig.cri().add_container(APP_UID, "proxy", 0, 60);
-    rig.start_agent();
-    let f = rig.request_exit(APP_UID, "proxy");
-    stays_waiting(&f, Duration::from_millis(200)).await;
-    rig.cri().set_state(&new, ContainerState::ContainerExited);
-    assert!(allowed_within(&f, Duration::from_secs(2)).await);
-    rig.stop_agent().await;
+    assert_held_until_exit(&mut rig, "proxy", &new).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -225,12 +232,7 @@ async fn env_priority_orders_a_pod_without_annotation() {
     let app = rig.cri().add_container(APP_UID, "app", 0, 60);
     let shipper = rig.cri().add_container(APP_UID, "log-shipper", 0, 60);
     rig.cri().set_env(&shipper, "KRUISE_EXIT_PRIORITY", "3");
-    rig.start_agent();
-    let f = rig.request_exit(APP_UID, "log-shipper");
-    stays_waiting(&f, Duration::from_millis(200)).await;
-    rig.cri().set_state(&app, ContainerState::ContainerExited);
-    assert!(allowed_within(&f, Duration::from_secs(2)).await);
-    rig.stop_agent().await;
+    assert_held_until_exit(&mut rig, "log-shipper", &app).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -239,12 +241,7 @@ async fn mesh_proxy_preset_waits_without_any_priority_given() {
     rig.cri().add_pod(APP_UID, &[]);
     let app = rig.cri().add_container(APP_UID, "app", 0, 60);
     rig.cri().add_container(APP_UID, "linkerd-proxy", 0, 60);
-    rig.start_agent();
-    let f = rig.request_exit(APP_UID, "linkerd-proxy");
-    stays_waiting(&f, Duration::from_millis(200)).await;
-    rig.cri().set_state(&app, ContainerState::ContainerExited);
-    assert!(allowed_within(&f, Duration::from_secs(2)).await);
-    rig.stop_agent().await;
+    assert_held_until_exit(&mut rig, "linkerd-proxy", &app).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -272,7 +272,7 @@ impl Agent {
                 self.live_source = Some(kind);
                 self.stats.set_event_source(kind.as_str());
             }
-            SourceSignal::Down { kind, .. } => {
+            SourceSignal::Down(kind) => {
                 if self.live_source.take().is_some() {
                     info!(
                         source = kind.as_str(),

@@ -56,12 +56,10 @@ pub enum SourceChoice {
     CriEvents,
 }
 
-fn major_minor(version: &str) -> Option<(u32, u32)> {
+/// The major number of a version such as `1.6.20~ds1` or `v2.0.1`.
+fn major(version: &str) -> Option<u32> {
     let v = version.trim().trim_start_matches('v');
-    let mut parts = v.split(|c: char| !c.is_ascii_digit());
-    let major = parts.next()?.parse().ok()?;
-    let minor = parts.next().and_then(|m| m.parse().ok()).unwrap_or(0);
-    Some((major, minor))
+    v.split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()
 }
 
 /// The source for a runtime, from its Version answer.
@@ -69,8 +67,8 @@ pub fn choose(v: &VersionResponse) -> SourceKind {
     match v.runtime_name.to_ascii_lowercase().as_str() {
         // Any 1.x, and a version we cannot read: containerd's own events never take anything
         // from the kubelet.
-        "containerd" => match major_minor(&v.runtime_version) {
-            Some((major, _)) if major >= 2 => SourceKind::CriEvents,
+        "containerd" => match major(&v.runtime_version) {
+            Some(m) if m >= 2 => SourceKind::CriEvents,
             _ => SourceKind::ContainerdEvents,
         },
         "cri-o" | "crio" => SourceKind::CriEvents,
@@ -87,13 +85,9 @@ pub enum SourceSignal {
     /// containerd publishes this before its CRI side marks the container exited, so the id
     /// is what the decision trusts, not a fresh listing.
     Exit(Option<String>),
-    /// The stream is gone; poll until `Connected` again. `permanent` when the runtime does not
-    /// offer it at all.
-    Down {
-        kind: SourceKind,
-        reason: String,
-        permanent: bool,
-    },
+    /// The stream is gone (why is logged where it ended); poll until `Connected` again, if
+    /// ever.
+    Down(SourceKind),
 }
 
 enum StreamEnd {
@@ -147,20 +141,12 @@ pub async fn run(channel: Channel, choice: SourceChoice, tx: mpsc::UnboundedSend
         match end {
             StreamEnd::Unsupported(reason) => {
                 warn!(source = kind.as_str(), %reason, "exit events not offered; polling while exits are pending");
-                let _ = tx.send(SourceSignal::Down {
-                    kind,
-                    reason,
-                    permanent: true,
-                });
+                let _ = tx.send(SourceSignal::Down(kind));
                 return;
             }
             StreamEnd::Retry(reason) => {
                 warn!(source = kind.as_str(), %reason, retry_in = ?backoff, "exit event stream lost; polling until it is back");
-                let _ = tx.send(SourceSignal::Down {
-                    kind,
-                    reason,
-                    permanent: false,
-                });
+                let _ = tx.send(SourceSignal::Down(kind));
             }
         }
         tokio::time::sleep(backoff).await;
