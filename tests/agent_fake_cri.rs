@@ -1,133 +1,16 @@
 //! The real agent loop on a temp share against an in-process fake CRI runtime.
 
 mod fakecri;
+mod rig;
 
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use exitorder::agent::{Agent, Config};
+use exitorder::agent::Config;
 use exitorder::cri::ContainerState;
 use exitorder::decide::Reason;
 use exitorder::priority::ANNOTATION;
 use exitorder::stats::Stats;
-use fakecri::{FakeCri, Served};
-use tokio::sync::oneshot;
-
-const APP_UID: &str = "8a3e8c3b-1111-4c3e-9f00-000000000001";
-
-struct Rig {
-    _dir: tempfile::TempDir,
-    share: PathBuf,
-    served: Served,
-    stats: Arc<Stats>,
-    agent: Option<(tokio::task::JoinHandle<()>, oneshot::Sender<()>)>,
-    reserve: Duration,
-}
-
-impl Rig {
-    fn new() -> Rig {
-        let dir = tempfile::tempdir().unwrap();
-        let share = dir.path().join("share");
-        let served = FakeCri::default().serve(&dir.path().join("cri.sock"));
-        Rig {
-            share,
-            served,
-            _dir: dir,
-            stats: Arc::new(Stats::default()),
-            agent: None,
-            reserve: Duration::from_secs(1),
-        }
-    }
-
-    fn cri(&self) -> &FakeCri {
-        &self.served.cri
-    }
-
-    fn start_agent(&mut self) {
-        self.start_agent_with(|cfg| cfg.poll_interval = Duration::from_millis(10));
-    }
-
-    fn start_agent_with(&mut self, tune: impl FnOnce(&mut Config)) {
-        let mut cfg = Config::new(self.share.clone(), self.served.socket.clone());
-        cfg.grace_reserve = self.reserve;
-        tune(&mut cfg);
-        self.stats = Arc::new(Stats::default());
-        let agent = Agent::start(cfg, self.stats.clone()).expect("agent start");
-        let (tx, rx) = oneshot::channel();
-        let task = tokio::spawn(async move {
-            agent
-                .run(async {
-                    let _ = rx.await;
-                })
-                .await
-                .expect("agent run");
-        });
-        self.agent = Some((task, tx));
-    }
-
-    async fn stop_agent(&mut self) {
-        if let Some((task, tx)) = self.agent.take() {
-            let _ = tx.send(());
-            tokio::time::timeout(Duration::from_secs(5), task)
-                .await
-                .expect("agent stops within its bound")
-                .expect("agent task");
-        }
-    }
-
-    fn dir(&self, uid: &str, name: &str) -> PathBuf {
-        self.share.join("pods").join(uid).join(name)
-    }
-
-    /// What the entrypoint does when a preStop starts: create `exit` saying `wait`.
-    fn request_exit(&self, uid: &str, name: &str) -> PathBuf {
-        let dir = self.dir(uid, name);
-        std::fs::create_dir_all(&dir).unwrap();
-        let f = dir.join("exit");
-        std::fs::write(&f, "wait\n").unwrap();
-        f
-    }
-}
-
-fn content(f: &Path) -> String {
-    std::fs::read_to_string(f).unwrap_or_default()
-}
-
-/// Waits until `f` says allow; false if `within` passes first.
-async fn allowed_within(f: &Path, within: Duration) -> bool {
-    let end = Instant::now() + within;
-    while Instant::now() < end {
-        if content(f).trim() == "allow" {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    false
-}
-
-/// Waits until the agent has counted `n` allows for `reason` (the count follows the write).
-async fn allows_reach(stats: &Stats, reason: Reason, n: u64) {
-    let end = Instant::now() + Duration::from_secs(2);
-    while stats.allows(reason) != n {
-        assert!(
-            Instant::now() < end,
-            "allows for {reason}: {} (expected {n})",
-            stats.allows(reason)
-        );
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
-}
-
-/// Asserts `f` is still unanswered over `span` (many agent poll rounds).
-async fn stays_waiting(f: &Path, span: Duration) {
-    assert!(
-        !allowed_within(f, span).await,
-        "{} was answered too early",
-        f.display()
-    );
-    assert_eq!(content(f).trim(), "wait");
-}
+use rig::*;
 
 /// Starts the agent, has `waiting` ask to exit, and checks that it is held while `blocker`
 /// runs and allowed once it exits.
@@ -384,6 +267,7 @@ async fn metrics_and_health_endpoints() {
         "exitorder_pending_exits",
         "exitorder_event_source",
         "exitorder_share_errors_total",
+        "exitorder_api_watch",
     ] {
         assert!(
             m.iter().any(|(s, _)| s.starts_with(family)),
@@ -396,6 +280,14 @@ async fn metrics_and_health_endpoints() {
         Some(0.0)
     );
     assert_eq!(get(r#"exitorder_event_source{source="poll"}"#), Some(1.0));
+    // Families that have no samples yet are still declared.
+    for family in ["exitorder_api_errors_total", "exitorder_pod_events_total"] {
+        assert!(
+            body.contains(&format!("# TYPE {family} counter")),
+            "{family} missing"
+        );
+    }
+    assert_eq!(get(r#"exitorder_api_watch{state="off"}"#), Some(1.0));
 
     rig.cri().set_state(&app, ContainerState::ContainerExited);
     assert!(allowed_within(&f, Duration::from_secs(2)).await);

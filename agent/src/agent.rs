@@ -13,9 +13,12 @@ use std::time::{Duration, Instant, SystemTime};
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn, Instrument};
 
-use crate::decide::{self, Attempt, PodFacts, Reason, Verdict};
+use crate::cluster::Cluster;
+use crate::decide::{self, Attempt, Deletion, PodFacts, Reason, Verdict};
+use crate::podwatch::{ApiPod, PodSignal, PodView};
 use crate::priority::{self, PriorityError};
-use crate::runtime::{RtPod, Runtime, RuntimeError, Snapshot};
+use crate::recorder::{EventSink, ExitNotice, PodRef};
+use crate::runtime::{RtContainer, Runtime, RuntimeError, Snapshot};
 use crate::share::{ContainerName, ExitKey, ExitState, PodUid, Share, ShareEntry, ShareError};
 use crate::source::{self, SourceChoice, SourceKind, SourceSignal};
 use crate::stats::Stats;
@@ -46,6 +49,9 @@ pub struct Config {
     pub gc_min_age: Duration,
     /// Installed as `bin/exitorder-entrypoint` at start-up, when given.
     pub entrypoint_binary: Option<PathBuf>,
+    /// How old a wait must be before the API server's "not being deleted" releases it: time
+    /// for a deletion the kubelet already acts on to reach the agent's own watch.
+    pub api_settle: Duration,
 }
 
 impl Config {
@@ -60,6 +66,7 @@ impl Config {
             gc_interval: Duration::from_secs(60),
             gc_min_age: Duration::from_secs(60),
             entrypoint_binary: None,
+            api_settle: Duration::from_millis(250),
         }
     }
 }
@@ -91,10 +98,14 @@ struct PendingPod {
     /// period (the kubelet runs every preStop at once when the pod is deleted).
     first_seen: Instant,
     waiting: BTreeMap<ContainerName, Waiter>,
-    /// Last grace period the runtime told us, for rounds where the runtime does not answer.
+    /// Last grace period learnt, for rounds where the runtime does not answer.
     grace: Option<Duration>,
-    /// When the waits of this pod end regardless of order, as of the last decision.
-    deadline: Option<Instant>,
+    /// The pod's namespace and name as the runtime reported them: how the API server's view
+    /// is found, and what Events are attached to.
+    names: Option<(String, String)>,
+    /// When the waits of this pod must be decided again without any event (a deadline, the
+    /// end of a settle time), as of the last decision.
+    wake: Option<Instant>,
 }
 
 /// Priority facts about a container id never change; they are read once per container.
@@ -118,6 +129,10 @@ pub struct Agent {
     warned: HashSet<(PodUid, String)>,
     gc_suspects: HashSet<PodUid>,
     stats: Arc<Stats>,
+    /// The API server's view of this node's pods, when there is an API server.
+    view: Option<PodView>,
+    pod_signals: Option<mpsc::UnboundedReceiver<PodSignal>>,
+    pod_events: Option<EventSink>,
 }
 
 impl Agent {
@@ -155,11 +170,23 @@ impl Agent {
             warned: HashSet::new(),
             gc_suspects: HashSet::new(),
             stats,
+            view: None,
+            pod_signals: None,
+            pod_events: None,
         };
         agent.rescan();
         agent.stats.set_watching(true);
         agent.stats.set_event_source(SourceKind::Poll.as_str());
         Ok(agent)
+    }
+
+    /// Decides with the API server's view of the pods (deletion state, grace period,
+    /// annotations) and posts Kubernetes Events about held exits.
+    pub fn with_cluster(mut self, cluster: Cluster) -> Self {
+        self.view = Some(cluster.view);
+        self.pod_signals = Some(cluster.signals);
+        self.pod_events = Some(cluster.events);
+        self
     }
 
     pub fn pending_count(&self) -> usize {
@@ -226,6 +253,19 @@ impl Agent {
                         self.on_signal(sig, &mut dirty);
                     }
                 }
+                sig = recv_some(&mut self.pod_signals) => match sig {
+                    Some(sig) => {
+                        self.on_pod_signal(sig, &mut dirty);
+                        while let Some(Ok(sig)) = self.pod_signals.as_mut().map(|rx| rx.try_recv()) {
+                            self.on_pod_signal(sig, &mut dirty);
+                        }
+                    }
+                    // The watch ended (shutdown): decide by the runtime's rules from now on.
+                    None => {
+                        self.pod_signals = None;
+                        self.view = None;
+                    }
+                },
                 () = sleep_until(wake), if wake.is_some() => {
                     dirty.extend(self.pending.keys().cloned());
                 }
@@ -256,9 +296,22 @@ impl Agent {
         Some(
             self.pending
                 .values()
-                .filter_map(|p| p.deadline)
+                .filter_map(|p| p.wake)
                 .fold(resync, Instant::min),
         )
+    }
+
+    fn on_pod_signal(&mut self, sig: PodSignal, dirty: &mut BTreeSet<PodUid>) {
+        match sig {
+            PodSignal::Changed(uid) => {
+                if let Ok(pod) = PodUid::parse(&uid) {
+                    if self.pending.contains_key(&pod) {
+                        dirty.insert(pod);
+                    }
+                }
+            }
+            PodSignal::Resync => dirty.extend(self.pending.keys().cloned()),
+        }
     }
 
     fn on_signal(&mut self, sig: SourceSignal, dirty: &mut BTreeSet<PodUid>) {
@@ -429,7 +482,8 @@ impl Agent {
                         first_seen: since,
                         waiting: BTreeMap::new(),
                         grace: None,
-                        deadline: None,
+                        names: None,
+                        wake: None,
                     });
                 pod.first_seen = pod.first_seen.min(since);
                 pod.waiting.insert(
@@ -510,29 +564,65 @@ impl Agent {
         });
     }
 
-    /// Facts for a pod from the runtime's snapshot; `None` when the runtime has no such pod.
+    /// Facts for a pod from the runtime's snapshot and, when current, the API server's view;
+    /// `None` when the runtime has no such pod.
     async fn facts(&mut self, pod: &PodUid, snapshot: &Snapshot) -> Option<PodFacts> {
         let rt = snapshot.get(pod.as_str())?;
-        let grace = rt.grace_period();
-        let first_seen = {
+        let api = self
+            .view
+            .as_ref()
+            .and_then(|v| v.get(&rt.namespace, &rt.name, pod.as_str()));
+        let grace = api.as_ref().and_then(ApiPod::grace).or(rt.grace_period());
+        let (first_seen, grace) = {
             let p = self.pending.get_mut(pod)?;
             if grace.is_some() {
                 p.grace = grace;
             }
-            p.first_seen
+            if !rt.name.is_empty() {
+                p.names = Some((rt.namespace.clone(), rt.name.clone()));
+            }
+            (p.first_seen, p.grace)
         };
-        let attempts = self.attempts(pod, rt).await;
+        // The API server's annotations are the pod's current ones; the sandbox keeps those
+        // the pod was created with.
+        let attempts = match &api {
+            Some(a) => {
+                let annotations = a.annotations.iter().map(|(k, v)| (k.as_str(), v.as_str()));
+                self.attempts(pod, annotations, &rt.containers).await
+            }
+            None => {
+                let annotations = rt.annotations.iter().map(|(k, v)| (k.as_str(), v.as_str()));
+                self.attempts(pod, annotations, &rt.containers).await
+            }
+        };
         Some(PodFacts {
             attempts,
-            terminating: true,
-            deadline: Some(self.deadline(first_seen, grace)),
+            deletion: self.deletion(api.as_ref()),
+            deadline: Some(self.deadline(first_seen, grace, api.as_ref())),
         })
+    }
+
+    /// The API server's current view of a pending pod, found by the names the runtime gave.
+    fn api_pod(&self, pod: &PodUid) -> Option<ApiPod> {
+        let (namespace, name) = self.pending.get(pod)?.names.as_ref()?;
+        self.view.as_ref()?.get(namespace, name, pod.as_str())
+    }
+
+    fn deletion(&self, api: Option<&ApiPod>) -> Deletion {
+        match api {
+            Some(a) if a.deletion.is_none() => Deletion::NotDeleting {
+                settle: self.cfg.api_settle,
+            },
+            // Being deleted, or not known to the view: ordered, as in runtime-only mode.
+            _ => Deletion::Deleting,
+        }
     }
 
     /// Without the runtime nothing is known of container states; only the deadline can
     /// release a wait, so a runtime outage never holds a pod past its grace period.
     fn facts_without_runtime(&self, pod: &PodUid) -> Option<PodFacts> {
         let p = self.pending.get(pod)?;
+        let api = self.api_pod(pod);
         let attempts = p
             .waiting
             .keys()
@@ -552,22 +642,44 @@ impl Agent {
                 priority: 0,
             }))
             .collect();
+        let grace = api.as_ref().and_then(ApiPod::grace).or(p.grace);
         Some(PodFacts {
             attempts,
-            terminating: true,
-            deadline: Some(self.deadline(p.first_seen, p.grace)),
+            deletion: self.deletion(api.as_ref()),
+            deadline: Some(self.deadline(p.first_seen, grace, api.as_ref())),
         })
     }
 
-    fn deadline(&self, first_seen: Instant, grace: Option<Duration>) -> Instant {
-        let grace = grace.unwrap_or(DEFAULT_GRACE);
-        first_seen + grace.saturating_sub(self.cfg.grace_reserve)
+    /// The grace period, counted from the pod's first exit file (the kubelet runs every
+    /// preStop when it starts killing the pod), less the reserve; when the API server dated
+    /// the deletion, its kill time less the reserve if that is earlier (a node clock behind
+    /// the API server's can only make that one late, and the earlier one wins).
+    fn deadline(
+        &self,
+        first_seen: Instant,
+        grace: Option<Duration>,
+        api: Option<&ApiPod>,
+    ) -> Instant {
+        let reserve = self.cfg.grace_reserve;
+        let local = first_seen + grace.unwrap_or(DEFAULT_GRACE).saturating_sub(reserve);
+        let now = Instant::now();
+        match api.and_then(|a| a.kill_at(now, SystemTime::now())) {
+            Some(kill) => local.min(kill.checked_sub(reserve).unwrap_or(now)),
+            None => local,
+        }
     }
 
     /// The pod's containers with their priorities resolved. A malformed priority anywhere
     /// makes the whole pod unordered (every container 0): bad input never holds a pod.
-    async fn attempts(&mut self, pod: &PodUid, rt: &RtPod) -> Vec<Attempt> {
-        let annotations = rt.annotations.iter().map(|(k, v)| (k.as_str(), v.as_str()));
+    async fn attempts<'a, I>(
+        &mut self,
+        pod: &PodUid,
+        annotations: I,
+        containers: &[RtContainer],
+    ) -> Vec<Attempt>
+    where
+        I: IntoIterator<Item = (&'a str, &'a str)> + Clone,
+    {
         let mut unordered = false;
         let pod_prios = match priority::from_annotations(annotations) {
             Ok(p) => p,
@@ -577,16 +689,15 @@ impl Agent {
                 None
             }
         };
-        let newest: HashSet<String> = {
-            let base: Vec<Attempt> = rt.containers.iter().map(|c| to_attempt(c, 0)).collect();
-            decide::newest_attempts(&base)
-                .into_iter()
-                .map(|a| format!("{}/{}", a.name, a.attempt))
-                .collect()
-        };
-        let mut out = Vec::with_capacity(rt.containers.len());
-        for c in &rt.containers {
-            let is_newest = newest.contains(&format!("{}/{}", c.name, c.attempt));
+        // Env is read only for newest attempts: older ones decide nothing.
+        let base: Vec<Attempt> = containers.iter().map(|c| to_attempt(c, 0)).collect();
+        let newest: HashSet<(&str, u32, i64)> = decide::newest_attempts(&base)
+            .into_iter()
+            .map(|a| (a.name.as_str(), a.attempt, a.created_at))
+            .collect();
+        let mut out = Vec::with_capacity(containers.len());
+        for c in containers {
+            let is_newest = newest.contains(&(c.name.as_str(), c.attempt, c.created_at));
             let env = if unordered || !is_newest {
                 None
             } else {
@@ -643,12 +754,13 @@ impl Agent {
         let Some(p) = self.pending.get_mut(pod) else {
             return;
         };
-        p.deadline = facts.as_ref().and_then(|f| f.deadline);
+        let mut wake: Option<Instant> = None;
         let mut allowed = Vec::new();
         for (name, waiter) in p.waiting.iter_mut() {
-            match decide::decide(facts.as_ref(), name.as_str(), now) {
-                Verdict::Allow(reason) => allowed.push((name.clone(), reason, waiter.since)),
-                Verdict::Wait { blocked_by, .. } => {
+            match decide::decide(facts.as_ref(), name.as_str(), waiter.since, now) {
+                Verdict::Allow(reason) => allowed.push((name.clone(), reason, waiter.announced)),
+                Verdict::Wait { blocked_by, until } => {
+                    wake = [wake, until].into_iter().flatten().min();
                     if !waiter.announced {
                         waiter.announced = true;
                         info!(pod = %pod, container = %name, waiting_for = ?blocked_by, "exit held");
@@ -656,16 +768,35 @@ impl Agent {
                 }
             }
         }
-        for (container, reason, since) in allowed {
+        p.wake = wake;
+        for (container, reason, held) in allowed {
+            // A deadline allow always tells; any other only when the exit was held.
+            let still_running = match (&facts, reason) {
+                (Some(f), Reason::Deadline) => decide::still_running(f, container.as_str())
+                    .into_iter()
+                    .filter(|n| !n.is_empty())
+                    .collect(),
+                _ => Vec::new(),
+            };
             let key = ExitKey {
                 pod: pod.clone(),
                 container,
             };
-            self.allow(&key, reason, since);
+            let tell = (held || reason == Reason::Deadline).then_some(still_running);
+            self.allow(&key, reason, tell);
         }
     }
 
-    fn allow(&mut self, key: &ExitKey, reason: Reason, since: Instant) {
+    /// Writes `allow`; `tell` (what still ran) asks for a Kubernetes Event about it.
+    fn allow(&mut self, key: &ExitKey, reason: Reason, tell: Option<Vec<String>>) {
+        let Some(since) = self
+            .pending
+            .get(&key.pod)
+            .and_then(|p| p.waiting.get(&key.container))
+            .map(|w| w.since)
+        else {
+            return;
+        };
         let waited = since.elapsed();
         match self.share.write_allow(key) {
             Ok(()) => {
@@ -677,6 +808,9 @@ impl Agent {
                     waited_ms = waited.as_millis() as u64,
                     "exit allowed"
                 );
+                if let Some(still_running) = tell {
+                    self.tell(key, reason, waited, still_running);
+                }
             }
             Err(e) if e.is_not_found() => debug!(container = %key, "container directory gone"),
             Err(e) => {
@@ -685,6 +819,31 @@ impl Agent {
             }
         }
         self.drop_waiter(key);
+    }
+
+    /// Queues a Kubernetes Event about an allow, when there is an API server and the pod's
+    /// names are known.
+    fn tell(&self, key: &ExitKey, reason: Reason, waited: Duration, still_running: Vec<String>) {
+        let Some(sink) = &self.pod_events else {
+            return;
+        };
+        let Some((namespace, name)) = self.pending.get(&key.pod).and_then(|p| p.names.clone())
+        else {
+            debug!(container = %key, "no pod name known; no event");
+            return;
+        };
+        sink.emit(ExitNotice {
+            pod: PodRef {
+                namespace,
+                name,
+                uid: key.pod.as_str().to_owned(),
+            },
+            container: key.container.as_str().to_owned(),
+            reason,
+            waited,
+            still_running,
+            at: SystemTime::now(),
+        });
     }
 
     /// Removes directories of pods the runtime no longer has, and rescans the share. A pod is
@@ -758,6 +917,14 @@ fn to_attempt(c: &crate::runtime::RtContainer, priority: u8) -> Attempt {
         created_at: c.created_at,
         state: c.state,
         priority,
+    }
+}
+
+/// The next item of an optional channel; never, without one.
+async fn recv_some<T>(rx: &mut Option<mpsc::UnboundedReceiver<T>>) -> Option<T> {
+    match rx {
+        Some(rx) => rx.recv().await,
+        None => std::future::pending().await,
     }
 }
 

@@ -51,7 +51,8 @@ pub struct AgentArgs {
         default_value = "/var/lib/exitorder"
     )]
     pub share_dir: PathBuf,
-    /// This node's name (from the downward API); used for the pod watch.
+    /// This node's name (from the downward API): the pod watch's `spec.nodeName` and the
+    /// Events' reporting instance. Without it there is no pod watch.
     #[arg(long, env = "NODE_NAME")]
     pub node_name: Option<String>,
     /// Time kept back from the grace deadline so a released sidecar can still drain before
@@ -73,6 +74,11 @@ pub struct AgentArgs {
     /// this executable).
     #[arg(long, env = "EXITORDER_ENTRYPOINT_BINARY")]
     pub entrypoint_binary: Option<PathBuf>,
+    /// How old a wait must be before the API server's "pod not being deleted" releases it
+    /// (reason not_terminating): time for a deletion the kubelet already acts on to reach the
+    /// agent's own watch, so a slow watch cannot release a sidecar out of order.
+    #[arg(long, env = "EXITORDER_API_SETTLE", default_value = "250ms", value_parser = parse_duration)]
+    pub api_settle: Duration,
     /// How long a graceful shutdown may take after SIGTERM.
     #[arg(long, env = "EXITORDER_SHUTDOWN_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
     pub shutdown_timeout: Duration,
@@ -85,6 +91,7 @@ impl AgentArgs {
         cfg.grace_reserve = self.grace_reserve;
         cfg.exit_source = self.exit_source;
         cfg.poll_interval = self.poll_interval.max(Duration::from_millis(1));
+        cfg.api_settle = self.api_settle;
         cfg.entrypoint_binary = Some(
             self.entrypoint_binary
                 .clone()

@@ -5,7 +5,7 @@
 //! but the facts already in hand.
 
 use std::fmt;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// A container attempt's state as the runtime reports it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -32,12 +32,24 @@ pub struct Attempt {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PodFacts {
     pub attempts: Vec<Attempt>,
-    /// Whether the pod is being deleted. Without the API server this is assumed: an exit file
-    /// is only written by a preStop hook, and most preStops run because the pod is going away.
-    pub terminating: bool,
+    pub deletion: Deletion,
     /// When waiting must end regardless of order: the grace deadline minus the reserve the
     /// sidecar needs to drain before the kubelet's SIGKILL.
     pub deadline: Option<Instant>,
+}
+
+/// Whether the pod is going away, which is what makes exit order matter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Deletion {
+    /// The API server shows the pod deleted, or cannot be asked. Without the API server a
+    /// deletion is assumed: an exit file is only written by a preStop hook, and most preStops
+    /// run because the pod is going away.
+    Deleting,
+    /// The API server's up-to-date view shows the pod not being deleted: a container restart,
+    /// a liveness kill, an in-place update. A wait younger than `settle` is still ordered,
+    /// because the kubelet and the agent watch the same API server and the kubelet may have
+    /// seen (and started acting on) a deletion that the agent's watch has not delivered yet.
+    NotDeleting { settle: Duration },
 }
 
 /// Why an exit was allowed.
@@ -81,7 +93,7 @@ impl fmt::Display for Reason {
 pub enum Verdict {
     Allow(Reason),
     /// Keep waiting: these lower-priority containers still run; decide again when one exits
-    /// or at `until`.
+    /// or at `until` (the deadline, or the end of the settle time of a pod not deleted).
     Wait {
         blocked_by: Vec<String>,
         until: Option<Instant>,
@@ -104,9 +116,31 @@ pub fn newest_attempts(attempts: &[Attempt]) -> Vec<&Attempt> {
     newest
 }
 
-/// Decides whether container `waiting` of the pod may exit at `now`. `pod` is `None` when the
-/// runtime has no such pod.
-pub fn decide(pod: Option<&PodFacts>, waiting: &str, now: Instant) -> Verdict {
+/// The lower-priority containers (newest attempts) that may still run. Created-but-never-
+/// started containers do not block: the kubelet starts nothing in a pod that is being deleted.
+/// Unknown state may still be running, so it blocks until the deadline.
+fn blockers(newest: &[&Attempt], priority: u8) -> Vec<String> {
+    newest
+        .iter()
+        .filter(|a| a.priority < priority)
+        .filter(|a| matches!(a.state, RunState::Running | RunState::Unknown))
+        .map(|a| a.name.clone())
+        .collect()
+}
+
+/// The containers `waiting` would still be waiting for, ignoring deadlines: what a deadline
+/// allow left running.
+pub fn still_running(pod: &PodFacts, waiting: &str) -> Vec<String> {
+    let newest = newest_attempts(&pod.attempts);
+    match newest.iter().find(|a| a.name == waiting) {
+        Some(me) => blockers(&newest, me.priority),
+        None => Vec::new(),
+    }
+}
+
+/// Decides whether container `waiting`, whose exit file appeared at `since`, may exit at `now`.
+/// `pod` is `None` when the runtime has no such pod.
+pub fn decide(pod: Option<&PodFacts>, waiting: &str, since: Instant, now: Instant) -> Verdict {
     let Some(pod) = pod else {
         return Verdict::Allow(Reason::Unknown);
     };
@@ -118,24 +152,24 @@ pub fn decide(pod: Option<&PodFacts>, waiting: &str, now: Instant) -> Verdict {
     if me.state == RunState::Exited {
         return Verdict::Allow(Reason::Unknown);
     }
-    if !pod.terminating {
-        return Verdict::Allow(Reason::NotTerminating);
+    let mut settled_at = None;
+    if let Deletion::NotDeleting { settle } = pod.deletion {
+        let at = since + settle;
+        if now >= at {
+            return Verdict::Allow(Reason::NotTerminating);
+        }
+        settled_at = Some(at);
     }
-    // Created-but-never-started containers do not block: the kubelet starts nothing in a pod
-    // that is being deleted. Unknown state may still be running, so it blocks until the
-    // deadline.
-    let blocked_by: Vec<String> = newest
-        .iter()
-        .filter(|a| a.priority < me.priority)
-        .filter(|a| matches!(a.state, RunState::Running | RunState::Unknown))
-        .map(|a| a.name.clone())
-        .collect();
+    let blocked_by = blockers(&newest, me.priority);
     if blocked_by.is_empty() {
         return Verdict::Allow(Reason::Ordered);
     }
     match pod.deadline {
         Some(d) if now >= d => Verdict::Allow(Reason::Deadline),
-        until => Verdict::Wait { blocked_by, until },
+        deadline => Verdict::Wait {
+            blocked_by,
+            until: [deadline, settled_at].into_iter().flatten().min(),
+        },
     }
 }
 
@@ -158,7 +192,7 @@ mod tests {
     fn pod(attempts: Vec<Attempt>, deadline: Option<Instant>) -> PodFacts {
         PodFacts {
             attempts,
-            terminating: true,
+            deletion: Deletion::Deleting,
             deadline,
         }
     }
@@ -216,7 +250,7 @@ mod tests {
         ];
         for (name, attempts, waiting, want) in table {
             let p = pod(attempts, d);
-            assert_eq!(decide(Some(&p), waiting, now), want, "{name}");
+            assert_eq!(decide(Some(&p), waiting, now, now), want, "{name}");
         }
     }
 
@@ -228,13 +262,13 @@ mod tests {
             Some(now + Duration::from_secs(5)),
         );
         assert!(matches!(
-            decide(Some(&p), "proxy", now),
+            decide(Some(&p), "proxy", now, now),
             Verdict::Wait { .. }
         ));
         let at = now + Duration::from_secs(5);
-        assert_eq!(decide(Some(&p), "proxy", at), allow(Reason::Deadline));
+        assert_eq!(decide(Some(&p), "proxy", now, at), allow(Reason::Deadline));
         assert_eq!(
-            decide(Some(&p), "proxy", at + Duration::from_secs(1)),
+            decide(Some(&p), "proxy", now, at + Duration::from_secs(1)),
             allow(Reason::Deadline)
         );
     }
@@ -246,7 +280,7 @@ mod tests {
             vec![c("app", 0, Running, 0), c("proxy", 0, Running, 1)],
             None,
         );
-        assert_eq!(decide(Some(&p), "proxy", now), wait(&["app"], None));
+        assert_eq!(decide(Some(&p), "proxy", now, now), wait(&["app"], None));
     }
 
     #[test]
@@ -256,27 +290,73 @@ mod tests {
             vec![c("app", 0, Exited, 0), c("proxy", 0, Running, 1)],
             Some(now),
         );
-        assert_eq!(decide(Some(&p), "proxy", now), allow(Reason::Ordered));
+        assert_eq!(decide(Some(&p), "proxy", now, now), allow(Reason::Ordered));
     }
 
     #[test]
     fn unknown_pod_fails_open() {
         assert_eq!(
-            decide(None, "proxy", Instant::now()),
+            decide(None, "proxy", Instant::now(), Instant::now()),
             allow(Reason::Unknown)
         );
     }
 
     #[test]
-    fn pod_not_terminating_allows_at_once() {
+    fn pod_not_deleted_allows_once_settled() {
+        let since = Instant::now();
+        let settle = Duration::from_millis(250);
         let mut p = pod(
             vec![c("app", 0, Running, 0), c("proxy", 0, Running, 1)],
+            Some(since + Duration::from_secs(20)),
+        );
+        p.deletion = Deletion::NotDeleting { settle };
+        // Inside the settle time the wait is ordered, and decided again when it ends.
+        assert_eq!(
+            decide(Some(&p), "proxy", since, since + Duration::from_millis(100)),
+            wait(&["app"], Some(since + settle))
+        );
+        assert_eq!(
+            decide(Some(&p), "proxy", since, since + settle),
+            allow(Reason::NotTerminating)
+        );
+        p.deletion = Deletion::NotDeleting {
+            settle: Duration::ZERO,
+        };
+        assert_eq!(
+            decide(Some(&p), "proxy", since, since),
+            allow(Reason::NotTerminating)
+        );
+    }
+
+    #[test]
+    fn pod_not_deleted_with_nothing_to_wait_for_is_ordered() {
+        let since = Instant::now();
+        let mut p = pod(
+            vec![c("app", 0, Exited, 0), c("proxy", 0, Running, 1)],
             None,
         );
-        p.terminating = false;
+        p.deletion = Deletion::NotDeleting {
+            settle: Duration::from_secs(1),
+        };
         assert_eq!(
-            decide(Some(&p), "proxy", Instant::now()),
-            allow(Reason::NotTerminating)
+            decide(Some(&p), "proxy", since, since),
+            allow(Reason::Ordered)
+        );
+    }
+
+    #[test]
+    fn earlier_deadline_than_settle_is_the_wake_time() {
+        let since = Instant::now();
+        let mut p = pod(
+            vec![c("app", 0, Running, 0), c("proxy", 0, Running, 1)],
+            Some(since + Duration::from_millis(50)),
+        );
+        p.deletion = Deletion::NotDeleting {
+            settle: Duration::from_secs(1),
+        };
+        assert_eq!(
+            decide(Some(&p), "proxy", since, since),
+            wait(&["app"], Some(since + Duration::from_millis(50)))
         );
     }
 

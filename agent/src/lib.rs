@@ -6,10 +6,13 @@
 
 pub mod agent;
 pub mod cli;
+pub mod cluster;
 pub mod decide;
 pub mod demo;
 pub mod metrics;
+pub mod podwatch;
 pub mod priority;
+pub mod recorder;
 pub mod runtime;
 pub mod share;
 pub mod source;

@@ -5,8 +5,8 @@ use clap::Parser;
 use exitorder::agent::Agent;
 use exitorder::cli::{AgentArgs, Cli, Command};
 use exitorder::stats::Stats;
-use exitorder::{metrics, telemetry};
-use tracing::{info, Instrument};
+use exitorder::{cluster, metrics, telemetry};
+use tracing::{info, warn, Instrument};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
@@ -15,6 +15,33 @@ async fn main() -> anyhow::Result<()> {
     match cli.command {
         Command::Agent(args) => run_agent(args).await,
         Command::Demo(args) => exitorder::demo::run(args).await,
+    }
+}
+
+/// The API server client when one is configured and the node is named; otherwise the reason
+/// for runtime-only mode is logged once.
+async fn api_client(args: &AgentArgs) -> anyhow::Result<Option<(kube::Client, String)>> {
+    let source = cluster::source(
+        std::env::var("KUBECONFIG").ok().as_deref(),
+        std::env::var("KUBERNETES_SERVICE_HOST").ok().as_deref(),
+    );
+    let Some(node) = args.node_name.clone().filter(|n| !n.is_empty()) else {
+        if source != cluster::Source::None {
+            warn!("an API server is configured but NODE_NAME is not set; runtime-only mode");
+        } else {
+            info!("no API server configured (in-cluster or KUBECONFIG); runtime-only mode");
+        }
+        return Ok(None);
+    };
+    match cluster::client(&source)
+        .await
+        .context("API server configuration")?
+    {
+        Some(client) => Ok(Some((client, node))),
+        None => {
+            info!("no API server configured (in-cluster or KUBECONFIG); runtime-only mode");
+            Ok(None)
+        }
     }
 }
 
@@ -27,34 +54,52 @@ async fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
     let http = tokio::spawn(
         metrics::serve(listener, stats.clone()).instrument(tracing::info_span!("metrics")),
     );
-    let agent = Agent::start(args.config(), stats).context("agent start-up")?;
+    let mut agent = Agent::start(args.config(), stats.clone()).context("agent start-up")?;
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let mut cluster_task = None;
+    if let Some((client, node)) = api_client(&args).await? {
+        info!(node = %node, "watching this node's pods on the API server");
+        let (link, tasks) = cluster::start(client, &node, stats);
+        agent = agent.with_cluster(link);
+        cluster_task = Some(tokio::spawn(
+            tasks
+                .run(stop_rx.clone())
+                .instrument(tracing::info_span!("cluster")),
+        ));
+    }
     let mut decisions = tokio::spawn(
-        async move {
-            let mut rx = stop_rx;
-            agent
-                .run(async move {
-                    let _ = rx.changed().await;
-                })
-                .await
-        }
-        .instrument(tracing::info_span!("decisions")),
+        agent
+            .run(cluster::stopped(stop_rx))
+            .instrument(tracing::info_span!("decisions")),
     );
     let result = tokio::select! {
         res = &mut decisions => res,
         () = telemetry::shutdown_signal() => {
             info!("shutting down");
             let _ = stop_tx.send(true);
-            // Bounded: a loop that does not end in time is abandoned.
-            match tokio::time::timeout(args.shutdown_timeout, &mut decisions).await {
+            // Bounded: whatever has not ended in time is abandoned.
+            let all = async {
+                let res = (&mut decisions).await;
+                if let Some(t) = cluster_task.as_mut() {
+                    let _ = t.await;
+                }
+                res
+            };
+            match tokio::time::timeout(args.shutdown_timeout, all).await {
                 Ok(res) => res,
                 Err(_) => {
                     decisions.abort();
+                    if let Some(t) = &cluster_task {
+                        t.abort();
+                    }
                     anyhow::bail!("graceful shutdown took longer than {:?}", args.shutdown_timeout)
                 }
             }
         }
     };
     http.abort();
+    if let Some(t) = &cluster_task {
+        t.abort();
+    }
     result.context("decision task")?.context("agent")
 }

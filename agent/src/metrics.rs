@@ -72,6 +72,31 @@ pub fn render(stats: &Stats) -> String {
     }
     let _ = writeln!(
         out,
+        "# HELP exitorder_api_errors_total Failed API server calls (pod watch, Events), by kind.\n\
+         # TYPE exitorder_api_errors_total counter"
+    );
+    for (kind, n) in stats.api_errors() {
+        let _ = writeln!(out, "exitorder_api_errors_total{{kind=\"{kind}\"}} {n}");
+    }
+    let _ = writeln!(
+        out,
+        "# HELP exitorder_api_watch State of the pod watch (1 = current): off means runtime-only.\n\
+         # TYPE exitorder_api_watch gauge\nexitorder_api_watch{{state=\"{}\"}} 1",
+        stats.api_watch()
+    );
+    let _ = writeln!(
+        out,
+        "# HELP exitorder_pod_events_total Kubernetes Events about pods, by outcome.\n\
+         # TYPE exitorder_pod_events_total counter"
+    );
+    for (outcome, n) in stats.pod_events() {
+        let _ = writeln!(
+            out,
+            "exitorder_pod_events_total{{outcome=\"{outcome}\"}} {n}"
+        );
+    }
+    let _ = writeln!(
+        out,
         "# HELP exitorder_share_errors_total Share entries that could not be read or written.\n\
          # TYPE exitorder_share_errors_total counter\nexitorder_share_errors_total {}",
         stats.share_errors()

@@ -107,6 +107,10 @@ pub struct RtContainer {
 pub struct RtPod {
     /// Annotations of the newest sandbox: the kubelet copies the pod's annotations there.
     pub annotations: HashMap<String, String>,
+    /// The pod's namespace and name, from the newest sandbox's metadata: how the API server's
+    /// view of the pod is found, and what Kubernetes Events are attached to.
+    pub namespace: String,
+    pub name: String,
     sandbox_created_at: i64,
     pub containers: Vec<RtContainer>,
 }
@@ -202,6 +206,10 @@ impl Runtime {
             if pod.annotations.is_empty() || sb.created_at >= pod.sandbox_created_at {
                 pod.sandbox_created_at = sb.created_at;
                 pod.annotations = sb.annotations;
+                if let Some(m) = sb.metadata {
+                    pod.namespace = m.namespace;
+                    pod.name = m.name;
+                }
             }
         }
         for c in containers {

@@ -56,6 +56,19 @@ pub struct Stats {
     event_source: Mutex<&'static str>,
     watching: AtomicBool,
     runtime_ok: AtomicBool,
+    api_errors: Mutex<BTreeMap<&'static str, u64>>,
+    api_watch: Mutex<&'static str>,
+    pod_events: Mutex<BTreeMap<&'static str, u64>>,
+}
+
+fn bump(counts: &Mutex<BTreeMap<&'static str, u64>>, key: &'static str) {
+    if let Ok(mut m) = counts.lock() {
+        *m.entry(key).or_default() += 1;
+    }
+}
+
+fn read_counts(counts: &Mutex<BTreeMap<&'static str, u64>>) -> BTreeMap<&'static str, u64> {
+    counts.lock().map(|m| m.clone()).unwrap_or_default()
 }
 
 fn idx(r: Reason) -> usize {
@@ -86,16 +99,42 @@ impl Stats {
 
     pub fn runtime_error(&self, kind: &'static str) {
         self.runtime_ok.store(false, Ordering::Relaxed);
-        if let Ok(mut m) = self.runtime_errors.lock() {
-            *m.entry(kind).or_default() += 1;
-        }
+        bump(&self.runtime_errors, kind);
     }
 
     pub fn runtime_errors(&self) -> BTreeMap<&'static str, u64> {
-        self.runtime_errors
-            .lock()
-            .map(|m| m.clone())
-            .unwrap_or_default()
+        read_counts(&self.runtime_errors)
+    }
+
+    pub fn api_error(&self, kind: &'static str) {
+        bump(&self.api_errors, kind);
+    }
+
+    pub fn api_errors(&self) -> BTreeMap<&'static str, u64> {
+        read_counts(&self.api_errors)
+    }
+
+    /// State of the pod watch: "off" (runtime-only mode), "syncing", "up" or "down".
+    pub fn set_api_watch(&self, state: &'static str) {
+        if let Ok(mut s) = self.api_watch.lock() {
+            *s = state;
+        }
+    }
+
+    pub fn api_watch(&self) -> &'static str {
+        match self.api_watch.lock().map(|s| *s) {
+            Ok("") | Err(_) => "off",
+            Ok(s) => s,
+        }
+    }
+
+    /// A Kubernetes Event about a pod: "posted", "failed" or "dropped" (queue full).
+    pub fn pod_event(&self, outcome: &'static str) {
+        bump(&self.pod_events, outcome);
+    }
+
+    pub fn pod_events(&self) -> BTreeMap<&'static str, u64> {
+        read_counts(&self.pod_events)
     }
 
     pub fn share_error(&self) {

@@ -12,6 +12,14 @@ use exitorder::runtime::{ANNOTATION_GRACE, LABEL_CONTAINER_NAME, LABEL_POD_UID};
 use tokio_stream::wrappers::{ReceiverStream, UnixListenerStream};
 use tonic::{Request, Response, Status};
 
+/// Namespace of every fake pod.
+pub const POD_NAMESPACE: &str = "default";
+
+/// Name of the fake pod with this UID (what its sandbox metadata says).
+pub fn pod_name(uid: &str) -> String {
+    format!("pod-{uid}")
+}
+
 #[derive(Clone, Debug)]
 pub struct FakeContainer {
     pub id: String,
@@ -247,6 +255,12 @@ impl RuntimeService for FakeCri {
             .map(|sb| PodSandbox {
                 id: sb.id.clone(),
                 created_at: sb.created_at,
+                metadata: Some(PodSandboxMetadata {
+                    name: pod_name(&sb.uid),
+                    uid: sb.uid.clone(),
+                    namespace: POD_NAMESPACE.to_owned(),
+                    attempt: 0,
+                }),
                 labels: [(LABEL_POD_UID.to_owned(), sb.uid.clone())].into(),
                 annotations: sb.annotations.clone(),
                 ..Default::default()

@@ -1,0 +1,139 @@
+//! The agent's link to the API server: where its credentials come from, and the two tasks that
+//! use them (the pod watch and the Events recorder).
+//!
+//! Optional by design: with no API server configured the agent decides from the runtime alone,
+//! and an API server that is down or slow never delays a decision.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Client, Config};
+use tokio::sync::{mpsc, watch};
+use tracing::Instrument;
+
+use crate::podwatch::{self, PodSignal, PodView, PodWatch};
+use crate::recorder::{self, EventSink, Recorder};
+use crate::stats::Stats;
+
+/// Where the API server's address and credentials come from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Source {
+    /// `KUBECONFIG` is set (a node agent run outside a pod, or tests).
+    Kubeconfig,
+    /// The pod's service account (`KUBERNETES_SERVICE_HOST` is set).
+    InCluster,
+    /// Neither: runtime-only mode.
+    None,
+}
+
+/// `KUBECONFIG` wins over in-cluster, as in kubectl. `~/.kube/config` is deliberately not
+/// read: on a node it is usually an administrator's, and the agent must not borrow it.
+pub fn source(kubeconfig: Option<&str>, service_host: Option<&str>) -> Source {
+    match (kubeconfig, service_host) {
+        (Some(k), _) if !k.trim().is_empty() => Source::Kubeconfig,
+        (_, Some(h)) if !h.trim().is_empty() => Source::InCluster,
+        _ => Source::None,
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterError {
+    #[error("KUBECONFIG: {0}")]
+    Kubeconfig(#[from] kube::config::KubeconfigError),
+    #[error("in-cluster configuration: {0}")]
+    InCluster(#[from] kube::config::InClusterError),
+    #[error("API client: {0}")]
+    Client(#[from] kube::Error),
+}
+
+/// How long a read may stall: a bit longer than a watch request lasts on the server, so a
+/// connection that died silently is replaced instead of waited on forever.
+const READ_TIMEOUT: Duration = Duration::from_secs(podwatch::WATCH_TIMEOUT_SECS as u64 + 30);
+
+/// A client for the configured API server, or `None` when there is none.
+pub async fn client(source: &Source) -> Result<Option<Client>, ClusterError> {
+    let config = match source {
+        Source::None => return Ok(None),
+        Source::InCluster => Config::incluster()?,
+        Source::Kubeconfig => match Kubeconfig::from_env()? {
+            Some(kc) => Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await?,
+            None => return Ok(None),
+        },
+    };
+    Ok(Some(client_for(config)?))
+}
+
+/// A client on `config`, tuned for the agent: reads time out (see [`READ_TIMEOUT`]), and kube's
+/// own retries are off. Those retry a 503 for minutes, during which the watch could neither
+/// report the outage nor start over; the watch has its own backoff, and an Event is not
+/// worth retrying past its moment.
+pub fn client_for(mut config: Config) -> Result<Client, ClusterError> {
+    config.read_timeout = Some(READ_TIMEOUT);
+    config.default_retry = false;
+    Ok(Client::try_from(config)?)
+}
+
+/// What the decision loop gets from the cluster side.
+pub struct Cluster {
+    pub view: PodView,
+    pub signals: mpsc::UnboundedReceiver<PodSignal>,
+    pub events: EventSink,
+}
+
+/// The cluster side's tasks, to be spawned by the caller.
+pub struct Tasks {
+    pub watch: PodWatch,
+    pub recorder: Recorder,
+}
+
+impl Tasks {
+    /// Runs both until `stop` says true (or its sender is gone); queued Events are still
+    /// posted after that.
+    pub async fn run(self, stop: watch::Receiver<bool>) {
+        tokio::join!(
+            self.watch
+                .run(stopped(stop.clone()))
+                .instrument(tracing::info_span!("pod_watch")),
+            self.recorder
+                .run(stopped(stop))
+                .instrument(tracing::info_span!("pod_events")),
+        );
+    }
+}
+
+/// Completes when `stop` turns true or its sender is dropped.
+pub async fn stopped(mut stop: watch::Receiver<bool>) {
+    let _ = stop.wait_for(|s| *s).await;
+}
+
+/// The pod watch of `node` and the Events recorder, on `client`.
+pub fn start(client: Client, node: &str, stats: Arc<Stats>) -> (Cluster, Tasks) {
+    let (view, watch, signals) = podwatch::pod_watch(client.clone(), node, stats.clone());
+    let (events, recorder) = recorder::recorder(client, node, stats);
+    (
+        Cluster {
+            view,
+            signals,
+            events,
+        },
+        Tasks { watch, recorder },
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kubeconfig_wins_then_in_cluster_then_none() {
+        assert_eq!(
+            source(Some("/etc/k.conf"), Some("10.0.0.1")),
+            Source::Kubeconfig
+        );
+        assert_eq!(source(None, Some("10.0.0.1")), Source::InCluster);
+        assert_eq!(source(Some(""), Some("10.0.0.1")), Source::InCluster);
+        assert_eq!(source(None, None), Source::None);
+        assert_eq!(source(Some(" "), Some("")), Source::None);
+    }
+}

@@ -1,0 +1,392 @@
+//! The pods of this node as the API server sees them: whether each is being deleted, its grace
+//! period, restart policy and annotations.
+//!
+//! A kube-rs watcher on `spec.nodeName=<node>` fills a reflector store; the decision loop only
+//! ever reads that store (a lock held for a lookup, never an API call). The view says nothing
+//! while it is not known to be current (before the first list, after any watch error until the
+//! next list): the agent then decides by the runtime's rules alone, which never allow early.
+
+use std::collections::{BTreeMap, HashMap};
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use futures_util::StreamExt;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::Api;
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{watcher, WatchStreamExt};
+use kube::Client;
+use tokio::sync::mpsc;
+use tracing::{debug, info, warn};
+
+use crate::stats::Stats;
+
+/// Server-side timeout of one watch request. The client's read timeout is a little longer, so
+/// a connection that died without a FIN is noticed within that time instead of never.
+pub const WATCH_TIMEOUT_SECS: u32 = 120;
+
+/// How long a deleted pod is remembered after the API server dropped it: its containers can
+/// outlive the API object (a force delete) and their waits still need its deadline.
+const TOMBSTONE_TTL: Duration = Duration::from_secs(600);
+
+const BACKOFF_MIN: Duration = Duration::from_millis(500);
+const BACKOFF_MAX: Duration = Duration::from_secs(30);
+
+/// A pod's deletion as the API server records it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ApiDeletion {
+    /// metadata.deletionTimestamp. The API server sets it to the time of the request plus the
+    /// grace period: it is when the kubelet's SIGKILL is due, not when deletion started.
+    pub kill_at: SystemTime,
+    /// metadata.deletionGracePeriodSeconds: the grace of this deletion, which
+    /// `kubectl delete --grace-period` can make shorter than the spec's.
+    pub grace: Option<Duration>,
+}
+
+/// What the agent reads of one pod.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiPod {
+    pub uid: String,
+    pub namespace: String,
+    pub name: String,
+    pub deletion: Option<ApiDeletion>,
+    /// spec.terminationGracePeriodSeconds.
+    pub grace: Option<Duration>,
+    pub restart_policy: Option<String>,
+    pub annotations: BTreeMap<String, String>,
+}
+
+fn seconds(s: Option<i64>) -> Option<Duration> {
+    s.and_then(|s| u64::try_from(s).ok())
+        .map(Duration::from_secs)
+}
+
+impl ApiPod {
+    /// `None` for an object without a UID (never sent by a real API server).
+    pub fn from_pod(pod: &Pod) -> Option<ApiPod> {
+        let meta = &pod.metadata;
+        let spec = pod.spec.as_ref();
+        Some(ApiPod {
+            uid: meta.uid.clone()?,
+            namespace: meta.namespace.clone().unwrap_or_default(),
+            name: meta.name.clone().unwrap_or_default(),
+            deletion: meta.deletion_timestamp.as_ref().map(|t| ApiDeletion {
+                kill_at: SystemTime::from(t.0),
+                grace: seconds(meta.deletion_grace_period_seconds),
+            }),
+            grace: seconds(spec.and_then(|s| s.termination_grace_period_seconds)),
+            restart_policy: spec.and_then(|s| s.restart_policy.clone()),
+            annotations: meta.annotations.clone().unwrap_or_default(),
+        })
+    }
+
+    /// The grace period the kubelet gives this pod's containers: the deletion's own, else the
+    /// spec's.
+    pub fn grace(&self) -> Option<Duration> {
+        self.deletion.and_then(|d| d.grace).or(self.grace)
+    }
+
+    /// When the kubelet's SIGKILL is due, on this node's monotonic clock. A node clock behind
+    /// the API server's makes this late, so callers take the earlier of this and the deadline
+    /// the node measured itself.
+    pub fn kill_at(&self, now: Instant, wall_now: SystemTime) -> Option<Instant> {
+        let kill_at = self.deletion?.kill_at;
+        Some(match kill_at.duration_since(wall_now) {
+            Ok(ahead) => now + ahead,
+            Err(past) => now.checked_sub(past.duration()).unwrap_or(now),
+        })
+    }
+}
+
+/// What the watch tells the decision loop.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PodSignal {
+    /// This pod changed (or was deleted): decide its waits again.
+    Changed(String),
+    /// The view became current or stopped being so: decide every wait again.
+    Resync,
+}
+
+struct Shared {
+    current: AtomicBool,
+    tombstones: Mutex<HashMap<String, (ApiPod, Instant)>>,
+}
+
+/// The decision loop's read-only handle on the watched pods.
+#[derive(Clone)]
+pub struct PodView {
+    store: Store<Pod>,
+    shared: Arc<Shared>,
+}
+
+impl PodView {
+    /// Whether the view is known to be current.
+    pub fn is_current(&self) -> bool {
+        self.shared.current.load(Ordering::Acquire)
+    }
+
+    /// The pod with this namespace, name and UID, if the view is current and has it (or
+    /// recently saw it deleted). A pod of the same name but another UID is a different pod.
+    pub fn get(&self, namespace: &str, name: &str, uid: &str) -> Option<ApiPod> {
+        if !self.is_current() {
+            return None;
+        }
+        if !name.is_empty() {
+            let key = ObjectRef::<Pod>::new(name).within(namespace);
+            if let Some(p) = self.store.get(&key).and_then(|p| ApiPod::from_pod(&p)) {
+                if p.uid == uid {
+                    return Some(p);
+                }
+            }
+        }
+        let tombstones = self.shared.tombstones.lock().ok()?;
+        tombstones.get(uid).map(|(p, _)| p.clone())
+    }
+
+    /// How many pods the view holds.
+    pub fn len(&self) -> usize {
+        self.store.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.store.is_empty()
+    }
+}
+
+/// The watch itself; [`PodWatch::run`] drives it until shutdown.
+pub struct PodWatch {
+    api: Api<Pod>,
+    node: String,
+    writer: reflector::store::Writer<Pod>,
+    shared: Arc<Shared>,
+    tx: mpsc::UnboundedSender<PodSignal>,
+    stats: Arc<Stats>,
+    /// Whether the current outage was already logged at warn level.
+    outage_logged: bool,
+}
+
+/// A watch of the pods on `node`, its view, and the signals it sends.
+pub fn pod_watch(
+    client: Client,
+    node: &str,
+    stats: Arc<Stats>,
+) -> (PodView, PodWatch, mpsc::UnboundedReceiver<PodSignal>) {
+    let (store, writer) = reflector::store();
+    let shared = Arc::new(Shared {
+        current: AtomicBool::new(false),
+        tombstones: Mutex::new(HashMap::new()),
+    });
+    let (tx, rx) = mpsc::unbounded_channel();
+    stats.set_api_watch("syncing");
+    let view = PodView {
+        store,
+        shared: shared.clone(),
+    };
+    let watch = PodWatch {
+        api: Api::all(client),
+        node: node.to_owned(),
+        writer,
+        shared,
+        tx,
+        stats,
+        outage_logged: false,
+    };
+    (view, watch, rx)
+}
+
+fn error_kind(e: &watcher::Error) -> &'static str {
+    match e {
+        watcher::Error::InitialListFailed(_) => "list",
+        watcher::Error::WatchStartFailed(_) => "watch_start",
+        watcher::Error::WatchError(_) => "watch_status",
+        watcher::Error::WatchFailed(_) => "watch",
+        watcher::Error::NoResourceVersion => "no_resource_version",
+    }
+}
+
+impl PodWatch {
+    /// Lists and watches until `shutdown`. Any error ends the stream: the next one starts with
+    /// a fresh list after a backoff, so the view is only called current again once a complete
+    /// list has been applied (a resumed watch says nothing until something changes).
+    pub async fn run(mut self, shutdown: impl Future<Output = ()>) {
+        tokio::pin!(shutdown);
+        let config = watcher::Config::default()
+            .fields(&format!("spec.nodeName={}", self.node))
+            .timeout(WATCH_TIMEOUT_SECS);
+        let mut backoff = BACKOFF_MIN;
+        loop {
+            let stream = watcher(self.api.clone(), config.clone()).modify(|p| {
+                // Nothing here reads managedFields; they are most of a pod's size.
+                p.metadata.managed_fields = None;
+            });
+            tokio::pin!(stream);
+            let failed = loop {
+                tokio::select! {
+                    () = &mut shutdown => return,
+                    item = stream.next() => match item {
+                        Some(Ok(ev)) => {
+                            if self.on_event(ev) {
+                                backoff = BACKOFF_MIN;
+                            }
+                        }
+                        Some(Err(e)) => break Some(e),
+                        None => break None,
+                    }
+                }
+            };
+            if let Some(e) = failed {
+                self.on_error(&e);
+            }
+            tokio::select! {
+                () = &mut shutdown => return,
+                () = tokio::time::sleep(backoff) => {}
+            }
+            backoff = (backoff * 2).min(BACKOFF_MAX);
+        }
+    }
+
+    /// Applies one event; true when it completed a list (the view is current).
+    fn on_event(&mut self, ev: watcher::Event<Pod>) -> bool {
+        self.writer.apply_watcher_event(&ev);
+        match ev {
+            watcher::Event::Init | watcher::Event::InitApply(_) => false,
+            watcher::Event::InitDone => {
+                let was_current = self.shared.current.swap(true, Ordering::AcqRel);
+                self.stats.set_api_watch("up");
+                if !was_current {
+                    info!(node = %self.node, pods = self.writer.as_reader().len(), "pod watch current");
+                }
+                self.outage_logged = false;
+                let _ = self.tx.send(PodSignal::Resync);
+                true
+            }
+            watcher::Event::Apply(pod) => {
+                if let Some(uid) = pod.metadata.uid {
+                    let _ = self.tx.send(PodSignal::Changed(uid));
+                }
+                false
+            }
+            watcher::Event::Delete(pod) => {
+                if let Some(mut p) = ApiPod::from_pod(&pod) {
+                    // A pod removed without a recorded deletion (force delete) is past its
+                    // grace already.
+                    p.deletion.get_or_insert(ApiDeletion {
+                        kill_at: SystemTime::now(),
+                        grace: Some(Duration::ZERO),
+                    });
+                    let uid = p.uid.clone();
+                    if let Ok(mut t) = self.shared.tombstones.lock() {
+                        t.retain(|_, (_, at)| at.elapsed() < TOMBSTONE_TTL);
+                        t.insert(uid.clone(), (p, Instant::now()));
+                    }
+                    let _ = self.tx.send(PodSignal::Changed(uid));
+                }
+                false
+            }
+        }
+    }
+
+    fn on_error(&mut self, e: &watcher::Error) {
+        let kind = error_kind(e);
+        self.stats.api_error(kind);
+        self.stats.set_api_watch("down");
+        let was_current = self.shared.current.swap(false, Ordering::AcqRel);
+        if !self.outage_logged {
+            self.outage_logged = true;
+            warn!(error = %e, kind, "pod watch failed; deciding by the runtime's rules until it is current again");
+        } else {
+            debug!(error = %e, kind, "pod watch still failing");
+        }
+        if was_current {
+            let _ = self.tx.send(PodSignal::Resync);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+    use k8s_openapi::jiff::Timestamp;
+
+    fn pod(deleted_at: Option<i64>, deletion_grace: Option<i64>) -> Pod {
+        Pod {
+            metadata: ObjectMeta {
+                name: Some("web-0".into()),
+                namespace: Some("shop".into()),
+                uid: Some("4f2c".into()),
+                deletion_timestamp: deleted_at
+                    .map(|s| Time(Timestamp::from_second(s).expect("valid time"))),
+                deletion_grace_period_seconds: deletion_grace,
+                annotations: Some(
+                    [("exitorder.io/container-exit-priority".into(), "{}".into())].into(),
+                ),
+                ..Default::default()
+            },
+            spec: Some(k8s_openapi::api::core::v1::PodSpec {
+                termination_grace_period_seconds: Some(45),
+                restart_policy: Some("Never".into()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn reads_what_decisions_need() {
+        let p = ApiPod::from_pod(&pod(None, None)).expect("has a uid");
+        assert_eq!(p.uid, "4f2c");
+        assert_eq!((p.namespace.as_str(), p.name.as_str()), ("shop", "web-0"));
+        assert_eq!(p.deletion, None);
+        assert_eq!(p.grace(), Some(Duration::from_secs(45)));
+        assert_eq!(p.restart_policy.as_deref(), Some("Never"));
+        assert!(p
+            .annotations
+            .contains_key("exitorder.io/container-exit-priority"));
+    }
+
+    #[test]
+    fn deletion_grace_overrides_the_spec() {
+        let p = ApiPod::from_pod(&pod(Some(1_000), Some(5))).expect("has a uid");
+        assert_eq!(p.grace(), Some(Duration::from_secs(5)));
+        let d = p.deletion.expect("deleted");
+        assert_eq!(
+            d.kill_at,
+            SystemTime::UNIX_EPOCH + Duration::from_secs(1_000)
+        );
+    }
+
+    #[test]
+    fn kill_at_maps_the_wall_clock_to_the_monotonic_one() {
+        let p = ApiPod::from_pod(&pod(Some(1_000), Some(30))).expect("has a uid");
+        let now = Instant::now();
+        let wall = SystemTime::UNIX_EPOCH + Duration::from_secs(990);
+        assert_eq!(p.kill_at(now, wall), Some(now + Duration::from_secs(10)));
+        let wall = SystemTime::UNIX_EPOCH + Duration::from_secs(1_003);
+        let past = p.kill_at(now, wall).expect("deleted");
+        assert!(past <= now);
+        assert_eq!(
+            ApiPod::from_pod(&pod(None, None))
+                .unwrap()
+                .kill_at(now, wall),
+            None
+        );
+    }
+
+    #[test]
+    fn object_without_uid_is_skipped() {
+        let mut p = pod(None, None);
+        p.metadata.uid = None;
+        assert_eq!(ApiPod::from_pod(&p), None);
+    }
+
+    #[test]
+    fn negative_seconds_are_ignored() {
+        let mut p = pod(Some(1_000), Some(-1));
+        p.spec.as_mut().unwrap().termination_grace_period_seconds = Some(-3);
+        let p = ApiPod::from_pod(&p).expect("has a uid");
+        assert_eq!(p.grace(), None);
+    }
+}
