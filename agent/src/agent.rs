@@ -196,7 +196,7 @@ impl Agent {
     /// Runs until `shutdown` completes. Pending waits are left in place for the next agent
     /// (or the entrypoint's own timeout): answering them on the way out would break the order.
     pub async fn run(mut self, shutdown: impl Future<Output = ()>) -> Result<(), AgentError> {
-        match self.runtime.version().await {
+        let version = match self.runtime.version().await {
             Ok(v) => {
                 self.stats.set_runtime_ok(true);
                 info!(
@@ -205,12 +205,14 @@ impl Agent {
                     api = %v.runtime_api_version,
                     "runtime connected"
                 );
+                Some(v)
             }
             Err(e) => {
                 self.stats.runtime_error(e.kind());
                 warn!(error = %e, "runtime not reachable yet; deciding from what the share shows until it is");
+                None
             }
-        }
+        };
         info!(
             share = %self.cfg.share_dir.display(),
             pending = self.pending_count(),
@@ -224,6 +226,7 @@ impl Agent {
             source::run(
                 self.runtime.channel(),
                 self.cfg.exit_source,
+                version,
                 self.signal_tx.clone(),
             )
             .instrument(tracing::info_span!("exit_source")),

@@ -91,28 +91,40 @@ pub enum SourceSignal {
 }
 
 enum StreamEnd {
+    /// Failed before it was live: retry with a growing backoff.
     Retry(String),
+    /// Was live, then ended (a runtime restart): retry soon, the backoff starts over.
+    Lost(String),
     Unsupported(String),
 }
 
 /// Runs the exit source until the receiver is gone. Spawned by the agent under a named span
-/// and aborted at shutdown.
-pub async fn run(channel: Channel, choice: SourceChoice, tx: mpsc::UnboundedSender<SourceSignal>) {
+/// and aborted at shutdown. `version` is the runtime's answer when the caller already has it.
+pub async fn run(
+    channel: Channel,
+    choice: SourceChoice,
+    version: Option<VersionResponse>,
+    tx: mpsc::UnboundedSender<SourceSignal>,
+) {
     let mut backoff = BACKOFF_START;
+    let mut known = version;
     let kind = loop {
         let kind = match choice {
             SourceChoice::Poll => return,
             SourceChoice::ContainerdEvents => SourceKind::ContainerdEvents,
             SourceChoice::CriEvents => SourceKind::CriEvents,
             SourceChoice::Auto => {
-                let mut client = RuntimeServiceClient::new(channel.clone());
-                match client
-                    .version(VersionRequest {
-                        version: "v1".into(),
-                    })
-                    .await
-                {
-                    Ok(v) => choose(v.get_ref()),
+                let answer = match known.take() {
+                    Some(v) => Ok(v),
+                    None => RuntimeServiceClient::new(channel.clone())
+                        .version(VersionRequest {
+                            version: "v1".into(),
+                        })
+                        .await
+                        .map(tonic::Response::into_inner),
+                };
+                match answer {
+                    Ok(v) => choose(&v),
                     Err(e) => {
                         debug!(error = %e, "runtime version not known yet");
                         tokio::time::sleep(backoff).await;
@@ -144,8 +156,13 @@ pub async fn run(channel: Channel, choice: SourceChoice, tx: mpsc::UnboundedSend
                 let _ = tx.send(SourceSignal::Down(kind));
                 return;
             }
-            StreamEnd::Retry(reason) => {
+            StreamEnd::Lost(reason) => {
+                backoff = BACKOFF_START;
                 warn!(source = kind.as_str(), %reason, retry_in = ?backoff, "exit event stream lost; polling until it is back");
+                let _ = tx.send(SourceSignal::Down(kind));
+            }
+            StreamEnd::Retry(reason) => {
+                warn!(source = kind.as_str(), %reason, retry_in = ?backoff, "exit event stream not available; polling until it is");
                 let _ = tx.send(SourceSignal::Down(kind));
             }
         }
@@ -154,11 +171,20 @@ pub async fn run(channel: Channel, choice: SourceChoice, tx: mpsc::UnboundedSend
     }
 }
 
-fn classify(status: &tonic::Status) -> StreamEnd {
-    if status.code() == tonic::Code::Unimplemented {
+/// How a stream that was (`live`) or was not yet announced ended with `status`.
+fn classify(status: &tonic::Status, live: bool) -> StreamEnd {
+    if status.code() == tonic::Code::Unimplemented && !live {
         StreamEnd::Unsupported(status.to_string())
     } else {
-        StreamEnd::Retry(status.to_string())
+        ended(status.to_string(), live)
+    }
+}
+
+fn ended(reason: String, live: bool) -> StreamEnd {
+    if live {
+        StreamEnd::Lost(reason)
+    } else {
+        StreamEnd::Retry(reason)
     }
 }
 
@@ -187,7 +213,7 @@ async fn containerd_stream(
     };
     let mut stream = match resp {
         Ok(s) => s.into_inner(),
-        Err(e) => return classify(&e),
+        Err(e) => return classify(&e, announced),
     };
     if !announced {
         let _ = tx.send(SourceSignal::Connected(SourceKind::ContainerdEvents));
@@ -213,8 +239,8 @@ async fn containerd_stream(
                     return StreamEnd::Retry("agent stopped".into());
                 }
             }
-            Ok(None) => return StreamEnd::Retry("stream ended".into()),
-            Err(e) => return classify(&e),
+            Ok(None) => return StreamEnd::Lost("stream ended".into()),
+            Err(e) => return classify(&e, true),
         }
     }
 }
@@ -223,7 +249,7 @@ async fn cri_stream(channel: &Channel, tx: &mpsc::UnboundedSender<SourceSignal>)
     let mut client = RuntimeServiceClient::new(channel.clone());
     let mut stream = match client.get_container_events(GetEventsRequest {}).await {
         Ok(s) => s.into_inner(),
-        Err(e) => return classify(&e),
+        Err(e) => return classify(&e, false),
     };
     // containerd 1.6 accepts the call and fails only when the stream is read; say Connected
     // after the first message or a quiet moment, so an unsupported stream is not announced.
@@ -253,8 +279,8 @@ async fn cri_stream(channel: &Channel, tx: &mpsc::UnboundedSender<SourceSignal>)
                     return StreamEnd::Retry("agent stopped".into());
                 }
             }
-            Ok(None) => return StreamEnd::Retry("stream ended".into()),
-            Err(e) => return classify(&e),
+            Ok(None) => return ended("stream ended".into(), announced),
+            Err(e) => return classify(&e, announced),
         }
     }
 }
