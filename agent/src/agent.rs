@@ -15,7 +15,7 @@ use tracing::{debug, info, warn, Instrument};
 
 use crate::cluster::Cluster;
 use crate::decide::{self, Attempt, Deletion, PodFacts, Reason, Verdict};
-use crate::podwatch::{ApiPod, PodSignal, PodView};
+use crate::podwatch::{ApiPod, ConfirmRequest, PodSignal, PodView};
 use crate::priority::{self, PriorityError};
 use crate::recorder::{EventSink, ExitNotice, PodRef};
 use crate::runtime::{RtContainer, Runtime, RuntimeError, Snapshot};
@@ -106,7 +106,24 @@ struct PendingPod {
     /// When the waits of this pod must be decided again without any event (a deadline, the
     /// end of a settle time), as of the last decision.
     wake: Option<Instant>,
+    confirm: Confirmation,
 }
+
+/// The API server's own word on whether a pod the watch shows staying is staying.
+#[derive(Default)]
+struct Confirmation {
+    /// When the latest read that said "staying" was asked.
+    staying_at: Option<Instant>,
+    /// A read said the pod is not staying: ordered from now on, whatever the watch says.
+    denied: bool,
+    /// A read is in flight.
+    asked: bool,
+    /// After a failed read, not before this.
+    retry_at: Option<Instant>,
+}
+
+/// How long after a failed confirming read the next may be asked.
+const CONFIRM_RETRY: Duration = Duration::from_secs(1);
 
 /// Priority facts about a container id never change; they are read once per container.
 type EnvPriority = Result<Option<u8>, PriorityError>;
@@ -314,6 +331,30 @@ impl Agent {
                 }
             }
             PodSignal::Resync => dirty.extend(self.pending.keys().cloned()),
+            PodSignal::Confirmed {
+                uid,
+                asked_at,
+                staying,
+            } => {
+                let Ok(pod) = PodUid::parse(&uid) else {
+                    return;
+                };
+                let Some(p) = self.pending.get_mut(&pod) else {
+                    return;
+                };
+                p.confirm.asked = false;
+                match staying {
+                    Some(true) => {
+                        p.confirm.staying_at = p.confirm.staying_at.max(Some(asked_at));
+                    }
+                    Some(false) => {
+                        info!(pod = %pod, "the API server says the pod is going away; exits stay ordered");
+                        p.confirm.denied = true;
+                    }
+                    None => p.confirm.retry_at = Some(Instant::now() + CONFIRM_RETRY),
+                }
+                dirty.insert(pod);
+            }
         }
     }
 
@@ -487,6 +528,7 @@ impl Agent {
                         grace: None,
                         names: None,
                         wake: None,
+                        confirm: Confirmation::default(),
                     });
                 pod.first_seen = pod.first_seen.min(since);
                 pod.waiting.insert(
@@ -571,37 +613,38 @@ impl Agent {
     /// `None` when the runtime has no such pod.
     async fn facts(&mut self, pod: &PodUid, snapshot: &Snapshot) -> Option<PodFacts> {
         let rt = snapshot.get(pod.as_str())?;
-        let api = self
-            .view
-            .as_ref()
-            .and_then(|v| v.get(&rt.namespace, &rt.name, pod.as_str()));
-        let grace = api.as_ref().and_then(ApiPod::grace).or(rt.grace_period());
-        let (first_seen, grace) = {
+        {
             let p = self.pending.get_mut(pod)?;
-            if grace.is_some() {
-                p.grace = grace;
+            if let Some(g) = rt.grace_period() {
+                p.grace = Some(g);
             }
             if !rt.name.is_empty() {
                 p.names = Some((rt.namespace.clone(), rt.name.clone()));
             }
-            (p.first_seen, p.grace)
-        };
+        }
+        let api = self.api_pod(pod);
         // The API server's annotations are the pod's current ones; the sandbox keeps those
         // the pod was created with.
-        let attempts = match &api {
-            Some(a) => {
-                let annotations = a.annotations.iter().map(|(k, v)| (k.as_str(), v.as_str()));
-                self.attempts(pod, annotations, &rt.containers).await
-            }
-            None => {
-                let annotations = rt.annotations.iter().map(|(k, v)| (k.as_str(), v.as_str()));
-                self.attempts(pod, annotations, &rt.containers).await
-            }
+        let annotations: Vec<(&str, &str)> = match &api {
+            Some(a) => a
+                .annotations
+                .iter()
+                .map(|(k, v)| (k.as_str(), v.as_str()))
+                .collect(),
+            None => rt
+                .annotations
+                .iter()
+                .map(|(k, v)| (k.as_str(), v.as_str()))
+                .collect(),
         };
+        let attempts = self
+            .attempts(pod, annotations.iter().copied(), &rt.containers)
+            .await;
+        let (deletion, deadline) = self.deletion_and_deadline(pod, api.as_ref())?;
         Some(PodFacts {
             attempts,
-            deletion: self.deletion(api.as_ref()),
-            deadline: Some(self.deadline(first_seen, grace, api.as_ref())),
+            deletion,
+            deadline: Some(deadline),
         })
     }
 
@@ -611,21 +654,41 @@ impl Agent {
         self.view.as_ref()?.get(namespace, name, pod.as_str())
     }
 
-    fn deletion(&self, api: Option<&ApiPod>) -> Deletion {
-        match api {
-            Some(a) if a.deletion.is_none() => Deletion::NotDeleting {
+    /// Whether the pod is going away, and when its waits end regardless of order: the grace
+    /// period (the deletion's own when the API server gave one, else the kubelet's container
+    /// annotation) counted from the pod's first exit file, less the reserve. The kubelet
+    /// starts its grace clock when it starts killing the pod, which is when it runs the
+    /// preStop hooks, not at the API server's deletionTimestamp: a kubelet that sees the
+    /// deletion late (a node back from NotReady) still gives the full grace period.
+    fn deletion_and_deadline(
+        &self,
+        pod: &PodUid,
+        api: Option<&ApiPod>,
+    ) -> Option<(Deletion, Instant)> {
+        let p = self.pending.get(pod)?;
+        let deletion = match api {
+            Some(a) if a.is_staying() && !p.confirm.denied => Deletion::NotDeleting {
                 settle: self.cfg.api_settle,
+                confirmed: p.confirm.staying_at,
             },
-            // Being deleted, or not known to the view: ordered, as in runtime-only mode.
+            // Going away, or not known to the view: ordered, as in runtime-only mode.
             _ => Deletion::Deleting,
-        }
+        };
+        let grace = api
+            .and_then(ApiPod::grace)
+            .or(p.grace)
+            .unwrap_or(DEFAULT_GRACE);
+        let deadline = p.first_seen + grace.saturating_sub(self.cfg.grace_reserve);
+        Some((deletion, deadline))
     }
 
-    /// Without the runtime nothing is known of container states; only the deadline can
-    /// release a wait, so a runtime outage never holds a pod past its grace period.
+    /// Without the runtime nothing is known of container states; only the deadline (or a
+    /// confirmed "staying") can release a wait, so a runtime outage never holds a pod past
+    /// its grace period.
     fn facts_without_runtime(&self, pod: &PodUid) -> Option<PodFacts> {
         let p = self.pending.get(pod)?;
         let api = self.api_pod(pod);
+        let (deletion, deadline) = self.deletion_and_deadline(pod, api.as_ref())?;
         let attempts = p
             .waiting
             .keys()
@@ -645,31 +708,11 @@ impl Agent {
                 priority: 0,
             }))
             .collect();
-        let grace = api.as_ref().and_then(ApiPod::grace).or(p.grace);
         Some(PodFacts {
             attempts,
-            deletion: self.deletion(api.as_ref()),
-            deadline: Some(self.deadline(p.first_seen, grace, api.as_ref())),
+            deletion,
+            deadline: Some(deadline),
         })
-    }
-
-    /// The grace period, counted from the pod's first exit file (the kubelet runs every
-    /// preStop when it starts killing the pod), less the reserve; when the API server dated
-    /// the deletion, its kill time less the reserve if that is earlier (a node clock behind
-    /// the API server's can only make that one late, and the earlier one wins).
-    fn deadline(
-        &self,
-        first_seen: Instant,
-        grace: Option<Duration>,
-        api: Option<&ApiPod>,
-    ) -> Instant {
-        let reserve = self.cfg.grace_reserve;
-        let local = first_seen + grace.unwrap_or(DEFAULT_GRACE).saturating_sub(reserve);
-        let now = Instant::now();
-        match api.and_then(|a| a.kill_at(now, SystemTime::now())) {
-            Some(kill) => local.min(kill.checked_sub(reserve).unwrap_or(now)),
-            None => local,
-        }
     }
 
     /// The pod's containers with their priorities resolved. A malformed priority anywhere
@@ -757,14 +800,22 @@ impl Agent {
         let Some(p) = self.pending.get_mut(pod) else {
             return;
         };
+        let staying = facts
+            .as_ref()
+            .is_some_and(|f| matches!(f.deletion, Deletion::NotDeleting { .. }));
         let mut wake: Option<Instant> = None;
         let mut allowed = Vec::new();
+        let mut unconfirmed = false;
         for (name, waiter) in p.waiting.iter_mut() {
             match decide::decide(facts.as_ref(), name.as_str(), waiter.since, now) {
                 Verdict::Allow(reason) => allowed.push((name.clone(), reason, waiter.announced)),
                 Verdict::Wait { blocked_by, until } => {
                     wake = [wake, until].into_iter().flatten().min();
-                    if !waiter.announced {
+                    if staying {
+                        // Not held for order: waiting for the settle time or the API
+                        // server's confirmation, a restart's short pause.
+                        unconfirmed |= p.confirm.staying_at.is_none_or(|c| c < waiter.since);
+                    } else if !waiter.announced {
                         waiter.announced = true;
                         info!(pod = %pod, container = %name, waiting_for = ?blocked_by, "exit held");
                     }
@@ -772,6 +823,18 @@ impl Agent {
             }
         }
         p.wake = wake;
+        let ask = unconfirmed && !p.confirm.asked && p.confirm.retry_at.is_none_or(|t| now >= t);
+        if ask {
+            if let (Some(view), Some((namespace, name))) = (&self.view, &p.names) {
+                p.confirm.asked = true;
+                view.confirm(ConfirmRequest {
+                    uid: pod.as_str().to_owned(),
+                    namespace: namespace.clone(),
+                    name: name.clone(),
+                    asked_at: now,
+                });
+            }
+        }
         for (container, reason, held) in allowed {
             // A deadline allow always tells; any other only when the exit was held.
             let still_running = match (&facts, reason) {

@@ -5,14 +5,13 @@
 //! and an API server that is down or slow never delays a decision.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
 use tokio::sync::{mpsc, watch};
 use tracing::Instrument;
 
-use crate::podwatch::{self, PodSignal, PodView, PodWatch};
+use crate::podwatch::{self, Confirmer, PodSignal, PodView, PodWatch};
 use crate::recorder::{self, EventSink, Recorder};
 use crate::stats::Stats;
 
@@ -47,10 +46,6 @@ pub enum ClusterError {
     Client(#[from] kube::Error),
 }
 
-/// How long a read may stall: a bit longer than a watch request lasts on the server, so a
-/// connection that died silently is replaced instead of waited on forever.
-const READ_TIMEOUT: Duration = Duration::from_secs(podwatch::WATCH_TIMEOUT_SECS as u64 + 30);
-
 /// A client for the configured API server, or `None` when there is none.
 pub async fn client(source: &Source) -> Result<Option<Client>, ClusterError> {
     let config = match source {
@@ -64,12 +59,12 @@ pub async fn client(source: &Source) -> Result<Option<Client>, ClusterError> {
     Ok(Some(client_for(config)?))
 }
 
-/// A client on `config`, tuned for the agent: reads time out (see [`READ_TIMEOUT`]), and kube's
-/// own retries are off. Those retry a 503 for minutes, during which the watch could neither
-/// report the outage nor start over; the watch has its own backoff, and an Event is not
-/// worth retrying past its moment.
+/// A client on `config`, tuned for the agent: kube's own retries are off. Those retry a 503
+/// for minutes, during which the watch could neither report the outage nor start over; the
+/// watch has its own backoff, a confirming read is only worth its moment, and so is an
+/// Event. (No read timeout either: kube's watcher has its own idle timeout, and the other
+/// calls have theirs.)
 pub fn client_for(mut config: Config) -> Result<Client, ClusterError> {
-    config.read_timeout = Some(READ_TIMEOUT);
     config.default_retry = false;
     Ok(Client::try_from(config)?)
 }
@@ -84,6 +79,7 @@ pub struct Cluster {
 /// The cluster side's tasks, to be spawned by the caller.
 pub struct Tasks {
     pub watch: PodWatch,
+    pub confirmer: Confirmer,
     pub recorder: Recorder,
 }
 
@@ -95,6 +91,9 @@ impl Tasks {
             self.watch
                 .run(stopped(stop.clone()))
                 .instrument(tracing::info_span!("pod_watch")),
+            self.confirmer
+                .run(stopped(stop.clone()))
+                .instrument(tracing::info_span!("pod_confirm")),
             self.recorder
                 .run(stopped(stop))
                 .instrument(tracing::info_span!("pod_events")),
@@ -109,7 +108,8 @@ pub async fn stopped(mut stop: watch::Receiver<bool>) {
 
 /// The pod watch of `node` and the Events recorder, on `client`.
 pub fn start(client: Client, node: &str, stats: Arc<Stats>) -> (Cluster, Tasks) {
-    let (view, watch, signals) = podwatch::pod_watch(client.clone(), node, stats.clone());
+    let (view, watch, confirmer, signals) =
+        podwatch::pod_watch(client.clone(), node, stats.clone());
     let (events, recorder) = recorder::recorder(client, node, stats);
     (
         Cluster {
@@ -117,7 +117,11 @@ pub fn start(client: Client, node: &str, stats: Arc<Stats>) -> (Cluster, Tasks) 
             signals,
             events,
         },
-        Tasks { watch, recorder },
+        Tasks {
+            watch,
+            confirmer,
+            recorder,
+        },
     )
 }
 

@@ -45,11 +45,16 @@ pub enum Deletion {
     /// deletion is assumed: an exit file is only written by a preStop hook, and most preStops
     /// run because the pod is going away.
     Deleting,
-    /// The API server's up-to-date view shows the pod not being deleted: a container restart,
-    /// a liveness kill, an in-place update. A wait younger than `settle` is still ordered,
-    /// because the kubelet and the agent watch the same API server and the kubelet may have
-    /// seen (and started acting on) a deletion that the agent's watch has not delivered yet.
-    NotDeleting { settle: Duration },
+    /// The API server's view shows the pod staying: the exit is a container restart, a
+    /// liveness kill, an in-place update. The wait is allowed once the API server itself
+    /// confirmed it with a read issued after the wait began (`confirmed`: when the latest
+    /// such read was asked), and the wait is `settle` old: the kubelet may be acting on a
+    /// deletion or a pod kill the agent's watch has not delivered yet. Until then it is
+    /// ordered.
+    NotDeleting {
+        settle: Duration,
+        confirmed: Option<Instant>,
+    },
 }
 
 /// Why an exit was allowed.
@@ -153,12 +158,14 @@ pub fn decide(pod: Option<&PodFacts>, waiting: &str, since: Instant, now: Instan
         return Verdict::Allow(Reason::Unknown);
     }
     let mut settled_at = None;
-    if let Deletion::NotDeleting { settle } = pod.deletion {
+    if let Deletion::NotDeleting { settle, confirmed } = pod.deletion {
         let at = since + settle;
-        if now >= at {
+        if now >= at && confirmed.is_some_and(|c| c >= since) {
             return Verdict::Allow(Reason::NotTerminating);
         }
-        settled_at = Some(at);
+        // Without the confirmation the agent is asking for, the next decision comes with
+        // its answer.
+        settled_at = (now < at).then_some(at);
     }
     let blocked_by = blockers(&newest, me.priority);
     if blocked_by.is_empty() {
@@ -309,7 +316,10 @@ mod tests {
             vec![c("app", 0, Running, 0), c("proxy", 0, Running, 1)],
             Some(since + Duration::from_secs(20)),
         );
-        p.deletion = Deletion::NotDeleting { settle };
+        p.deletion = Deletion::NotDeleting {
+            settle,
+            confirmed: Some(since),
+        };
         // Inside the settle time the wait is ordered, and decided again when it ends.
         assert_eq!(
             decide(Some(&p), "proxy", since, since + Duration::from_millis(100)),
@@ -321,11 +331,32 @@ mod tests {
         );
         p.deletion = Deletion::NotDeleting {
             settle: Duration::ZERO,
+            confirmed: Some(since + Duration::from_millis(3)),
         };
         assert_eq!(
-            decide(Some(&p), "proxy", since, since),
+            decide(Some(&p), "proxy", since, since + Duration::from_millis(5)),
             allow(Reason::NotTerminating)
         );
+    }
+
+    #[test]
+    fn staying_needs_a_confirmation_asked_after_the_wait_began() {
+        let since = Instant::now() + Duration::from_secs(1);
+        let mut p = pod(
+            vec![c("app", 0, Running, 0), c("proxy", 0, Running, 1)],
+            Some(since + Duration::from_secs(20)),
+        );
+        for confirmed in [None, Some(since - Duration::from_millis(1))] {
+            p.deletion = Deletion::NotDeleting {
+                settle: Duration::ZERO,
+                confirmed,
+            };
+            assert_eq!(
+                decide(Some(&p), "proxy", since, since + Duration::from_secs(1)),
+                wait(&["app"], Some(since + Duration::from_secs(20))),
+                "{confirmed:?}"
+            );
+        }
     }
 
     #[test]
@@ -337,6 +368,7 @@ mod tests {
         );
         p.deletion = Deletion::NotDeleting {
             settle: Duration::from_secs(1),
+            confirmed: None,
         };
         assert_eq!(
             decide(Some(&p), "proxy", since, since),
@@ -353,6 +385,7 @@ mod tests {
         );
         p.deletion = Deletion::NotDeleting {
             settle: Duration::from_secs(1),
+            confirmed: Some(since),
         };
         assert_eq!(
             decide(Some(&p), "proxy", since, since),

@@ -18,31 +18,32 @@ async fn main() -> anyhow::Result<()> {
     }
 }
 
-/// The API server client when one is configured and the node is named; otherwise the reason
-/// for runtime-only mode is logged once.
-async fn api_client(args: &AgentArgs) -> anyhow::Result<Option<(kube::Client, String)>> {
+/// The API server client when one is configured and the node is named. Otherwise, or when
+/// the configuration cannot be used, the agent runs in runtime-only mode and says why, once:
+/// an agent that exits over it would leave every preStop on the node to its own timeout.
+async fn api_client(args: &AgentArgs) -> Option<(kube::Client, String)> {
     let source = cluster::source(
         std::env::var("KUBECONFIG").ok().as_deref(),
         std::env::var("KUBERNETES_SERVICE_HOST").ok().as_deref(),
     );
-    let Some(node) = args.node_name.clone().filter(|n| !n.is_empty()) else {
-        if source != cluster::Source::None {
-            warn!("an API server is configured but NODE_NAME is not set; runtime-only mode");
-        } else {
-            info!("no API server configured (in-cluster or KUBECONFIG); runtime-only mode");
+    let node = args.node_name.clone().filter(|n| !n.is_empty());
+    let why = match (&source, node) {
+        (cluster::Source::None, _) => {
+            info!(
+                reason = "no API server configured (in-cluster or KUBECONFIG)",
+                "runtime-only mode"
+            );
+            return None;
         }
-        return Ok(None);
+        (_, None) => "an API server is configured but NODE_NAME is not set".to_owned(),
+        (_, Some(node)) => match cluster::client(&source).await {
+            Ok(Some(client)) => return Some((client, node)),
+            Ok(None) => "KUBECONFIG names no usable file".to_owned(),
+            Err(e) => format!("the API server configuration cannot be used: {e}"),
+        },
     };
-    match cluster::client(&source)
-        .await
-        .context("API server configuration")?
-    {
-        Some(client) => Ok(Some((client, node))),
-        None => {
-            info!("no API server configured (in-cluster or KUBECONFIG); runtime-only mode");
-            Ok(None)
-        }
-    }
+    warn!(reason = %why, "runtime-only mode");
+    None
 }
 
 async fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
@@ -57,7 +58,7 @@ async fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
     let mut agent = Agent::start(args.config(), stats.clone()).context("agent start-up")?;
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut cluster_task = None;
-    if let Some((client, node)) = api_client(&args).await? {
+    if let Some((client, node)) = api_client(&args).await {
         info!(node = %node, "watching this node's pods on the API server");
         let (link, tasks) = cluster::start(client, &node, stats);
         agent = agent.with_cluster(link);

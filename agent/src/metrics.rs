@@ -81,9 +81,13 @@ pub fn render(stats: &Stats) -> String {
     let _ = writeln!(
         out,
         "# HELP exitorder_api_watch State of the pod watch (1 = current): off means runtime-only.\n\
-         # TYPE exitorder_api_watch gauge\nexitorder_api_watch{{state=\"{}\"}} 1",
-        stats.api_watch()
+         # TYPE exitorder_api_watch gauge"
     );
+    // Every state, 0 or 1: a series per state that never disappears.
+    for state in crate::stats::API_WATCH_STATES {
+        let on = u8::from(stats.api_watch() == state);
+        let _ = writeln!(out, "exitorder_api_watch{{state=\"{state}\"}} {on}");
+    }
     let _ = writeln!(
         out,
         "# HELP exitorder_pod_events_total Kubernetes Events about pods, by outcome.\n\

@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
@@ -23,8 +23,9 @@ use tracing::{debug, info, warn};
 
 use crate::stats::Stats;
 
-/// Server-side timeout of one watch request. The client's read timeout is a little longer, so
-/// a connection that died without a FIN is noticed within that time instead of never.
+/// Server-side timeout of one watch request; kube's watcher also gives up on a stream that
+/// stays silent a little longer than this, so a connection that died without a FIN is
+/// replaced within about two minutes.
 pub const WATCH_TIMEOUT_SECS: u32 = 120;
 
 /// How long a deleted pod is remembered after the API server dropped it: its containers can
@@ -33,17 +34,8 @@ const TOMBSTONE_TTL: Duration = Duration::from_secs(600);
 
 const BACKOFF_MIN: Duration = Duration::from_millis(500);
 const BACKOFF_MAX: Duration = Duration::from_secs(30);
-
-/// A pod's deletion as the API server records it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ApiDeletion {
-    /// metadata.deletionTimestamp. The API server sets it to the time of the request plus the
-    /// grace period: it is when the kubelet's SIGKILL is due, not when deletion started.
-    pub kill_at: SystemTime,
-    /// metadata.deletionGracePeriodSeconds: the grace of this deletion, which
-    /// `kubectl delete --grace-period` can make shorter than the spec's.
-    pub grace: Option<Duration>,
-}
+/// A stream that stayed up this long was healthy: the next failure starts the backoff over.
+const STABLE: Duration = Duration::from_secs(30);
 
 /// What the agent reads of one pod.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -51,7 +43,13 @@ pub struct ApiPod {
     pub uid: String,
     pub namespace: String,
     pub name: String,
-    pub deletion: Option<ApiDeletion>,
+    /// metadata.deletionTimestamp is set (or the object is gone).
+    pub deleting: bool,
+    /// metadata.deletionGracePeriodSeconds: the grace of this deletion, which
+    /// `kubectl delete --grace-period` can make shorter than the spec's.
+    pub deletion_grace: Option<Duration>,
+    /// status.phase.
+    pub phase: Option<String>,
     /// spec.terminationGracePeriodSeconds.
     pub grace: Option<Duration>,
     pub restart_policy: Option<String>,
@@ -72,31 +70,29 @@ impl ApiPod {
             uid: meta.uid.clone()?,
             namespace: meta.namespace.clone().unwrap_or_default(),
             name: meta.name.clone().unwrap_or_default(),
-            deletion: meta.deletion_timestamp.as_ref().map(|t| ApiDeletion {
-                kill_at: SystemTime::from(t.0),
-                grace: seconds(meta.deletion_grace_period_seconds),
-            }),
+            deleting: meta.deletion_timestamp.is_some(),
+            deletion_grace: seconds(meta.deletion_grace_period_seconds),
+            phase: pod.status.as_ref().and_then(|s| s.phase.clone()),
             grace: seconds(spec.and_then(|s| s.termination_grace_period_seconds)),
             restart_policy: spec.and_then(|s| s.restart_policy.clone()),
             annotations: meta.annotations.clone().unwrap_or_default(),
         })
     }
 
-    /// The grace period the kubelet gives this pod's containers: the deletion's own, else the
-    /// spec's.
-    pub fn grace(&self) -> Option<Duration> {
-        self.deletion.and_then(|d| d.grace).or(self.grace)
+    /// Whether the pod is staying: not deleted, and not in a phase the kubelet kills a whole
+    /// pod for without any deletion (eviction, node shutdown, activeDeadlineSeconds: all set
+    /// phase Failed) or that is over (Succeeded).
+    pub fn is_staying(&self) -> bool {
+        !self.deleting && matches!(self.phase.as_deref(), None | Some("Pending" | "Running"))
     }
 
-    /// When the kubelet's SIGKILL is due, on this node's monotonic clock. A node clock behind
-    /// the API server's makes this late, so callers take the earlier of this and the deadline
-    /// the node measured itself.
-    pub fn kill_at(&self, now: Instant, wall_now: SystemTime) -> Option<Instant> {
-        let kill_at = self.deletion?.kill_at;
-        Some(match kill_at.duration_since(wall_now) {
-            Ok(ahead) => now + ahead,
-            Err(past) => now.checked_sub(past.duration()).unwrap_or(now),
-        })
+    /// The grace period the kubelet gives this pod's containers, as it computes it: the
+    /// deletion's own when set and not 0, else the spec's, and never under 1 s.
+    pub fn grace(&self) -> Option<Duration> {
+        self.deletion_grace
+            .filter(|g| !g.is_zero())
+            .or(self.grace)
+            .map(|g| g.max(Duration::from_secs(1)))
     }
 }
 
@@ -107,18 +103,42 @@ pub enum PodSignal {
     Changed(String),
     /// The view became current or stopped being so: decide every wait again.
     Resync,
+    /// The answer to a [`ConfirmRequest`]: whether the pod is staying, as read at or after
+    /// `asked_at`; `None` when the read failed.
+    Confirmed {
+        uid: String,
+        asked_at: Instant,
+        staying: Option<bool>,
+    },
 }
+
+/// A read of one pod from the API server itself, asked before a wait is allowed because its
+/// pod is staying. A watch can lag (a slow or half-open connection, another API server
+/// instance behind the kubelet's); a GET is a quorum read, and one issued after the exit file
+/// appeared sees any deletion that made the kubelet run the preStop hook.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfirmRequest {
+    pub uid: String,
+    pub namespace: String,
+    pub name: String,
+    pub asked_at: Instant,
+}
+
+/// How long a confirming read may take; a slower API server leaves the wait ordered.
+const CONFIRM_TIMEOUT: Duration = Duration::from_secs(2);
 
 struct Shared {
     current: AtomicBool,
     tombstones: Mutex<HashMap<String, (ApiPod, Instant)>>,
 }
 
-/// The decision loop's read-only handle on the watched pods.
+/// The decision loop's handle on the watched pods: reads of the store, and requests for
+/// confirming reads (answered as [`PodSignal::Confirmed`]).
 #[derive(Clone)]
 pub struct PodView {
     store: Store<Pod>,
     shared: Arc<Shared>,
+    confirm: mpsc::UnboundedSender<ConfirmRequest>,
 }
 
 impl PodView {
@@ -145,6 +165,11 @@ impl PodView {
         tombstones.get(uid).map(|(p, _)| p.clone())
     }
 
+    /// Asks for a confirming read; never waits.
+    pub fn confirm(&self, req: ConfirmRequest) {
+        let _ = self.confirm.send(req);
+    }
+
     /// How many pods the view holds.
     pub fn len(&self) -> usize {
         self.store.len()
@@ -165,24 +190,89 @@ pub struct PodWatch {
     stats: Arc<Stats>,
     /// Whether the current outage was already logged at warn level.
     outage_logged: bool,
+    /// When the running stream completed its list.
+    listed_at: Option<Instant>,
 }
 
-/// A watch of the pods on `node`, its view, and the signals it sends.
+/// Answers [`ConfirmRequest`]s, one at a time (they come only for pods that are staying,
+/// which is rare while exits wait).
+pub struct Confirmer {
+    client: Client,
+    rx: mpsc::UnboundedReceiver<ConfirmRequest>,
+    tx: mpsc::UnboundedSender<PodSignal>,
+    stats: Arc<Stats>,
+}
+
+impl Confirmer {
+    pub async fn run(mut self, shutdown: impl Future<Output = ()>) {
+        tokio::pin!(shutdown);
+        loop {
+            let req = tokio::select! {
+                () = &mut shutdown => return,
+                req = self.rx.recv() => match req {
+                    Some(r) => r,
+                    None => return,
+                },
+            };
+            let staying = self.read(&req).await;
+            let _ = self.tx.send(PodSignal::Confirmed {
+                uid: req.uid,
+                asked_at: req.asked_at,
+                staying,
+            });
+        }
+    }
+
+    async fn read(&self, req: &ConfirmRequest) -> Option<bool> {
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), &req.namespace);
+        match tokio::time::timeout(CONFIRM_TIMEOUT, api.get_opt(&req.name)).await {
+            // Another pod of the same name is a sign that ours is gone.
+            Ok(Ok(Some(pod))) => {
+                Some(ApiPod::from_pod(&pod).is_some_and(|p| p.uid == req.uid && p.is_staying()))
+            }
+            Ok(Ok(None)) => Some(false),
+            Ok(Err(e)) => {
+                self.stats.api_error("get");
+                debug!(pod = %req.name, error = %e, "confirming read failed");
+                None
+            }
+            Err(_) => {
+                self.stats.api_error("get_timeout");
+                None
+            }
+        }
+    }
+}
+
+/// A watch of the pods on `node`, its view, its confirming reader, and the signals both send.
 pub fn pod_watch(
     client: Client,
     node: &str,
     stats: Arc<Stats>,
-) -> (PodView, PodWatch, mpsc::UnboundedReceiver<PodSignal>) {
+) -> (
+    PodView,
+    PodWatch,
+    Confirmer,
+    mpsc::UnboundedReceiver<PodSignal>,
+) {
     let (store, writer) = reflector::store();
     let shared = Arc::new(Shared {
         current: AtomicBool::new(false),
         tombstones: Mutex::new(HashMap::new()),
     });
     let (tx, rx) = mpsc::unbounded_channel();
+    let (confirm_tx, confirm_rx) = mpsc::unbounded_channel();
     stats.set_api_watch("syncing");
     let view = PodView {
         store,
         shared: shared.clone(),
+        confirm: confirm_tx,
+    };
+    let confirmer = Confirmer {
+        client: client.clone(),
+        rx: confirm_rx,
+        tx: tx.clone(),
+        stats: stats.clone(),
     };
     let watch = PodWatch {
         api: Api::all(client),
@@ -192,8 +282,9 @@ pub fn pod_watch(
         tx,
         stats,
         outage_logged: false,
+        listed_at: None,
     };
-    (view, watch, rx)
+    (view, watch, confirmer, rx)
 }
 
 fn error_kind(e: &watcher::Error) -> &'static str {
@@ -227,6 +318,10 @@ impl PodWatch {
                     () = &mut shutdown => return,
                     item = stream.next() => match item {
                         Some(Ok(ev)) => {
+                            // Only a watch that delivers proves the API server healthy; a
+                            // list that succeeds before a watch that fails (RBAC without
+                            // `watch`, a proxy that breaks streaming) must not reset the
+                            // backoff, or every node would re-list twice a second.
                             if self.on_event(ev) {
                                 backoff = BACKOFF_MIN;
                             }
@@ -236,6 +331,9 @@ impl PodWatch {
                     }
                 }
             };
+            if self.listed_at.take().is_some_and(|t| t.elapsed() >= STABLE) {
+                backoff = BACKOFF_MIN;
+            }
             if let Some(e) = failed {
                 self.on_error(&e);
             }
@@ -247,7 +345,7 @@ impl PodWatch {
         }
     }
 
-    /// Applies one event; true when it completed a list (the view is current).
+    /// Applies one event; true when it came from a running watch.
     fn on_event(&mut self, ev: watcher::Event<Pod>) -> bool {
         self.writer.apply_watcher_event(&ev);
         match ev {
@@ -259,23 +357,21 @@ impl PodWatch {
                     info!(node = %self.node, pods = self.writer.as_reader().len(), "pod watch current");
                 }
                 self.outage_logged = false;
+                self.listed_at = Some(Instant::now());
                 let _ = self.tx.send(PodSignal::Resync);
-                true
+                false
             }
             watcher::Event::Apply(pod) => {
                 if let Some(uid) = pod.metadata.uid {
                     let _ = self.tx.send(PodSignal::Changed(uid));
                 }
-                false
+                true
             }
             watcher::Event::Delete(pod) => {
                 if let Some(mut p) = ApiPod::from_pod(&pod) {
-                    // A pod removed without a recorded deletion (force delete) is past its
-                    // grace already.
-                    p.deletion.get_or_insert(ApiDeletion {
-                        kill_at: SystemTime::now(),
-                        grace: Some(Duration::ZERO),
-                    });
+                    // Gone from the API (a force delete does that at once) while its
+                    // containers may still be stopping.
+                    p.deleting = true;
                     let uid = p.uid.clone();
                     if let Ok(mut t) = self.shared.tombstones.lock() {
                         t.retain(|_, (_, at)| at.elapsed() < TOMBSTONE_TTL);
@@ -283,7 +379,7 @@ impl PodWatch {
                     }
                     let _ = self.tx.send(PodSignal::Changed(uid));
                 }
-                false
+                true
             }
         }
     }
@@ -330,7 +426,10 @@ mod tests {
                 restart_policy: Some("Never".into()),
                 ..Default::default()
             }),
-            ..Default::default()
+            status: Some(k8s_openapi::api::core::v1::PodStatus {
+                phase: Some("Running".into()),
+                ..Default::default()
+            }),
         }
     }
 
@@ -339,7 +438,7 @@ mod tests {
         let p = ApiPod::from_pod(&pod(None, None)).expect("has a uid");
         assert_eq!(p.uid, "4f2c");
         assert_eq!((p.namespace.as_str(), p.name.as_str()), ("shop", "web-0"));
-        assert_eq!(p.deletion, None);
+        assert!(p.is_staying());
         assert_eq!(p.grace(), Some(Duration::from_secs(45)));
         assert_eq!(p.restart_policy.as_deref(), Some("Never"));
         assert!(p
@@ -350,29 +449,39 @@ mod tests {
     #[test]
     fn deletion_grace_overrides_the_spec() {
         let p = ApiPod::from_pod(&pod(Some(1_000), Some(5))).expect("has a uid");
+        assert!(!p.is_staying());
         assert_eq!(p.grace(), Some(Duration::from_secs(5)));
-        let d = p.deletion.expect("deleted");
-        assert_eq!(
-            d.kill_at,
-            SystemTime::UNIX_EPOCH + Duration::from_secs(1_000)
-        );
     }
 
     #[test]
-    fn kill_at_maps_the_wall_clock_to_the_monotonic_one() {
-        let p = ApiPod::from_pod(&pod(Some(1_000), Some(30))).expect("has a uid");
-        let now = Instant::now();
-        let wall = SystemTime::UNIX_EPOCH + Duration::from_secs(990);
-        assert_eq!(p.kill_at(now, wall), Some(now + Duration::from_secs(10)));
-        let wall = SystemTime::UNIX_EPOCH + Duration::from_secs(1_003);
-        let past = p.kill_at(now, wall).expect("deleted");
-        assert!(past <= now);
-        assert_eq!(
-            ApiPod::from_pod(&pod(None, None))
-                .unwrap()
-                .kill_at(now, wall),
-            None
-        );
+    fn zero_deletion_grace_means_the_specs_as_the_kubelet_reads_it() {
+        let p = ApiPod::from_pod(&pod(Some(1_000), Some(0))).expect("has a uid");
+        assert_eq!(p.grace(), Some(Duration::from_secs(45)));
+        let mut spec_zero = pod(Some(1_000), Some(0));
+        spec_zero
+            .spec
+            .as_mut()
+            .unwrap()
+            .termination_grace_period_seconds = Some(0);
+        let p = ApiPod::from_pod(&spec_zero).expect("has a uid");
+        assert_eq!(p.grace(), Some(Duration::from_secs(1)));
+    }
+
+    #[test]
+    fn pods_the_kubelet_kills_without_a_deletion_are_not_staying() {
+        for (phase, staying) in [
+            (None, true),
+            (Some("Pending"), true),
+            (Some("Running"), true),
+            (Some("Failed"), false),
+            (Some("Succeeded"), false),
+            (Some("Unknown"), false),
+        ] {
+            let mut p = pod(None, None);
+            p.status.as_mut().unwrap().phase = phase.map(str::to_owned);
+            let p = ApiPod::from_pod(&p).expect("has a uid");
+            assert_eq!(p.is_staying(), staying, "{phase:?}");
+        }
     }
 
     #[test]

@@ -31,6 +31,11 @@ const ACTION: &str = "AllowExit";
 pub const QUEUE: usize = 1024;
 /// One post may take this long; a slow API server delays Events, never decisions.
 const POST_TIMEOUT: Duration = Duration::from_secs(10);
+/// At shutdown, what is queued is posted for at most this long (well inside the agent's
+/// shutdown bound).
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(3);
+/// The API server refuses a longer note.
+const NOTE_MAX: usize = 1024;
 
 /// The pod an event is about.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -86,7 +91,7 @@ pub fn event_for(n: &ExitNotice, reporting_instance: &str) -> Event {
             // Cut so the name stays within the 253 characters an object name may have.
             name: Some(format!(
                 "{}.{:x}",
-                truncate(&n.pod.name, 230),
+                truncate(&n.pod.name, 230).trim_end_matches(['-', '.']),
                 at.as_nanosecond()
             )),
             namespace: Some(n.pod.namespace.clone()),
@@ -96,7 +101,7 @@ pub fn event_for(n: &ExitNotice, reporting_instance: &str) -> Event {
         type_: Some(type_.to_owned()),
         reason: Some(reason.to_owned()),
         action: Some(ACTION.to_owned()),
-        note: Some(note),
+        note: Some(truncate(&note, NOTE_MAX)),
         regarding: Some(ObjectReference {
             api_version: Some("v1".to_owned()),
             kind: Some("Pod".to_owned()),
@@ -179,8 +184,13 @@ impl Recorder {
             }
         }
         self.rx.close();
-        while let Some(n) = self.rx.recv().await {
-            self.post(&n).await;
+        let drain = async {
+            while let Some(n) = self.rx.recv().await {
+                self.post(&n).await;
+            }
+        };
+        if tokio::time::timeout(DRAIN_TIMEOUT, drain).await.is_err() {
+            warn!("events still queued at shutdown were not posted");
         }
     }
 
@@ -251,6 +261,19 @@ mod tests {
         assert_eq!(ev.reason.as_deref(), Some(REASON_DEADLINE));
         let note = ev.note.unwrap_or_default();
         assert!(note.contains("still running: app, worker"), "{note}");
+    }
+
+    #[test]
+    fn long_names_stay_within_what_the_api_server_accepts() {
+        let mut n = notice(Reason::Deadline, &[]);
+        n.still_running = (0..100).map(|i| format!("container-{i:03}")).collect();
+        n.pod.name = format!("{}-{}", "a".repeat(229), "b".repeat(20));
+        let ev = event_for(&n, "node-a");
+        assert!(ev.note.unwrap_or_default().len() <= NOTE_MAX);
+        let name = ev.metadata.name.unwrap_or_default();
+        assert!(name.len() <= 253, "{}", name.len());
+        // Cut right after the dash: the name part must not end in one.
+        assert!(name.starts_with(&format!("{}.", "a".repeat(229))), "{name}");
     }
 
     #[test]

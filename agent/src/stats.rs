@@ -46,6 +46,9 @@ impl Histogram {
     }
 }
 
+/// What the pod watch can be: off (runtime-only mode), syncing (first list), up, down.
+pub const API_WATCH_STATES: [&str; 4] = ["off", "syncing", "up", "down"];
+
 #[derive(Default)]
 pub struct Stats {
     allows: [AtomicU64; Reason::ALL.len()],
@@ -114,7 +117,7 @@ impl Stats {
         read_counts(&self.api_errors)
     }
 
-    /// State of the pod watch: "off" (runtime-only mode), "syncing", "up" or "down".
+    /// State of the pod watch, one of [`API_WATCH_STATES`].
     pub fn set_api_watch(&self, state: &'static str) {
         if let Ok(mut s) = self.api_watch.lock() {
             *s = state;

@@ -32,6 +32,11 @@ struct State {
     history: Vec<(u64, Bytes)>,
     events: Vec<Value>,
     down: bool,
+    /// Watch events written but not yet delivered (a lagging watch); `None` when delivered
+    /// at once.
+    held: Option<Vec<(u64, Bytes)>>,
+    /// Watch requests answer 403 (a role without `watch`).
+    forbid_watch: bool,
     /// Path and query of every request, in order.
     requests: Vec<String>,
 }
@@ -89,7 +94,14 @@ pub fn pod(uid: &str, name: &str, node: &str, deleted: Option<(i64, i64)>) -> Va
             "restartPolicy": "Always",
             "containers": [{"name": "app", "image": "app"}, {"name": "proxy", "image": "proxy"}],
         },
+        "status": {"phase": "Running"},
     })
+}
+
+/// `pod` in another phase (the kubelet sets Failed when it evicts a pod).
+pub fn with_phase(mut pod: Value, phase: &str) -> Value {
+    pod["status"]["phase"] = json!(phase);
+    pod
 }
 
 fn status(code: StatusCode, message: &str) -> Response<Body> {
@@ -156,6 +168,9 @@ impl FakeApi {
         }
         if method == Method::GET && path == "/api/v1/pods" {
             return if query.split('&').any(|kv| kv == "watch=true") {
+                if self.state.lock().unwrap().forbid_watch {
+                    return status(StatusCode::FORBIDDEN, "pods is forbidden: cannot watch");
+                }
                 let from = query
                     .split('&')
                     .find_map(|kv| kv.strip_prefix("resourceVersion="))
@@ -165,6 +180,13 @@ impl FakeApi {
             } else {
                 self.list()
             };
+        }
+        if method == Method::GET {
+            if let Some(rest) = path.strip_prefix("/api/v1/namespaces/") {
+                if let Some((ns, name)) = rest.split_once("/pods/") {
+                    return self.get(ns, name);
+                }
+            }
         }
         if method == Method::POST
             && path.starts_with("/apis/events.k8s.io/v1/namespaces/")
@@ -181,6 +203,19 @@ impl FakeApi {
             return json_response(StatusCode::CREATED, &ev);
         }
         status(StatusCode::NOT_FOUND, "not in the fake")
+    }
+
+    /// A read of one pod: what was last written, whatever the watches have delivered.
+    fn get(&self, ns: &str, name: &str) -> Response<Body> {
+        let s = self.state.lock().unwrap();
+        let found = s
+            .pods
+            .values()
+            .find(|p| p["metadata"]["namespace"] == ns && p["metadata"]["name"] == name);
+        match found {
+            Some(p) => json_response(StatusCode::OK, p),
+            None => status(StatusCode::NOT_FOUND, "pods not found"),
+        }
     }
 
     fn list(&self) -> Response<Body> {
@@ -227,6 +262,10 @@ impl FakeApi {
         }
         let line = Bytes::from(format!("{}\n", json!({"type": kind, "object": pod})));
         let rv = s.rv;
+        if let Some(held) = s.held.as_mut() {
+            held.push((rv, line));
+            return;
+        }
         s.history.push((rv, line.clone()));
         s.watchers.retain(|w| w.send(line.clone()).is_ok());
     }
@@ -256,6 +295,25 @@ impl FakeApi {
         if down {
             s.watchers.clear();
         }
+    }
+
+    /// Lagging watches: while on, changes are stored (reads see them) but not delivered;
+    /// turned off, what was held is delivered.
+    pub fn hold_watches(&self, hold: bool) {
+        let mut s = self.state.lock().unwrap();
+        if hold {
+            s.held.get_or_insert_with(Vec::new);
+        } else if let Some(lines) = s.held.take() {
+            for (rv, line) in lines {
+                s.history.push((rv, line.clone()));
+                s.watchers.retain(|w| w.send(line.clone()).is_ok());
+            }
+        }
+    }
+
+    /// Watch requests answer 403 while on.
+    pub fn forbid_watch(&self, forbid: bool) {
+        self.state.lock().unwrap().forbid_watch = forbid;
     }
 
     pub fn events(&self) -> Vec<Value> {
