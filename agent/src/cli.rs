@@ -29,6 +29,9 @@ pub enum Command {
     /// Show exitorder at work on a private containerd: one pod deleted, with a timeline
     /// (root; `containerd runc busybox-static` installed).
     Demo(crate::demo::DemoArgs),
+    /// Measure exit ordering (exit -> allow -> return, memory, CPU) on a private containerd,
+    /// against a Kruise-style 1 s polling baseline (root; as for demo).
+    Bench(crate::bench::BenchArgs),
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {

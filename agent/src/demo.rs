@@ -12,7 +12,7 @@ use crate::testbed::{
     NodeOptions, PodSpec,
 };
 
-fn parse_duration(s: &str) -> Result<Duration, String> {
+pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s).map_err(|e| format!("{e} (examples: 500ms, 2s)"))
 }
 
@@ -39,7 +39,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     let entrypoint = if args.without_agent {
         None
     } else {
-        Some(entrypoint_binary(&args)?)
+        Some(static_entrypoint(args.entrypoint_binary.clone())?)
     };
     println!("Starting a private containerd (a one-node test bed)...");
     let node = Node::start(NodeOptions::default())
@@ -66,14 +66,13 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn entrypoint_binary(args: &DemoArgs) -> anyhow::Result<PathBuf> {
-    let path = args
-        .entrypoint_binary
-        .clone()
-        .unwrap_or_else(crate::cli::default_entrypoint_binary);
+/// The static entrypoint given (default: beside this executable), refused with the command
+/// that builds it when it is missing or dynamically linked (busybox containers run it).
+pub(crate) fn static_entrypoint(given: Option<PathBuf>) -> anyhow::Result<PathBuf> {
+    let path = given.unwrap_or_else(crate::cli::default_entrypoint_binary);
     const BUILD: &str = "build it with `cargo rustc -p exitorder-entrypoint --release --bin \
                          exitorder-entrypoint --target-dir target/static -- -C \
-                         target-feature=+crt-static` (scripts/demo does)";
+                         target-feature=+crt-static` (scripts/demo and scripts/bench do)";
     match is_static_elf(&path) {
         Ok(true) => Ok(path),
         Ok(false) => bail!(

@@ -5,6 +5,7 @@
 //! lower-priority container of the pod has exited (or the grace deadline comes).
 
 pub mod agent;
+pub mod bench;
 pub mod cli;
 pub mod cluster;
 pub mod decide;

@@ -15,6 +15,7 @@ async fn main() -> anyhow::Result<()> {
     match cli.command {
         Command::Agent(args) => run_agent(args).await,
         Command::Demo(args) => exitorder::demo::run(args).await,
+        Command::Bench(args) => exitorder::bench::run(args).await,
     }
 }
 

@@ -87,26 +87,31 @@ async fn expect_containerd_events(agent: &AgentProcess) {
         .unwrap_or_else(|e| panic!("{e}"));
 }
 
-impl Bed {
-    /// Starts a node and the agent (reserve as given). `None` when this machine cannot run
-    /// containerd and this is not CI: the test then returns early, having said why.
-    pub async fn start(grace_reserve: Duration) -> Option<Bed> {
-        let node = match Node::start(NodeOptions::default()).await {
-            Ok(n) => n,
-            Err(e) => {
-                if mandatory() {
-                    panic!("end-to-end tests need a real containerd (mandatory in CI): {e}");
-                }
-                // Straight to the stderr handle, past the test harness's output capture, so
-                // the skip is seen without --nocapture.
-                let _ = writeln!(
-                    std::io::stderr(),
-                    "\n*** SKIPPED: no test node on this machine: {e}\n\
-                     *** (run as root with `apt-get install -y containerd runc busybox-static`)\n"
-                );
-                return None;
+/// A test node. `None` when this machine cannot run containerd and this is not CI: the
+/// test then returns early, having said why.
+pub async fn node_or_skip() -> Option<Node> {
+    match Node::start(NodeOptions::default()).await {
+        Ok(n) => Some(n),
+        Err(e) => {
+            if mandatory() {
+                panic!("end-to-end tests need a real containerd (mandatory in CI): {e}");
             }
-        };
+            // Straight to the stderr handle, past the test harness's output capture, so the
+            // skip is seen without --nocapture.
+            let _ = writeln!(
+                std::io::stderr(),
+                "\n*** SKIPPED: no test node on this machine: {e}\n\
+                 *** (run as root with `apt-get install -y containerd runc busybox-static`)\n"
+            );
+            None
+        }
+    }
+}
+
+impl Bed {
+    /// Starts a node and the agent (reserve as given); `None` as for [`node_or_skip`].
+    pub async fn start(grace_reserve: Duration) -> Option<Bed> {
+        let node = node_or_skip().await?;
         let mut agent_opts = AgentOptions::new(AGENT_BIN, &node, static_entrypoint());
         agent_opts.grace_reserve = grace_reserve;
         let agent = match AgentProcess::start(&agent_opts).await {

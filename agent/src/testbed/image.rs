@@ -37,7 +37,9 @@ pub(crate) fn archive() -> Result<Arc<Vec<u8>>, TestbedError> {
     Ok(built)
 }
 
-fn find_busybox() -> Result<PathBuf, TestbedError> {
+/// The host's static busybox (what the images are built from; also a shell for host-side
+/// helpers such as the benchmark's polling waiter).
+pub fn find_busybox() -> Result<PathBuf, TestbedError> {
     let path = BUSYBOX_PATHS
         .iter()
         .map(PathBuf::from)

@@ -26,7 +26,7 @@ use crate::cri::runtime_service_client::RuntimeServiceClient;
 use crate::cri::VersionResponse;
 
 pub use agent::{AgentOptions, AgentProcess, LogLine};
-pub use image::{is_static_elf, BUSYBOX_IMAGE, PAUSE_IMAGE};
+pub use image::{find_busybox, is_static_elf, BUSYBOX_IMAGE, PAUSE_IMAGE};
 pub use pod::{
     ContainerRecord, ContainerSpec, DeleteOptions, Deletion, HookRecord, Pod, PodSpec,
     ENTRYPOINT_BIN_DIR, EXIT_DIR,
@@ -100,6 +100,8 @@ pub enum TestbedError {
     },
     #[error("the agent exited ({status}); its log ends with:\n{log_tail}")]
     AgentExited { status: String, log_tail: String },
+    #[error("pod {pod} was not started: an earlier pod of the same batch failed to start")]
+    NotStarted { pod: String },
     #[error("a test bed task failed: {0}")]
     Task(String),
     #[error("teardown left things behind: {}", .0.join("; "))]
@@ -266,6 +268,57 @@ impl Node {
     /// Runs a pod the way the kubelet does: sandbox, then each container created and started.
     pub async fn run_pod(&self, spec: PodSpec) -> Result<Pod, TestbedError> {
         Pod::run(Arc::clone(&self.shared), spec).await
+    }
+
+    /// Runs many pods, at most `concurrency` being set up at once: the runtime does much of
+    /// the work one pod at a time anyway, and hundreds of unbounded set-ups only push each
+    /// other into timeouts. One result per spec, in the specs' order. Once a pod fails to
+    /// start, the pods not yet begun are not tried ([`TestbedError::NotStarted`]): a node
+    /// that is full would fail each of them the same way, slowly.
+    pub async fn run_pods(
+        &self,
+        specs: Vec<PodSpec>,
+        concurrency: usize,
+    ) -> Vec<Result<Pod, TestbedError>> {
+        use tracing::Instrument;
+        let count = specs.len();
+        let permits = Arc::new(tokio::sync::Semaphore::new(concurrency.max(1)));
+        let failed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let mut tasks = tokio::task::JoinSet::new();
+        for (i, spec) in specs.into_iter().enumerate() {
+            let shared = Arc::clone(&self.shared);
+            let permits = Arc::clone(&permits);
+            let failed = Arc::clone(&failed);
+            let span = tracing::info_span!("run_pod", pod = %spec.name);
+            tasks.spawn(
+                async move {
+                    // The semaphore is never closed; a permit error would only mean "go on".
+                    let _permit = permits.acquire_owned().await;
+                    if failed.load(std::sync::atomic::Ordering::Relaxed) {
+                        return (i, Err(TestbedError::NotStarted { pod: spec.name }));
+                    }
+                    let res = Pod::run(shared, spec).await;
+                    if res.is_err() {
+                        failed.store(true, std::sync::atomic::Ordering::Relaxed);
+                    }
+                    (i, res)
+                }
+                .instrument(span),
+            );
+        }
+        let mut out: Vec<Option<Result<Pod, TestbedError>>> = (0..count).map(|_| None).collect();
+        while let Some(joined) = tasks.join_next().await {
+            if let Ok((i, res)) = joined {
+                if let Some(slot) = out.get_mut(i) {
+                    *slot = Some(res);
+                }
+            }
+        }
+        out.into_iter()
+            .map(|r| {
+                r.unwrap_or_else(|| Err(TestbedError::Task("a pod set-up task panicked".into())))
+            })
+            .collect()
     }
 
     /// Tears the node down: every pod sandbox stopped and removed, their shims gone,

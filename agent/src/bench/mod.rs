@@ -1,0 +1,791 @@
+//! `exitorder bench`: how fast exits are ordered, measured on a private containerd (the test
+//! bed plays the kubelet), against a baseline built like the OpenKruise proposal.
+//!
+//! 1. App exit -> `allow` written, over many pod deletions, for the agent with containerd's
+//!    events, the agent polling, and the proposal's 1 s daemon, on the same node in one run.
+//! 2. `allow` written -> waiter returned, for the static entrypoint and a 1 s polling shell.
+//! 3. The agent's memory and CPU, idle with many pods and while all of them are deleted at
+//!    once.
+
+pub mod agentlog;
+pub mod baseline;
+pub mod measure;
+pub mod proc;
+pub mod report;
+pub mod returns;
+pub mod summary;
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context};
+use tracing::Instrument;
+
+use crate::share::{ContainerName, ExitKey, PodUid, Share};
+use crate::testbed::{
+    script, AgentOptions, AgentProcess, ContainerSpec, DeleteOptions, Deletion, Node, NodeOptions,
+    Pod, PodSpec, TestbedError,
+};
+
+use agentlog::AllowLog;
+use baseline::{KruiseDaemon, KRUISE_SCAN};
+use measure::{assess, Allow, Trial};
+use proc::{mib, Sample};
+use report::{
+    BurstRow, DetectRow, DetectSection, IdleRow, Report, ReturnRow, ReturnSection, Settings, Usage,
+};
+
+const APP: &str = "app";
+const PROXY: &str = "proxy";
+/// The agent's default `--poll-interval`, given explicitly so the report states what ran.
+const AGENT_POLL: Duration = Duration::from_millis(25);
+/// Kubernetes' default terminationGracePeriodSeconds.
+const GRACE_SECONDS: u64 = 30;
+/// How long a pod's containers may take to set their TERM traps.
+const READY_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long the agent's log may lag behind a finished deletion.
+const LOG_LAG: Duration = Duration::from_secs(5);
+/// Most a batch of deletions waits before it starts: the baseline's scan period.
+const BATCH_JITTER: Duration = KRUISE_SCAN;
+/// How often the runtime's responsiveness is sampled during the burst.
+const PROBE_PERIOD: Duration = Duration::from_millis(500);
+
+/// A fraction in [0, 1) from the kernel's randomness.
+fn random_fraction() -> f64 {
+    let v = u64::from_le_bytes(crate::testbed::random_bytes::<8>()) >> 11;
+    v as f64 / (1u64 << 53) as f64
+}
+
+fn positive(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(n) if n > 0 => Ok(n),
+        _ => Err(format!("{s:?} is not a whole number above 0")),
+    }
+}
+
+/// Parts of the benchmark, for `--only`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Part {
+    /// App exit -> allow, for each exit source and the Kruise-style daemon.
+    Detect,
+    /// Allow -> waiter returned, for the entrypoint and a 1 s polling shell.
+    Return,
+    /// The agent's memory and CPU, idle and while deleting every pod at once.
+    Resources,
+}
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct BenchArgs {
+    /// Pod deletions per exit source (the agent with containerd events, the agent polling,
+    /// the Kruise-style daemon).
+    #[arg(long, default_value_t = 200, value_parser = positive)]
+    pub deletions: usize,
+    /// Pods deleted at once in the exit-source runs.
+    #[arg(long, default_value_t = 10, value_parser = positive)]
+    pub batch: usize,
+    /// Time between the starts of the deletions of a batch, so that their apps do not all
+    /// exit in the same millisecond (0: all at once; the burst measures that case).
+    #[arg(long, default_value = "100ms", value_parser = crate::demo::parse_duration)]
+    pub stagger: Duration,
+    /// allow -> return measurements per waiter.
+    #[arg(long, default_value_t = 200, value_parser = positive)]
+    pub returns: usize,
+    /// 1 s polling waiters run at once (they would take `--returns` seconds one by one).
+    #[arg(long, default_value_t = 50, value_parser = positive)]
+    pub poller_batch: usize,
+    /// How long the agent is watched idle.
+    #[arg(long, default_value = "60s", value_parser = crate::demo::parse_duration)]
+    pub idle: Duration,
+    /// Opted-in pods running while the agent is idle.
+    #[arg(long, default_value_t = 110)]
+    pub idle_pods: usize,
+    /// Pods deleted at once for the burst (the idle pods plus more); as many as start.
+    #[arg(long, default_value_t = 250)]
+    pub burst_pods: usize,
+    /// Pods set up at once.
+    #[arg(long, default_value_t = 4, value_parser = positive)]
+    pub start_concurrency: usize,
+    /// How long each app takes to finish after TERM: its sidecar is waiting by then.
+    #[arg(long, default_value = "500ms", value_parser = crate::demo::parse_duration)]
+    pub app_drain: Duration,
+    /// Print the report as one JSON object on the last line of stdout, after the table.
+    #[arg(long)]
+    pub json: bool,
+    /// The static exitorder-entrypoint (default: beside this executable).
+    #[arg(long, env = "EXITORDER_ENTRYPOINT_BINARY")]
+    pub entrypoint_binary: Option<PathBuf>,
+    /// Run only these parts (comma-separated); the others are null in the JSON.
+    #[arg(long, value_enum, value_delimiter = ',')]
+    pub only: Vec<Part>,
+}
+
+impl BenchArgs {
+    fn runs(&self, part: Part) -> bool {
+        self.only.is_empty() || self.only.contains(&part)
+    }
+
+    fn settings(&self) -> Settings {
+        Settings {
+            deletions: self.deletions,
+            batch: self.batch,
+            stagger_ms: u64::try_from(self.stagger.as_millis()).unwrap_or(u64::MAX),
+            app_drain_ms: u64::try_from(self.app_drain.as_millis()).unwrap_or(u64::MAX),
+            pod_grace_seconds: GRACE_SECONDS,
+            agent_poll_interval_ms: u64::try_from(AGENT_POLL.as_millis()).unwrap_or(u64::MAX),
+            kruise_scan_ms: u64::try_from(KRUISE_SCAN.as_millis()).unwrap_or(u64::MAX),
+            returns: self.returns,
+            poller_batch: self.poller_batch,
+            idle_seconds: self.idle.as_secs_f64(),
+            idle_pods: self.idle_pods,
+            burst_pods: self.burst_pods,
+            start_concurrency: self.start_concurrency,
+        }
+    }
+}
+
+/// Progress goes to stderr: stdout holds the table and the JSON line only.
+macro_rules! progress {
+    ($($arg:tt)*) => { eprintln!("bench: {}", format_args!($($arg)*)) };
+}
+
+/// Runs the benchmark on a private containerd and prints the report.
+pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
+    let started = Instant::now();
+    let entrypoint = crate::demo::static_entrypoint(args.entrypoint_binary.clone())?;
+    let bin = Binaries {
+        agent: std::env::current_exe().context("locating this executable")?,
+        entrypoint,
+    };
+    progress!("starting a private containerd (a one-node test bed)");
+    let node = Node::start(NodeOptions::default())
+        .await
+        .context("cannot start the benchmark's private containerd")?;
+    let outcome = tokio::select! {
+        res = measure_all(&node, &args, &bin) => res,
+        () = crate::telemetry::shutdown_signal() => Err(anyhow!("interrupted")),
+    };
+    progress!("tearing the test bed down");
+    let teardown = node.shutdown().await;
+    let mut report = outcome?;
+    teardown.context("teardown")?;
+    report.total_seconds = (started.elapsed().as_secs_f64() * 10.0).round() / 10.0;
+    println!("{}", report.table());
+    if args.json {
+        println!("{}", serde_json::to_string(&report)?);
+    }
+    Ok(())
+}
+
+struct Binaries {
+    agent: PathBuf,
+    entrypoint: PathBuf,
+}
+
+async fn measure_all(node: &Node, args: &BenchArgs, bin: &Binaries) -> anyhow::Result<Report> {
+    let v = node.version();
+    let mut report = Report {
+        runtime: format!("{} {}", v.runtime_name, v.runtime_version),
+        cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        total_seconds: 0.0,
+        settings: args.settings(),
+        detect_to_allow: None,
+        allow_to_return: None,
+        agent_idle: None,
+        agent_burst: None,
+    };
+    if args.runs(Part::Detect) {
+        report.detect_to_allow = Some(DetectSection {
+            containerd_events: detect_with_agent(node, args, bin, AgentSource::Events).await?,
+            poll: detect_with_agent(node, args, bin, AgentSource::Poll).await?,
+            kruise_daemon: detect_with_kruise(node, args, bin).await?,
+        });
+    }
+    if args.runs(Part::Return) {
+        report.allow_to_return = Some(allow_to_return(node, args, bin).await?);
+    }
+    if args.runs(Part::Resources) {
+        let (idle, burst) = resources(node, args, bin).await?;
+        report.agent_idle = Some(idle);
+        report.agent_burst = Some(burst);
+    }
+    Ok(report)
+}
+
+/// A pod as the exitorder webhook would leave it: an app, and a proxy sidecar with exit
+/// priority 1 and the preStop wait.
+fn bench_pod(name: String, app_drain: Duration) -> PodSpec {
+    PodSpec::new(name)
+        .grace(GRACE_SECONDS)
+        .exit_priorities(&[(PROXY, 1)])
+        .container(ContainerSpec::new(APP, script::drains_for(app_drain)))
+        .container(ContainerSpec::new(PROXY, script::exits_on_term()).injected())
+}
+
+/// Starts pods with bounded concurrency and waits until they can be stopped; returns those
+/// that came up and why the others did not.
+async fn start_pods(
+    node: &Node,
+    specs: Vec<PodSpec>,
+    concurrency: usize,
+) -> (Vec<Pod>, Vec<TestbedError>) {
+    let mut pods = Vec::with_capacity(specs.len());
+    let mut errors = Vec::new();
+    for res in node.run_pods(specs, concurrency).await {
+        match res {
+            Ok(p) => match p.wait_ready(READY_TIMEOUT).await {
+                // Not ready means deaf to TERM: it stays out of the measurement, and runs
+                // until the node is torn down.
+                Ok(()) => pods.push(p),
+                Err(e) => errors.push(e),
+            },
+            Err(e) => errors.push(e),
+        }
+    }
+    (pods, errors)
+}
+
+/// Deletes every pod, the kubelet's way, the i-th `i * stagger` after the first (all at
+/// once without a stagger); one result per pod (with its UID).
+async fn delete_all(
+    pods: Vec<Pod>,
+    stagger: Duration,
+) -> Vec<(String, Result<Deletion, TestbedError>)> {
+    let mut tasks = tokio::task::JoinSet::new();
+    for (i, pod) in pods.into_iter().enumerate() {
+        let uid = pod.uid().to_owned();
+        let span = tracing::info_span!("delete_pod", pod = %uid);
+        let delay = stagger.saturating_mul(u32::try_from(i).unwrap_or(u32::MAX));
+        tasks.spawn(
+            async move {
+                tokio::time::sleep(delay).await;
+                let res = pod
+                    .delete_with(DeleteOptions {
+                        probe_exit_files: false,
+                    })
+                    .await;
+                (uid, res)
+            }
+            .instrument(span),
+        );
+    }
+    let mut out = Vec::new();
+    while let Some(joined) = tasks.join_next().await {
+        match joined {
+            Ok(r) => out.push(r),
+            Err(e) => out.push((String::new(), Err(TestbedError::Task(e.to_string())))),
+        }
+    }
+    out
+}
+
+/// The runtime's exit time of the app: what the proxy waits for.
+fn trigger_ns(d: &Deletion) -> Option<i64> {
+    d.container(APP).map(|c| c.finished_at_ns)
+}
+
+/// Removes deleted pods' share directories (the kubelet would, with the pod's volumes) so
+/// later phases start from a share that holds only live pods.
+fn forget_pods<'a>(share: &Share, uids: impl IntoIterator<Item = &'a str>) {
+    for uid in uids {
+        if let Ok(pod) = PodUid::parse(uid) {
+            let _ = share.remove_pod(&pod);
+        }
+    }
+}
+
+/// Deletes `args.deletions` fresh pods in batches of `args.batch`; the pods of each batch are
+/// started just before it. Any pod that does not start is an error: every deletion asked
+/// for is measured.
+async fn delete_in_batches(
+    node: &Node,
+    args: &BenchArgs,
+    tag: &str,
+) -> anyhow::Result<Vec<(String, Result<Deletion, TestbedError>)>> {
+    let share = Share::open(node.share_dir()).context("opening the share")?;
+    let mut out = Vec::with_capacity(args.deletions);
+    let mut batch_no = 0;
+    while out.len() < args.deletions {
+        let n = args.batch.min(args.deletions - out.len());
+        let specs = (0..n)
+            .map(|i| bench_pod(format!("{tag}-{batch_no}-{i}"), args.app_drain))
+            .collect();
+        let (pods, errors) = start_pods(node, specs, args.start_concurrency).await;
+        if let Some(e) = errors.into_iter().next() {
+            bail!("a pod of {tag} batch {batch_no} did not start: {e}");
+        }
+        // A random pause, so that periodic work (a poll, the baseline's 1 s scan) meets each
+        // batch at a random phase rather than locked to the rhythm of the batches.
+        tokio::time::sleep(BATCH_JITTER.mul_f64(random_fraction())).await;
+        let done = delete_all(pods, args.stagger).await;
+        forget_pods(&share, done.iter().map(|(uid, _)| uid.as_str()));
+        out.extend(done);
+        batch_no += 1;
+        if batch_no % 5 == 0 || out.len() == args.deletions {
+            progress!("{tag}: {}/{} pods deleted", out.len(), args.deletions);
+        }
+    }
+    Ok(out)
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum AgentSource {
+    Events,
+    Poll,
+}
+
+impl AgentSource {
+    /// `EXITORDER_EXIT_SOURCE` takes clap's value names (`containerd-events`); the agent
+    /// reports the source as `containerd_events`.
+    fn env_value(self) -> &'static str {
+        match self {
+            AgentSource::Events => "containerd-events",
+            AgentSource::Poll => "poll",
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            AgentSource::Events => "containerd_events",
+            AgentSource::Poll => "poll",
+        }
+    }
+}
+
+/// Starts the agent; `source` forces its exit source, `None` lets it choose.
+async fn start_agent(
+    node: &Node,
+    bin: &Binaries,
+    source: Option<AgentSource>,
+) -> anyhow::Result<AgentProcess> {
+    let mut opts = AgentOptions::new(&bin.agent, node, &bin.entrypoint);
+    opts.poll_interval = AGENT_POLL;
+    if let Some(s) = source {
+        opts.env
+            .push(("EXITORDER_EXIT_SOURCE".to_owned(), s.env_value().to_owned()));
+    }
+    AgentProcess::start(&opts)
+        .await
+        .context("starting the agent")
+}
+
+/// The event source the agent connected, if it did within a short wait.
+async fn connected_source(agent: &AgentProcess) -> Option<String> {
+    agent
+        .wait_for("\"exit source connected\"", Duration::from_secs(3), |l| {
+            l.message() == Some("exit source connected")
+        })
+        .await
+        .ok()
+        .and_then(|l| l.field("source"))
+}
+
+/// Waits (up to [`LOG_LAG`]) until the agent has logged an allow for every pod's proxy, then
+/// reads its log.
+async fn agent_allows(agent: &AgentProcess, uids: &[String]) -> anyhow::Result<AllowLog> {
+    let deadline = Instant::now() + LOG_LAG;
+    loop {
+        let lines = agent.lines();
+        let log = AllowLog::from_lines(lines.iter().filter_map(|l| l.json.as_ref()))
+            .context("reading the agent's log")?;
+        let all = uids
+            .iter()
+            .all(|u| log.allows.contains_key(&(u.clone(), PROXY.to_owned())));
+        if all || Instant::now() >= deadline {
+            return Ok(log);
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Trials from deletions and the agent's log.
+fn agent_trials(
+    deleted: &[(String, Result<Deletion, TestbedError>)],
+    log: &AllowLog,
+) -> Vec<Trial> {
+    deleted
+        .iter()
+        .map(|(uid, res)| {
+            let key = (uid.clone(), PROXY.to_owned());
+            Trial {
+                trigger_ns: res.as_ref().ok().and_then(trigger_ns),
+                allow: log.allows.get(&key).map(|a| Allow {
+                    at_ns: a.at_ns,
+                    reason: a.reason.clone(),
+                    held: log.held.contains(&key),
+                }),
+                deletion_failed: res.is_err(),
+            }
+        })
+        .collect()
+}
+
+async fn detect_with_agent(
+    node: &Node,
+    args: &BenchArgs,
+    bin: &Binaries,
+    source: AgentSource,
+) -> anyhow::Result<DetectRow> {
+    progress!(
+        "{}: the agent with EXITORDER_EXIT_SOURCE={}; {} deletions, {} at once",
+        source.name(),
+        source.env_value(),
+        args.deletions,
+        args.batch
+    );
+    let mut agent = start_agent(node, bin, Some(source)).await?;
+    let connected = connected_source(&agent).await;
+    let expected = match source {
+        AgentSource::Events => Some(source.name()),
+        AgentSource::Poll => None,
+    };
+    if connected.as_deref() != expected {
+        bail!(
+            "the agent asked for {} connected {:?}; its log ends with:\n{}",
+            source.name(),
+            connected,
+            agent.log_tail(20)
+        );
+    }
+    let deleted = delete_in_batches(node, args, source.name()).await?;
+    let uids: Vec<String> = deleted.iter().map(|(u, _)| u.clone()).collect();
+    let log = agent_allows(&agent, &uids).await?;
+    // A stream that dropped mid-run would make this a mix of sources.
+    let reconnects = agent
+        .lines()
+        .iter()
+        .filter(|l| l.message() == Some("exit source connected"))
+        .count();
+    if reconnects > usize::from(expected.is_some()) {
+        bail!(
+            "the agent's exit source reconnected during the {} run",
+            source.name()
+        );
+    }
+    agent.kill();
+    Ok(DetectRow::new(
+        source.name(),
+        deleted.len(),
+        &assess(&agent_trials(&deleted, &log)),
+    ))
+}
+
+async fn detect_with_kruise(
+    node: &Node,
+    args: &BenchArgs,
+    bin: &Binaries,
+) -> anyhow::Result<DetectRow> {
+    const NAME: &str = "kruise_daemon";
+    progress!(
+        "{NAME}: the Kruise proposal's daemon (scan every {} ms); {} deletions, {} at once",
+        KRUISE_SCAN.as_millis(),
+        args.deletions,
+        args.batch
+    );
+    // Without the agent, nobody else installs the entrypoint the preStop runs.
+    Share::open(node.share_dir())
+        .and_then(|s| s.install_entrypoint(&bin.entrypoint))
+        .context("installing the entrypoint")?;
+    let daemon = KruiseDaemon::new(node.share_dir(), node.client(), KRUISE_SCAN)
+        .context("starting the Kruise-style daemon")?;
+    let allows = daemon.allows();
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    // Owned here: dropped (on an error or an interrupt), the set aborts the daemon.
+    let mut tasks = tokio::task::JoinSet::new();
+    tasks.spawn(
+        daemon
+            .run(stopped)
+            .instrument(tracing::info_span!("kruise_daemon")),
+    );
+    let deleted = delete_in_batches(node, args, NAME).await;
+    let _ = stop.send(true);
+    while tasks.join_next().await.is_some() {}
+    let deleted = deleted?;
+    let allows = match allows.lock() {
+        Ok(g) => g.clone(),
+        Err(poisoned) => poisoned.into_inner().clone(),
+    };
+    let proxy = ContainerName::parse(PROXY)?;
+    let trials: Vec<Trial> = deleted
+        .iter()
+        .map(|(uid, res)| {
+            let trigger = res.as_ref().ok().and_then(trigger_ns);
+            let allow = PodUid::parse(uid).ok().and_then(|pod| {
+                allows.get(&ExitKey {
+                    pod,
+                    container: proxy.clone(),
+                })
+            });
+            Trial {
+                trigger_ns: trigger,
+                allow: allow.map(|a| Allow {
+                    at_ns: a.at_ns,
+                    reason: a.reason.to_owned(),
+                    // The daemon only looks once a second; whether the wait began before the
+                    // app's exit is read from the exit file's mtime instead.
+                    held: match (a.wait_since_ns, trigger) {
+                        (Some(since), Some(t)) => since <= t,
+                        _ => true,
+                    },
+                }),
+                deletion_failed: res.is_err(),
+            }
+        })
+        .collect();
+    Ok(DetectRow::new(NAME, deleted.len(), &assess(&trials)))
+}
+
+async fn allow_to_return(
+    node: &Node,
+    args: &BenchArgs,
+    bin: &Binaries,
+) -> anyhow::Result<ReturnSection> {
+    let busybox = crate::testbed::find_busybox()?;
+    let dir = node.dir().join("returns-share");
+    let entrypoint = bin.entrypoint.clone();
+    let (runs, batch) = (args.returns, args.poller_batch);
+    progress!(
+        "allow -> return: {runs} entrypoint waits one at a time, {runs} 1 s shell pollers \
+         {batch} at once"
+    );
+    let span = tracing::info_span!("allow_to_return");
+    // Dropped with this future (an interrupt), it tells the thread to stop after the waiters
+    // at hand rather than run every batch.
+    let cancel = returns::Cancel::default();
+    let _cancel_on_drop = cancel.on_drop();
+    // Waiting on processes blocks: a thread of its own, not the async workers.
+    let (ep, sh) = tokio::task::spawn_blocking(move || {
+        let _entered = span.enter();
+        let share = Share::open(&dir)?;
+        let ep = returns::measure(&share, &cancel, runs, 1, Duration::ZERO, |d: &Path| {
+            let mut cmd = std::process::Command::new(&entrypoint);
+            cmd.arg("wait")
+                .arg("--dir")
+                .arg(d)
+                .arg("--timeout")
+                .arg(format!("{GRACE_SECONDS}s"));
+            cmd
+        })?;
+        let sh = returns::measure(
+            &share,
+            &cancel,
+            runs,
+            batch,
+            baseline::SH_POLL_PERIOD,
+            |d: &Path| baseline::sh_poller(&busybox, d),
+        )?;
+        anyhow::Ok((ep, sh))
+    })
+    .await
+    .context("the allow -> return task")??;
+    Ok(ReturnSection {
+        entrypoint: ReturnRow::new("exitorder-entrypoint wait (inotify)", &ep),
+        sh_poll: ReturnRow::new("sh loop polling every 1 s (Kruise-style)", &sh),
+    })
+}
+
+/// How long the runtime takes to list every container (what the agent does on each decision
+/// round), every [`PROBE_PERIOD`] until `stop`: tells a slow agent from a saturated runtime.
+async fn list_latencies(
+    client: crate::cri::runtime_service_client::RuntimeServiceClient<tonic::transport::Channel>,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) -> Vec<f64> {
+    let mut out = Vec::new();
+    loop {
+        let mut c = client.clone();
+        let t0 = Instant::now();
+        let mut req = tonic::Request::new(crate::cri::ListContainersRequest { filter: None });
+        req.set_timeout(Duration::from_secs(120));
+        let call = c.list_containers(req);
+        tokio::select! {
+            res = call => {
+                if res.is_ok() {
+                    out.push(t0.elapsed().as_secs_f64() * 1e3);
+                }
+            }
+            _ = stop.changed() => return out,
+        }
+        tokio::select! {
+            () = tokio::time::sleep(PROBE_PERIOD) => {}
+            _ = stop.changed() => return out,
+        }
+    }
+}
+
+fn usage(before: &Sample, after: &Sample) -> Usage {
+    Usage {
+        rss_mib: mib(after.memory.rss_kib),
+        peak_rss_mib: mib(after.memory.peak_kib),
+        cpu_seconds: (after.cpu_seconds - before.cpu_seconds).max(0.0),
+    }
+}
+
+async fn resources(
+    node: &Node,
+    args: &BenchArgs,
+    bin: &Binaries,
+) -> anyhow::Result<(IdleRow, BurstRow)> {
+    let mut agent = start_agent(node, bin, None).await?;
+    let pid = agent.pid().ok_or_else(|| anyhow!("the agent has no pid"))?;
+    let source = connected_source(&agent).await;
+    progress!(
+        "resources: agent pid {pid}, exit source {}; starting {} pods, {} at once",
+        source.as_deref().unwrap_or("poll"),
+        args.idle_pods,
+        args.start_concurrency
+    );
+    let specs = (0..args.idle_pods)
+        .map(|i| bench_pod(format!("idle-{i}"), args.app_drain))
+        .collect();
+    let (mut pods, errors) = start_pods(node, specs, args.start_concurrency).await;
+    if let Some(e) = errors.first() {
+        progress!(
+            "{} of {} idle pods did not start: {e}",
+            errors.len(),
+            args.idle_pods
+        );
+    }
+    progress!(
+        "resources: idle for {:?} with {} pods",
+        args.idle,
+        pods.len()
+    );
+    let before = Sample::take(pid)?;
+    let t0 = Instant::now();
+    tokio::time::sleep(args.idle).await;
+    let after = Sample::take(pid)?;
+    let u = usage(&before, &after);
+    let idle = IdleRow::new(
+        pods.len(),
+        t0.elapsed().as_secs_f64(),
+        u.rss_mib,
+        u.peak_rss_mib,
+        u.cpu_seconds,
+    );
+
+    let extra = args.burst_pods.saturating_sub(pods.len());
+    if extra > 0 {
+        progress!("resources: starting {extra} more pods for the burst");
+        let specs = (0..extra)
+            .map(|i| bench_pod(format!("burst-{i}"), args.app_drain))
+            .collect();
+        let (more, errors) = start_pods(node, specs, args.start_concurrency).await;
+        if let Some(e) = errors.first() {
+            progress!(
+                "{} of {extra} burst pods did not start (carrying on with the {} that did): {e}",
+                errors.len(),
+                pods.len() + more.len()
+            );
+        }
+        pods.extend(more);
+    }
+    let started = pods.len();
+    progress!("resources: deleting {started} pods at once");
+    let before = Sample::take(pid)?;
+    let t0 = Instant::now();
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let mut probe = tokio::task::JoinSet::new();
+    probe.spawn(
+        list_latencies(node.client(), stopped).instrument(tracing::info_span!("runtime_probe")),
+    );
+    let deleted = delete_all(pods, Duration::ZERO).await;
+    let seconds = t0.elapsed().as_secs_f64();
+    let _ = stop.send(true);
+    let list_ms = probe
+        .join_next()
+        .await
+        .and_then(Result::ok)
+        .unwrap_or_default();
+    let uids: Vec<String> = deleted.iter().map(|(u, _)| u.clone()).collect();
+    let log = agent_allows(&agent, &uids).await?;
+    let after = Sample::take(pid)?;
+    let ok = deleted.iter().filter(|(_, r)| r.is_ok()).count();
+    let failed: HashSet<&str> = deleted
+        .iter()
+        .filter(|(_, r)| r.is_err())
+        .map(|(u, _)| u.as_str())
+        .collect();
+    if let Some((_, Err(e))) = deleted.iter().find(|(_, r)| r.is_err()) {
+        progress!("{} deletions failed, the first: {e}", failed.len());
+    }
+    agent.kill();
+    if let Ok(share) = Share::open(node.share_dir()) {
+        forget_pods(&share, uids.iter().map(String::as_str));
+    }
+    let mut burst = BurstRow::new(
+        (args.burst_pods, started, ok),
+        seconds,
+        usage(&before, &after),
+        &assess(&agent_trials(&deleted, &log)),
+    );
+    burst.set_runtime_list(&list_ms);
+    Ok((idle, burst))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        bench: BenchArgs,
+    }
+
+    #[test]
+    fn defaults_and_flags() {
+        let d = Cli::try_parse_from(["bench"]).unwrap().bench;
+        assert_eq!(
+            (d.deletions, d.batch, d.returns, d.idle_pods, d.burst_pods),
+            (200, 10, 200, 110, 250)
+        );
+        assert_eq!(d.idle, Duration::from_secs(60));
+        assert!(!d.json && d.only.is_empty());
+        assert!(d.runs(Part::Detect) && d.runs(Part::Resources));
+
+        let a = Cli::try_parse_from([
+            "bench",
+            "--deletions",
+            "6",
+            "--batch",
+            "3",
+            "--idle",
+            "1s",
+            "--only",
+            "detect,return",
+            "--json",
+        ])
+        .unwrap()
+        .bench;
+        assert_eq!((a.deletions, a.batch), (6, 3));
+        assert_eq!(a.idle, Duration::from_secs(1));
+        assert!(a.runs(Part::Detect) && a.runs(Part::Return) && !a.runs(Part::Resources));
+        assert_eq!(a.settings().idle_seconds, 1.0);
+        assert!(Cli::try_parse_from(["bench", "--batch", "0"]).is_err());
+        assert!(Cli::try_parse_from(["bench", "--only", "everything"]).is_err());
+    }
+
+    #[test]
+    fn random_fractions_stay_in_range() {
+        for _ in 0..1000 {
+            let f = random_fraction();
+            assert!((0.0..1.0).contains(&f), "{f}");
+        }
+    }
+
+    #[test]
+    fn bench_pods_are_ordered_and_injected() {
+        let spec = bench_pod("p".into(), Duration::from_millis(300));
+        assert!(spec.opted_in());
+        assert_eq!(
+            spec.annotations
+                .get(crate::priority::ANNOTATION)
+                .map(String::as_str),
+            Some(r#"{"proxy":1}"#)
+        );
+        let names: Vec<&str> = spec.containers.iter().map(|c| c.name.as_str()).collect();
+        assert_eq!(names, [APP, PROXY]);
+        assert!(spec.containers[0].script.contains("sleep 0.3"));
+    }
+}

@@ -1,0 +1,548 @@
+//! The benchmark's result: a table for people, one JSON object for tools.
+
+use std::fmt::Write as _;
+
+use serde::Serialize;
+
+use super::measure::{Anomalies, Outcome};
+use super::returns::{ReturnAnomalies, Returns};
+use super::summary::summarize;
+
+/// Milliseconds (or any figure) to three decimals: microseconds, as precise as measured.
+fn round3(v: f64) -> f64 {
+    (v * 1e3).round() / 1e3
+}
+
+/// p50, p99 and max of a set of delays, rounded for the report; `None` without samples.
+struct Figures {
+    p50: Option<f64>,
+    p99: Option<f64>,
+    max: Option<f64>,
+}
+
+fn figures(delays_ms: &[f64]) -> Figures {
+    let s = summarize(delays_ms);
+    Figures {
+        p50: s.map(|s| round3(s.p50_ms)),
+        p99: s.map(|s| round3(s.p99_ms)),
+        max: s.map(|s| round3(s.max_ms)),
+    }
+}
+
+/// What the run was asked to do and how, so the figures can be read and reproduced.
+#[derive(Debug, Clone, Serialize)]
+pub struct Settings {
+    pub deletions: usize,
+    pub batch: usize,
+    pub stagger_ms: u64,
+    pub app_drain_ms: u64,
+    pub pod_grace_seconds: u64,
+    pub agent_poll_interval_ms: u64,
+    pub kruise_scan_ms: u64,
+    pub returns: usize,
+    pub poller_batch: usize,
+    pub idle_seconds: f64,
+    pub idle_pods: usize,
+    pub burst_pods: usize,
+    pub start_concurrency: usize,
+}
+
+/// Exit of the app -> `allow` written, for one way of detecting it.
+#[derive(Debug, Clone, Serialize)]
+pub struct DetectRow {
+    /// What detected the exits (as the agent reported it, for the agent).
+    pub source: String,
+    pub deletions: usize,
+    pub samples: usize,
+    pub detect_to_allow_p50_ms: Option<f64>,
+    pub detect_to_allow_p99_ms: Option<f64>,
+    pub detect_to_allow_max_ms: Option<f64>,
+    /// Allows counted whose wait began only after the app had exited.
+    pub late_waits: usize,
+    pub anomalies: Anomalies,
+}
+
+impl DetectRow {
+    pub fn new(source: impl Into<String>, deletions: usize, outcome: &Outcome) -> Self {
+        let f = figures(&outcome.delays_ms);
+        DetectRow {
+            source: source.into(),
+            deletions,
+            samples: outcome.delays_ms.len(),
+            detect_to_allow_p50_ms: f.p50,
+            detect_to_allow_p99_ms: f.p99,
+            detect_to_allow_max_ms: f.max,
+            late_waits: outcome.late_waits,
+            anomalies: outcome.anomalies,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct DetectSection {
+    pub containerd_events: DetectRow,
+    pub poll: DetectRow,
+    pub kruise_daemon: DetectRow,
+}
+
+/// `allow` written -> waiter returned, for one kind of waiter.
+#[derive(Debug, Clone, Serialize)]
+pub struct ReturnRow {
+    pub waiter: String,
+    pub runs: usize,
+    pub samples: usize,
+    pub allow_to_return_p50_ms: Option<f64>,
+    pub allow_to_return_p99_ms: Option<f64>,
+    pub allow_to_return_max_ms: Option<f64>,
+    pub anomalies: ReturnAnomalies,
+}
+
+impl ReturnRow {
+    pub fn new(waiter: impl Into<String>, r: &Returns) -> Self {
+        let f = figures(&r.delays_ms);
+        ReturnRow {
+            waiter: waiter.into(),
+            runs: r.runs,
+            samples: r.delays_ms.len(),
+            allow_to_return_p50_ms: f.p50,
+            allow_to_return_p99_ms: f.p99,
+            allow_to_return_max_ms: f.max,
+            anomalies: r.anomalies,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ReturnSection {
+    pub entrypoint: ReturnRow,
+    pub sh_poll: ReturnRow,
+}
+
+/// The agent with pods running and nothing to do.
+#[derive(Debug, Clone, Serialize)]
+pub struct IdleRow {
+    pub pods: usize,
+    pub seconds: f64,
+    pub rss_mib: f64,
+    pub peak_rss_mib: f64,
+    pub cpu_seconds: f64,
+}
+
+impl IdleRow {
+    pub fn new(pods: usize, seconds: f64, rss_mib: f64, peak_rss_mib: f64, cpu: f64) -> Self {
+        IdleRow {
+            pods,
+            seconds: round3(seconds),
+            rss_mib: round3(rss_mib),
+            peak_rss_mib: round3(peak_rss_mib),
+            cpu_seconds: round3(cpu),
+        }
+    }
+}
+
+/// The agent while every pod on the node is deleted at once.
+#[derive(Debug, Clone, Serialize)]
+pub struct BurstRow {
+    pub pods_asked: usize,
+    pub pods_started: usize,
+    pub pods_deleted: usize,
+    /// From the first deletion sent to the last one done.
+    pub seconds: f64,
+    pub rss_mib: f64,
+    pub peak_rss_mib: f64,
+    pub cpu_seconds: f64,
+    /// The latest allow's delay after its app's exit.
+    pub latest_allow_after_trigger_ms: Option<f64>,
+    pub detect_to_allow_p50_ms: Option<f64>,
+    pub detect_to_allow_p99_ms: Option<f64>,
+    pub samples: usize,
+    pub late_waits: usize,
+    pub anomalies: Anomalies,
+    /// The runtime's ListContainers latency during the burst, sampled twice a second: how
+    /// busy the runtime itself was.
+    pub runtime_list_p50_ms: Option<f64>,
+    pub runtime_list_max_ms: Option<f64>,
+}
+
+/// Memory and CPU of one phase, as read from /proc.
+#[derive(Debug, Clone, Copy)]
+pub struct Usage {
+    pub rss_mib: f64,
+    pub peak_rss_mib: f64,
+    pub cpu_seconds: f64,
+}
+
+impl BurstRow {
+    pub fn new(
+        (pods_asked, pods_started, pods_deleted): (usize, usize, usize),
+        seconds: f64,
+        usage: Usage,
+        outcome: &Outcome,
+    ) -> Self {
+        let f = figures(&outcome.delays_ms);
+        BurstRow {
+            pods_asked,
+            pods_started,
+            pods_deleted,
+            seconds: round3(seconds),
+            rss_mib: round3(usage.rss_mib),
+            peak_rss_mib: round3(usage.peak_rss_mib),
+            cpu_seconds: round3(usage.cpu_seconds),
+            latest_allow_after_trigger_ms: f.max,
+            detect_to_allow_p50_ms: f.p50,
+            detect_to_allow_p99_ms: f.p99,
+            samples: outcome.delays_ms.len(),
+            late_waits: outcome.late_waits,
+            anomalies: outcome.anomalies,
+            runtime_list_p50_ms: None,
+            runtime_list_max_ms: None,
+        }
+    }
+
+    pub fn set_runtime_list(&mut self, latencies_ms: &[f64]) {
+        let f = figures(latencies_ms);
+        self.runtime_list_p50_ms = f.p50;
+        self.runtime_list_max_ms = f.max;
+    }
+}
+
+/// Everything measured; parts not run (`--only`) are null.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    pub runtime: String,
+    pub cpus: usize,
+    pub total_seconds: f64,
+    pub settings: Settings,
+    pub detect_to_allow: Option<DetectSection>,
+    pub allow_to_return: Option<ReturnSection>,
+    pub agent_idle: Option<IdleRow>,
+    pub agent_burst: Option<BurstRow>,
+}
+
+fn ms(v: Option<f64>) -> String {
+    v.map_or_else(|| "-".to_owned(), |v| format!("{v:.3}"))
+}
+
+/// "0", or the non-zero counts with what they count.
+fn listed(counts: &[(&str, usize)]) -> String {
+    let parts: Vec<String> = counts
+        .iter()
+        .filter(|(_, n)| *n > 0)
+        .map(|(what, n)| format!("{n} {what}"))
+        .collect();
+    if parts.is_empty() {
+        "0".to_owned()
+    } else {
+        parts.join(", ")
+    }
+}
+
+fn anomalies(a: &Anomalies) -> String {
+    listed(&[
+        ("deletion failed", a.deletion_failed),
+        ("no exit time", a.no_exit_time),
+        ("no allow", a.missing_allow),
+        ("not ordered", a.not_ordered),
+        ("allow before exit", a.allow_before_trigger),
+    ])
+}
+
+fn return_anomalies(a: &ReturnAnomalies) -> String {
+    listed(&[
+        ("never waited", a.not_posted),
+        ("failed or stuck", a.failed),
+        (
+            "returned before the write returned",
+            a.returned_before_answer,
+        ),
+    ])
+}
+
+impl Report {
+    /// The table printed before the JSON line.
+    pub fn table(&self) -> String {
+        let s = &self.settings;
+        let mut t = String::new();
+        let _ = writeln!(
+            t,
+            "exitorder bench on {} ({} CPUs), {:.0} s",
+            self.runtime, self.cpus, self.total_seconds
+        );
+        if let Some(d) = &self.detect_to_allow {
+            let _ = writeln!(
+                t,
+                "\nApp exit (runtime finished_at) -> allow written. {} pod deletions per source, \
+                 in batches of {} (deletions {} ms apart, each batch after a random pause of up \
+                 to one baseline scan, {} ms); each pod: app (drains {} ms after TERM) + proxy (priority 1, preStop \
+                 exitorder-entrypoint wait), grace {} s.",
+                s.deletions,
+                s.batch,
+                s.stagger_ms,
+                s.kruise_scan_ms,
+                s.app_drain_ms,
+                s.pod_grace_seconds
+            );
+            let _ = writeln!(
+                t,
+                "  {:<42} {:>9} {:>9} {:>9} {:>8} {:>6}  anomalies",
+                "source", "p50 ms", "p99 ms", "max ms", "samples", "late"
+            );
+            for (label, r) in [
+                ("exitorder, containerd events", &d.containerd_events),
+                (
+                    &*format!("exitorder, polling every {} ms", s.agent_poll_interval_ms),
+                    &d.poll,
+                ),
+                (
+                    &*format!(
+                        "Kruise-proposal daemon (scan every {} ms)",
+                        s.kruise_scan_ms
+                    ),
+                    &d.kruise_daemon,
+                ),
+            ] {
+                let _ = writeln!(
+                    t,
+                    "  {:<42} {:>9} {:>9} {:>9} {:>8} {:>6}  {}",
+                    label,
+                    ms(r.detect_to_allow_p50_ms),
+                    ms(r.detect_to_allow_p99_ms),
+                    ms(r.detect_to_allow_max_ms),
+                    r.samples,
+                    r.late_waits,
+                    anomalies(&r.anomalies)
+                );
+            }
+            let _ = writeln!(
+                t,
+                "  (late: counted allows whose wait began after the app had exited)"
+            );
+        }
+        if let Some(r) = &self.allow_to_return {
+            let _ = writeln!(
+                t,
+                "\nAllow written (temp file + rename) -> waiter returned, host processes; \
+                 {} runs each; the 1 s pollers {} at once, each answered at a random point of \
+                 its period.",
+                s.returns, s.poller_batch
+            );
+            let _ = writeln!(
+                t,
+                "  {:<42} {:>9} {:>9} {:>9} {:>8}  anomalies",
+                "waiter", "p50 ms", "p99 ms", "max ms", "samples"
+            );
+            for row in [&r.entrypoint, &r.sh_poll] {
+                let _ = writeln!(
+                    t,
+                    "  {:<42} {:>9} {:>9} {:>9} {:>8}  {}",
+                    row.waiter,
+                    ms(row.allow_to_return_p50_ms),
+                    ms(row.allow_to_return_p99_ms),
+                    ms(row.allow_to_return_max_ms),
+                    row.samples,
+                    return_anomalies(&row.anomalies)
+                );
+            }
+        }
+        if self.agent_idle.is_some() || self.agent_burst.is_some() {
+            let _ = writeln!(
+                t,
+                "\nAgent process (containerd events source): RSS now and peak (VmHWM since \
+                 start), CPU (utime+stime) during the phase."
+            );
+            let _ = writeln!(
+                t,
+                "  {:<42} {:>9} {:>9} {:>9} {:>8}",
+                "phase", "RSS MiB", "peak MiB", "CPU s", "wall s"
+            );
+        }
+        if let Some(i) = &self.agent_idle {
+            let _ = writeln!(
+                t,
+                "  {:<42} {:>9.2} {:>9.2} {:>9.3} {:>8.1}",
+                format!("idle, {} opted-in pods running", i.pods),
+                i.rss_mib,
+                i.peak_rss_mib,
+                i.cpu_seconds,
+                i.seconds
+            );
+        }
+        if let Some(b) = &self.agent_burst {
+            let _ = writeln!(
+                t,
+                "  {:<42} {:>9.2} {:>9.2} {:>9.3} {:>8.1}",
+                format!("deleting {} pods at once", b.pods_deleted),
+                b.rss_mib,
+                b.peak_rss_mib,
+                b.cpu_seconds,
+                b.seconds
+            );
+            let _ = writeln!(
+                t,
+                "  burst: {} pods asked, {} started, {} deleted; latest allow {} ms after its \
+                 app's exit (p50 {}, p99 {}; {} samples, {} late); anomalies: {}",
+                b.pods_asked,
+                b.pods_started,
+                b.pods_deleted,
+                ms(b.latest_allow_after_trigger_ms),
+                ms(b.detect_to_allow_p50_ms),
+                ms(b.detect_to_allow_p99_ms),
+                b.samples,
+                b.late_waits,
+                anomalies(&b.anomalies)
+            );
+            let _ = writeln!(
+                t,
+                "  runtime meanwhile: ListContainers p50 {} ms, max {} ms",
+                ms(b.runtime_list_p50_ms),
+                ms(b.runtime_list_max_ms)
+            );
+        }
+        t
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bench::measure::Outcome;
+
+    fn settings() -> Settings {
+        Settings {
+            deletions: 4,
+            batch: 2,
+            stagger_ms: 100,
+            app_drain_ms: 300,
+            pod_grace_seconds: 30,
+            agent_poll_interval_ms: 25,
+            kruise_scan_ms: 1000,
+            returns: 3,
+            poller_batch: 3,
+            idle_seconds: 1.0,
+            idle_pods: 2,
+            burst_pods: 3,
+            start_concurrency: 4,
+        }
+    }
+
+    fn outcome(delays: &[f64]) -> Outcome {
+        Outcome {
+            delays_ms: delays.to_vec(),
+            ..Outcome::default()
+        }
+    }
+
+    fn report() -> Report {
+        let mut missing = outcome(&[1.0, 2.0, 3.0]);
+        missing.anomalies.missing_allow = 1;
+        Report {
+            runtime: "containerd 1.6.20".into(),
+            cpus: 2,
+            total_seconds: 12.5,
+            settings: settings(),
+            detect_to_allow: Some(DetectSection {
+                containerd_events: DetectRow::new(
+                    "containerd_events",
+                    4,
+                    &outcome(&[1.0, 2.123_456_7, 3.0, 4.0]),
+                ),
+                poll: DetectRow::new("poll", 4, &missing),
+                kruise_daemon: DetectRow::new("kruise_daemon", 4, &outcome(&[])),
+            }),
+            allow_to_return: Some(ReturnSection {
+                entrypoint: ReturnRow::new(
+                    "exitorder-entrypoint wait (inotify)",
+                    &Returns {
+                        runs: 3,
+                        delays_ms: vec![0.2, 0.3, 0.4],
+                        anomalies: ReturnAnomalies::default(),
+                    },
+                ),
+                sh_poll: ReturnRow::new(
+                    "sh loop polling every 1 s",
+                    &Returns {
+                        runs: 3,
+                        delays_ms: vec![500.0, 900.0],
+                        anomalies: ReturnAnomalies {
+                            failed: 1,
+                            ..ReturnAnomalies::default()
+                        },
+                    },
+                ),
+            }),
+            agent_idle: Some(IdleRow::new(2, 1.0, 9.5, 10.25, 0.0)),
+            agent_burst: Some({
+                let mut b = BurstRow::new(
+                    (3, 3, 3),
+                    2.5,
+                    Usage {
+                        rss_mib: 10.0,
+                        peak_rss_mib: 11.0,
+                        cpu_seconds: 0.12,
+                    },
+                    &outcome(&[5.0, 7.0, 9.0]),
+                );
+                b.set_runtime_list(&[1.0, 30.0, 2.0]);
+                b
+            }),
+        }
+    }
+
+    #[test]
+    fn json_has_every_key() {
+        let v = serde_json::to_value(report()).unwrap();
+        let d = &v["detect_to_allow"]["containerd_events"];
+        assert_eq!(d["detect_to_allow_p50_ms"], 2.123);
+        assert_eq!(d["detect_to_allow_p99_ms"], 4.0);
+        assert_eq!(d["samples"], 4);
+        assert_eq!(
+            v["detect_to_allow"]["poll"]["anomalies"]["missing_allow"],
+            1
+        );
+        assert!(v["detect_to_allow"]["kruise_daemon"]["detect_to_allow_p50_ms"].is_null());
+        let r = &v["allow_to_return"];
+        assert_eq!(r["entrypoint"]["allow_to_return_p99_ms"], 0.4);
+        assert_eq!(r["sh_poll"]["allow_to_return_p50_ms"], 500.0);
+        assert_eq!(r["sh_poll"]["anomalies"]["failed"], 1);
+        assert_eq!(v["agent_idle"]["peak_rss_mib"], 10.25);
+        assert_eq!(v["agent_burst"]["latest_allow_after_trigger_ms"], 9.0);
+        assert_eq!(v["agent_burst"]["pods_deleted"], 3);
+        assert_eq!(v["agent_burst"]["runtime_list_max_ms"], 30.0);
+        assert_eq!(v["settings"]["batch"], 2);
+        // One line, so it can be the last line of the output.
+        assert!(!serde_json::to_string(&report()).unwrap().contains('\n'));
+    }
+
+    #[test]
+    fn parts_not_run_are_null() {
+        let mut r = report();
+        r.detect_to_allow = None;
+        r.agent_burst = None;
+        let v = serde_json::to_value(&r).unwrap();
+        assert!(v["detect_to_allow"].is_null() && v["agent_burst"].is_null());
+        let t = r.table();
+        assert!(!t.contains("finished_at"));
+        assert!(t.contains("idle, 2 opted-in pods running"));
+    }
+
+    #[test]
+    fn table_shows_every_row() {
+        let t = report().table();
+        for needle in [
+            "containerd 1.6.20 (2 CPUs)",
+            "exitorder, containerd events",
+            "polling every 25 ms",
+            "scan every 1000 ms",
+            "1 no allow",
+            "1 failed or stuck",
+            "exitorder-entrypoint wait (inotify)",
+            "sh loop polling every 1 s",
+            "deleting 3 pods at once",
+            "latest allow 9.000 ms",
+            "ListContainers p50 2.000 ms, max 30.000 ms",
+        ] {
+            assert!(t.contains(needle), "{needle:?} missing from:\n{t}");
+        }
+        assert!(t.contains("2.123"), "{t}");
+    }
+}

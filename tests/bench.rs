@@ -1,0 +1,129 @@
+//! `exitorder bench` end to end with tiny sizes on a real containerd: every figure of the
+//! report is there and consistent. No timing is asserted; the benchmark is for measuring.
+//!
+//! Needs root and `containerd runc busybox-static`, like the end-to-end tests; without them it
+//! prints "SKIPPED: <reason>" and passes, except in CI (`CI` set), where it is mandatory.
+
+mod support;
+
+use serde_json::Value;
+
+const DELETIONS: u64 = 6;
+const RETURNS: u64 = 6;
+const IDLE_PODS: u64 = 3;
+const BURST_PODS: u64 = 5;
+
+fn num(v: &Value, path: &str) -> f64 {
+    let mut cur = v;
+    for key in path.split('.') {
+        cur = &cur[key];
+    }
+    cur.as_f64()
+        .unwrap_or_else(|| panic!("{path} is not a number in {v}"))
+}
+
+/// p50 <= p99 <= max, all >= 0.
+fn assert_ordered(v: &Value, prefix: &str, max_key: &str) {
+    let p50 = num(v, &format!("{prefix}_p50_ms"));
+    let p99 = num(v, &format!("{prefix}_p99_ms"));
+    let max = num(v, max_key);
+    assert!(
+        0.0 <= p50 && p50 <= p99 && p99 <= max,
+        "{prefix}: p50 {p50}, p99 {p99}, max {max} in {v}"
+    );
+}
+
+fn assert_no_anomalies(v: &Value) {
+    let a = v["anomalies"]
+        .as_object()
+        .unwrap_or_else(|| panic!("no anomalies object in {v}"));
+    assert!(!a.is_empty());
+    for (kind, n) in a {
+        assert_eq!(n.as_u64(), Some(0), "{kind} in {v}");
+    }
+}
+
+#[tokio::test]
+async fn bench_reports_every_figure() {
+    // Only to know whether this machine can run a node at all (skip or fail as e2e does).
+    let Some(node) = support::node_or_skip().await else {
+        return;
+    };
+    node.shutdown().await.expect("probe node teardown");
+    let entrypoint = support::static_entrypoint();
+
+    let out = tokio::process::Command::new(support::AGENT_BIN)
+        .args(["bench", "--json", "--entrypoint-binary"])
+        .arg(entrypoint)
+        .args(["--deletions", &DELETIONS.to_string(), "--batch", "3"])
+        .args(["--returns", &RETURNS.to_string(), "--poller-batch", "6"])
+        .args(["--idle", "1s", "--idle-pods", &IDLE_PODS.to_string()])
+        .args(["--burst-pods", &BURST_PODS.to_string()])
+        .kill_on_drop(true)
+        .output()
+        .await
+        .expect("run exitorder bench");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "bench failed ({}):\n{stdout}\n{stderr}",
+        out.status
+    );
+    eprintln!("{stdout}");
+    let last = stdout.lines().last().expect("bench printed nothing");
+    let r: Value = serde_json::from_str(last)
+        .unwrap_or_else(|e| panic!("last line is not JSON ({e}): {last}\n{stderr}"));
+
+    assert_eq!(num(&r, "settings.deletions"), DELETIONS as f64);
+    assert!(num(&r, "total_seconds") > 0.0);
+    assert!(r["runtime"]
+        .as_str()
+        .is_some_and(|s| s.contains("containerd")));
+
+    for (key, source) in [
+        ("containerd_events", "containerd_events"),
+        ("poll", "poll"),
+        ("kruise_daemon", "kruise_daemon"),
+    ] {
+        let d = &r["detect_to_allow"][key];
+        assert_eq!(d["source"], source, "{d}");
+        assert_eq!(num(d, "deletions"), DELETIONS as f64, "{key}");
+        assert_eq!(num(d, "samples"), DELETIONS as f64, "{key}: {d}");
+        assert_ordered(d, "detect_to_allow", "detect_to_allow_max_ms");
+        assert_no_anomalies(d);
+    }
+
+    for key in ["entrypoint", "sh_poll"] {
+        let w = &r["allow_to_return"][key];
+        assert_eq!(num(w, "runs"), RETURNS as f64, "{key}");
+        assert_eq!(num(w, "samples"), RETURNS as f64, "{key}: {w}");
+        assert_ordered(w, "allow_to_return", "allow_to_return_max_ms");
+        assert_no_anomalies(w);
+    }
+
+    let idle = &r["agent_idle"];
+    assert_eq!(num(idle, "pods"), IDLE_PODS as f64);
+    assert!(num(idle, "seconds") >= 1.0, "{idle}");
+    assert!(num(idle, "rss_mib") > 0.0, "{idle}");
+    assert!(num(idle, "peak_rss_mib") >= num(idle, "rss_mib"), "{idle}");
+    assert!(num(idle, "cpu_seconds") >= 0.0, "{idle}");
+
+    let burst = &r["agent_burst"];
+    for key in ["pods_asked", "pods_started", "pods_deleted", "samples"] {
+        assert_eq!(num(burst, key), BURST_PODS as f64, "{key}: {burst}");
+    }
+    assert!(num(burst, "rss_mib") > 0.0, "{burst}");
+    assert!(
+        num(burst, "peak_rss_mib") >= num(burst, "rss_mib"),
+        "{burst}"
+    );
+    assert!(num(burst, "cpu_seconds") >= 0.0, "{burst}");
+    assert_ordered(burst, "detect_to_allow", "latest_allow_after_trigger_ms");
+    assert_no_anomalies(burst);
+    let (list_p50, list_max) = (
+        num(burst, "runtime_list_p50_ms"),
+        num(burst, "runtime_list_max_ms"),
+    );
+    assert!(0.0 <= list_p50 && list_p50 <= list_max, "{burst}");
+}
