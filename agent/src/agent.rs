@@ -10,6 +10,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
+use futures_util::StreamExt;
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn, Instrument};
 
@@ -121,6 +122,9 @@ struct Confirmation {
     /// After a failed read, not before this.
     retry_at: Option<Instant>,
 }
+
+/// Env reads in flight at once while many pods are decided together.
+const ENV_CONCURRENCY: usize = 16;
 
 /// How long after a failed confirming read the next may be asked.
 const CONFIRM_RETRY: Duration = Duration::from_secs(1);
@@ -580,6 +584,9 @@ impl Agent {
                 None
             }
         };
+        if let Some(s) = &snapshot {
+            self.prefetch_env(&dirty, s).await;
+        }
         let now = Instant::now();
         for pod in dirty {
             let facts = match &snapshot {
@@ -744,7 +751,8 @@ impl Agent {
         let mut out = Vec::with_capacity(containers.len());
         for c in containers {
             let is_newest = newest.contains(&(c.name.as_str(), c.attempt, c.created_at));
-            let env = if unordered || !is_newest {
+            let named = pod_prios.as_ref().is_some_and(|p| p.get(&c.name).is_some());
+            let env = if unordered || !is_newest || named {
                 None
             } else {
                 match self.env_priority(&c.id).await {
@@ -768,6 +776,62 @@ impl Agent {
             }
         }
         out
+    }
+
+    /// Reads, all at once, the env of every container of `pods` whose priority may come from
+    /// it and is not known yet. One verbose status call per container, the first time a pod
+    /// is decided: one after another, a node draining 250 pods would wait seconds on them.
+    async fn prefetch_env(&mut self, pods: &[PodUid], snapshot: &Snapshot) {
+        let mut ids = Vec::new();
+        for pod in pods {
+            let Some(rt) = snapshot.get(pod.as_str()) else {
+                continue;
+            };
+            let named = match self.api_pod(pod) {
+                Some(a) => priority::from_annotations(
+                    a.annotations.iter().map(|(k, v)| (k.as_str(), v.as_str())),
+                ),
+                None => priority::from_annotations(
+                    rt.annotations.iter().map(|(k, v)| (k.as_str(), v.as_str())),
+                ),
+            };
+            // A malformed annotation makes the pod unordered: no env needed.
+            let Ok(named) = named else { continue };
+            let base: Vec<Attempt> = rt.containers.iter().map(|c| to_attempt(c, 0)).collect();
+            for a in decide::newest_attempts(&base) {
+                let Some(c) = rt.containers.iter().find(|c| {
+                    c.name == a.name && c.attempt == a.attempt && c.created_at == a.created_at
+                }) else {
+                    continue;
+                };
+                let is_named = named.as_ref().is_some_and(|n| n.get(&c.name).is_some());
+                if !is_named && !self.env_cache.contains_key(&c.id) {
+                    ids.push(c.id.clone());
+                }
+            }
+        }
+        if ids.is_empty() {
+            return;
+        }
+        let runtime = &self.runtime;
+        let results: Vec<_> = futures_util::stream::iter(ids)
+            .map(|id| async move {
+                let env = runtime.container_env(&id).await;
+                (id, env)
+            })
+            .buffer_unordered(ENV_CONCURRENCY)
+            .collect()
+            .await;
+        for (id, env) in results {
+            match env {
+                Ok(envs) => {
+                    let v = priority::from_env(envs.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+                    self.env_cache.insert(id, v);
+                }
+                // Asked again, one by one, when the pod is decided.
+                Err(e) => self.stats.runtime_error(e.kind()),
+            }
+        }
     }
 
     async fn env_priority(&mut self, id: &str) -> EnvPriority {

@@ -157,6 +157,22 @@ mod tests {
     }
 
     #[test]
+    fn exit_source_accepts_the_names_logs_and_metrics_use() {
+        for (arg, want) in [
+            ("containerd_events", SourceChoice::ContainerdEvents),
+            ("containerd-events", SourceChoice::ContainerdEvents),
+            ("cri_events", SourceChoice::CriEvents),
+            ("poll", SourceChoice::Poll),
+        ] {
+            let cli = Cli::try_parse_from(["exitorder", "agent", "--exit-source", arg]).unwrap();
+            let Command::Agent(a) = cli.command else {
+                panic!("parsed as another command");
+            };
+            assert_eq!(a.exit_source, want, "{arg}");
+        }
+    }
+
+    #[test]
     fn bad_duration_is_a_clear_error() {
         let err = Cli::try_parse_from(["exitorder", "agent", "--grace-reserve", "soon"])
             .unwrap_err()

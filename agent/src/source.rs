@@ -52,7 +52,10 @@ pub enum SourceChoice {
     Auto,
     /// Never subscribe; poll while an exit is pending.
     Poll,
+    /// Also accepted as `containerd_events`, the name logs and metrics use.
+    #[value(alias = "containerd_events")]
     ContainerdEvents,
+    #[value(alias = "cri_events")]
     CriEvents,
 }
 
