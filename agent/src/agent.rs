@@ -17,9 +17,9 @@ use tracing::{debug, info, warn, Instrument};
 use crate::cluster::Cluster;
 use crate::decide::{self, Attempt, Deletion, PodFacts, Reason, Verdict};
 use crate::podwatch::{ApiPod, ConfirmRequest, PodSignal, PodView};
-use crate::priority::{self, PriorityError};
+use crate::priority::{self, PodPriorities, PriorityError};
 use crate::recorder::{EventSink, ExitNotice, PodRef};
-use crate::runtime::{RtContainer, Runtime, RuntimeError, Snapshot};
+use crate::runtime::{RtContainer, RtPod, Runtime, RuntimeError, Snapshot};
 use crate::share::{ContainerName, ExitKey, ExitState, PodUid, Share, ShareEntry, ShareError};
 use crate::source::{self, SourceChoice, SourceKind, SourceSignal};
 use crate::stats::Stats;
@@ -630,22 +630,8 @@ impl Agent {
             }
         }
         let api = self.api_pod(pod);
-        // The API server's annotations are the pod's current ones; the sandbox keeps those
-        // the pod was created with.
-        let annotations: Vec<(&str, &str)> = match &api {
-            Some(a) => a
-                .annotations
-                .iter()
-                .map(|(k, v)| (k.as_str(), v.as_str()))
-                .collect(),
-            None => rt
-                .annotations
-                .iter()
-                .map(|(k, v)| (k.as_str(), v.as_str()))
-                .collect(),
-        };
         let attempts = self
-            .attempts(pod, annotations.iter().copied(), &rt.containers)
+            .attempts(pod, pod_priorities(rt, api.as_ref()), &rt.containers)
             .await;
         let (deletion, deadline) = self.deletion_and_deadline(pod, api.as_ref())?;
         Some(PodFacts {
@@ -724,17 +710,14 @@ impl Agent {
 
     /// The pod's containers with their priorities resolved. A malformed priority anywhere
     /// makes the whole pod unordered (every container 0): bad input never holds a pod.
-    async fn attempts<'a, I>(
+    async fn attempts(
         &mut self,
         pod: &PodUid,
-        annotations: I,
+        pod_prios: Result<Option<PodPriorities>, PriorityError>,
         containers: &[RtContainer],
-    ) -> Vec<Attempt>
-    where
-        I: IntoIterator<Item = (&'a str, &'a str)> + Clone,
-    {
+    ) -> Vec<Attempt> {
         let mut unordered = false;
-        let pod_prios = match priority::from_annotations(annotations) {
+        let pod_prios = match pod_prios {
             Ok(p) => p,
             Err(e) => {
                 self.warn_once(pod, &e);
@@ -743,15 +726,14 @@ impl Agent {
             }
         };
         // Env is read only for newest attempts: older ones decide nothing.
-        let base: Vec<Attempt> = containers.iter().map(|c| to_attempt(c, 0)).collect();
-        let newest: HashSet<(&str, u32, i64)> = decide::newest_attempts(&base)
+        let newest: HashSet<&str> = newest_containers(containers)
             .into_iter()
-            .map(|a| (a.name.as_str(), a.attempt, a.created_at))
+            .map(|c| c.id.as_str())
             .collect();
         let mut out = Vec::with_capacity(containers.len());
         for c in containers {
-            let is_newest = newest.contains(&(c.name.as_str(), c.attempt, c.created_at));
-            let named = pod_prios.as_ref().is_some_and(|p| p.get(&c.name).is_some());
+            let is_newest = newest.contains(c.id.as_str());
+            let named = pod_prios.as_ref().is_some_and(|p| p.contains_key(&c.name));
             let env = if unordered || !is_newest || named {
                 None
             } else {
@@ -787,24 +769,12 @@ impl Agent {
             let Some(rt) = snapshot.get(pod.as_str()) else {
                 continue;
             };
-            let named = match self.api_pod(pod) {
-                Some(a) => priority::from_annotations(
-                    a.annotations.iter().map(|(k, v)| (k.as_str(), v.as_str())),
-                ),
-                None => priority::from_annotations(
-                    rt.annotations.iter().map(|(k, v)| (k.as_str(), v.as_str())),
-                ),
-            };
             // A malformed annotation makes the pod unordered: no env needed.
-            let Ok(named) = named else { continue };
-            let base: Vec<Attempt> = rt.containers.iter().map(|c| to_attempt(c, 0)).collect();
-            for a in decide::newest_attempts(&base) {
-                let Some(c) = rt.containers.iter().find(|c| {
-                    c.name == a.name && c.attempt == a.attempt && c.created_at == a.created_at
-                }) else {
-                    continue;
-                };
-                let is_named = named.as_ref().is_some_and(|n| n.get(&c.name).is_some());
+            let Ok(named) = pod_priorities(rt, self.api_pod(pod).as_ref()) else {
+                continue;
+            };
+            for c in newest_containers(&rt.containers) {
+                let is_named = named.as_ref().is_some_and(|n| n.contains_key(&c.name));
                 if !is_named && !self.env_cache.contains_key(&c.id) {
                     ids.push(c.id.clone());
                 }
@@ -1040,7 +1010,28 @@ impl Agent {
     }
 }
 
-fn to_attempt(c: &crate::runtime::RtContainer, priority: u8) -> Attempt {
+/// The pod's priority annotation: from the API server's copy when the view has the pod (the
+/// pod's current annotations), else from the sandbox (those it was created with).
+fn pod_priorities(
+    rt: &RtPod,
+    api: Option<&ApiPod>,
+) -> Result<Option<PodPriorities>, PriorityError> {
+    match api {
+        Some(a) => {
+            priority::from_annotations(a.annotations.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+        }
+        None => {
+            priority::from_annotations(rt.annotations.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+        }
+    }
+}
+
+/// The newest attempt of each container name, by the decision's own rule.
+fn newest_containers(containers: &[RtContainer]) -> Vec<&RtContainer> {
+    decide::newest_by(containers, |c| (c.name.as_str(), c.attempt, c.created_at))
+}
+
+fn to_attempt(c: &RtContainer, priority: u8) -> Attempt {
     Attempt {
         name: c.name.clone(),
         attempt: c.attempt,

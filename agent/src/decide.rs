@@ -107,15 +107,23 @@ pub enum Verdict {
 
 /// The newest attempt of each container name, in first-seen order.
 pub fn newest_attempts(attempts: &[Attempt]) -> Vec<&Attempt> {
-    let mut newest: Vec<&Attempt> = Vec::new();
-    for a in attempts {
-        match newest.iter_mut().find(|n| n.name == a.name) {
+    newest_by(attempts, |a| (a.name.as_str(), a.attempt, a.created_at))
+}
+
+/// The newest of each name among `items`, in first-seen order, by `key` = (name, attempt,
+/// creation time): the same rule for the runtime's containers and for decided attempts.
+pub fn newest_by<T>(items: &[T], key: impl Fn(&T) -> (&str, u32, i64)) -> Vec<&T> {
+    let mut newest: Vec<&T> = Vec::new();
+    for item in items {
+        let (name, attempt, created_at) = key(item);
+        match newest.iter_mut().find(|n| key(n).0 == name) {
             Some(n) => {
-                if (a.attempt, a.created_at) > (n.attempt, n.created_at) {
-                    *n = a;
+                let (_, n_attempt, n_created) = key(n);
+                if (attempt, created_at) > (n_attempt, n_created) {
+                    *n = item;
                 }
             }
-            None => newest.push(a),
+            None => newest.push(item),
         }
     }
     newest

@@ -169,15 +169,6 @@ impl PodView {
     pub fn confirm(&self, req: ConfirmRequest) {
         let _ = self.confirm.send(req);
     }
-
-    /// How many pods the view holds.
-    pub fn len(&self) -> usize {
-        self.store.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.store.is_empty()
-    }
 }
 
 /// The watch itself; [`PodWatch::run`] drives it until shutdown.
