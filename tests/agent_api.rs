@@ -402,9 +402,9 @@ async fn events_failing_never_hold_an_allow() {
     l.stop().await;
 }
 
-fn agent_options(rig: &Rig, env: Vec<(String, String)>) -> exitorder::testbed::AgentOptions {
+fn agent_options(rig: &Rig, env: Vec<(String, String)>) -> exitorder_testbed::AgentOptions {
     let binary = std::path::PathBuf::from(env!("CARGO_BIN_EXE_exitorder"));
-    exitorder::testbed::AgentOptions {
+    exitorder_testbed::AgentOptions {
         cri_socket: rig.served.socket.clone(),
         share_dir: rig.share.clone(),
         // Any file serves: the agent only copies it into the share.
@@ -438,7 +438,7 @@ async fn agent_binary_watches_pods_through_kubeconfig() {
         ("KUBECONFIG".to_owned(), kubeconfig.display().to_string()),
         ("NODE_NAME".to_owned(), NODE.to_owned()),
     ];
-    let agent = exitorder::testbed::AgentProcess::start(&agent_options(&l.rig, env))
+    let agent = exitorder_testbed::AgentProcess::start(&agent_options(&l.rig, env))
         .await
         .expect("agent starts");
     agent
@@ -464,7 +464,7 @@ async fn agent_binary_without_api_server_says_so_once() {
         ("KUBECONFIG".to_owned(), String::new()),
         ("KUBERNETES_SERVICE_HOST".to_owned(), String::new()),
     ];
-    let agent = exitorder::testbed::AgentProcess::start(&agent_options(&l.rig, env))
+    let agent = exitorder_testbed::AgentProcess::start(&agent_options(&l.rig, env))
         .await
         .expect("agent starts");
     let f = l.rig.request_exit(APP_UID, "proxy");

@@ -1,4 +1,4 @@
-//! `exitorder bench` end to end with tiny sizes on a real containerd: every figure of the
+//! The benchmark (`exitorder-testbed bench`) end to end with tiny sizes on a real containerd: every figure of the
 //! report is there and consistent. No timing is asserted; the benchmark is for measuring.
 //!
 //! Needs root and `containerd runc busybox-static`, like the end-to-end tests; without them it
@@ -52,28 +52,41 @@ async fn bench_reports_every_figure() {
     node.shutdown().await.expect("probe node teardown");
     let entrypoint = support::static_entrypoint();
 
-    let out = tokio::process::Command::new(support::AGENT_BIN)
-        .args(["bench", "--json", "--entrypoint-binary"])
-        .arg(entrypoint)
-        .args(["--deletions", &DELETIONS.to_string(), "--batch", "3"])
-        .args(["--returns", &RETURNS.to_string(), "--poller-batch", "6"])
-        .args(["--idle", "1s", "--idle-pods", &IDLE_PODS.to_string()])
-        .args(["--burst-pods", &BURST_PODS.to_string()])
-        .kill_on_drop(true)
-        .output()
+    use clap::Parser;
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        bench: exitorder_testbed::bench::BenchArgs,
+    }
+    let args = Cli::try_parse_from([
+        "bench",
+        "--deletions",
+        &DELETIONS.to_string(),
+        "--batch",
+        "3",
+        "--returns",
+        &RETURNS.to_string(),
+        "--poller-batch",
+        "6",
+        "--idle",
+        "1s",
+        "--idle-pods",
+        &IDLE_PODS.to_string(),
+        "--burst-pods",
+        &BURST_PODS.to_string(),
+    ])
+    .expect("bench flags")
+    .bench;
+    let args = exitorder_testbed::bench::BenchArgs {
+        entrypoint_binary: Some(entrypoint.to_owned()),
+        agent_binary: Some(support::AGENT_BIN.into()),
+        ..args
+    };
+    let report = exitorder_testbed::bench::measure(&args)
         .await
-        .expect("run exitorder bench");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "bench failed ({}):\n{stdout}\n{stderr}",
-        out.status
-    );
-    eprintln!("{stdout}");
-    let last = stdout.lines().last().expect("bench printed nothing");
-    let r: Value = serde_json::from_str(last)
-        .unwrap_or_else(|e| panic!("last line is not JSON ({e}): {last}\n{stderr}"));
+        .unwrap_or_else(|e| panic!("bench failed: {e:#}"));
+    eprintln!("{}", report.table());
+    let r: Value = serde_json::to_value(&report).expect("report as JSON");
 
     assert_eq!(num(&r, "settings.deletions"), DELETIONS as f64);
     assert!(num(&r, "total_seconds") > 0.0);

@@ -8,7 +8,7 @@ mod support;
 
 use std::time::Duration;
 
-use exitorder::testbed::{script, ContainerSpec, PodSpec};
+use exitorder_testbed::{script, ContainerSpec, PodSpec};
 use support::{assert_exited_after, Bed};
 
 const READY: Duration = Duration::from_secs(10);

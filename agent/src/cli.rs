@@ -26,12 +26,32 @@ pub struct Cli {
 pub enum Command {
     /// Run the node agent (one per node, as a DaemonSet).
     Agent(AgentArgs),
-    /// Show exitorder at work on a private containerd: one pod deleted, with a timeline
-    /// (root; `containerd runc busybox-static` installed).
-    Demo(crate::demo::DemoArgs),
-    /// Measure exit ordering (exit -> allow -> return, memory, CPU) on a private containerd,
-    /// against a Kruise-style 1 s polling baseline (root; as for demo).
-    Bench(crate::bench::BenchArgs),
+    /// The demo on a private containerd: runs `exitorder-testbed demo` (a separate binary,
+    /// not in the node image).
+    #[command(disable_help_flag = true)]
+    Demo(TestbedArgs),
+    /// The benchmark on a private containerd: runs `exitorder-testbed bench` (a separate
+    /// binary, not in the node image).
+    #[command(disable_help_flag = true)]
+    Bench(TestbedArgs),
+}
+
+/// Arguments handed on to `exitorder-testbed` as they are.
+#[derive(Debug, Clone, Args)]
+pub struct TestbedArgs {
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true, num_args = 0..)]
+    pub args: Vec<std::ffi::OsString>,
+}
+
+/// The test bed's binary, which holds `demo` and `bench`: beside this executable (a build
+/// tree's target/<profile>/), else on PATH.
+pub fn testbed_binary() -> PathBuf {
+    const NAME: &str = "exitorder-testbed";
+    std::env::current_exe()
+        .ok()
+        .and_then(|p| p.parent().map(|d| d.join(NAME)))
+        .filter(|p| p.is_file())
+        .unwrap_or_else(|| PathBuf::from(NAME))
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -145,15 +165,14 @@ mod tests {
     }
 
     #[test]
-    fn demo_flags() {
-        let cli =
-            Cli::try_parse_from(["exitorder", "demo", "--without-agent", "--drain", "1500ms"])
-                .unwrap();
+    fn demo_and_bench_hand_every_argument_on() {
+        let cli = Cli::try_parse_from(["exitorder", "demo", "--pod", "x.yaml", "--help"]).unwrap();
         let Command::Demo(d) = cli.command else {
             panic!("parsed as another command");
         };
-        assert!(d.without_agent);
-        assert_eq!(d.drain, Duration::from_millis(1500));
+        assert_eq!(d.args, ["--pod", "x.yaml", "--help"]);
+        let cli = Cli::try_parse_from(["exitorder", "bench"]).unwrap();
+        assert!(matches!(cli.command, Command::Bench(b) if b.args.is_empty()));
     }
 
     #[test]

@@ -5,11 +5,10 @@
 //! lower-priority container of the pod has exited (or the grace deadline comes).
 
 pub mod agent;
-pub mod bench;
 pub mod cli;
 pub mod cluster;
 pub mod decide;
-pub mod demo;
+pub mod elf;
 pub mod metrics;
 pub mod podwatch;
 pub mod priority;
@@ -19,7 +18,6 @@ pub mod share;
 pub mod source;
 pub mod stats;
 pub mod telemetry;
-pub mod testbed;
 pub mod watch;
 
 /// Generated from proto/runtime/v1/api.proto: the CRI v1 subset exitorder calls.

@@ -3,7 +3,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use clap::Parser;
 use exitorder::agent::Agent;
-use exitorder::cli::{AgentArgs, Cli, Command};
+use exitorder::cli::{self, AgentArgs, Cli, Command, TestbedArgs};
 use exitorder::stats::Stats;
 use exitorder::{cluster, metrics, telemetry};
 use tracing::{info, warn, Instrument};
@@ -14,9 +14,23 @@ async fn main() -> anyhow::Result<()> {
     telemetry::init_logging().context("logging setup")?;
     match cli.command {
         Command::Agent(args) => run_agent(args).await,
-        Command::Demo(args) => exitorder::demo::run(args).await,
-        Command::Bench(args) => exitorder::bench::run(args).await,
+        Command::Demo(args) => run_testbed("demo", args),
+        Command::Bench(args) => run_testbed("bench", args),
     }
+}
+
+/// `exitorder demo|bench`: the test bed is its own binary, kept out of the node's image.
+fn run_testbed(sub: &str, args: TestbedArgs) -> anyhow::Result<()> {
+    use std::os::unix::process::CommandExt;
+    let bin = cli::testbed_binary();
+    let err = std::process::Command::new(&bin).arg(sub).args(&args.args).exec();
+    Err(err).with_context(|| {
+        format!(
+            "`exitorder {sub}` runs {}, the test bed (not part of the node image); build it \
+             with `cargo build --release -p exitorder-testbed`",
+            bin.display()
+        )
+    })
 }
 
 /// The API server client when one is configured and the node is named. Otherwise, or when

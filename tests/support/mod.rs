@@ -9,9 +9,8 @@ use std::process::Command;
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use exitorder::testbed::{
-    is_static_elf, AgentOptions, AgentProcess, Deletion, LogLine, Node, NodeOptions,
-};
+use exitorder::elf::check_static_executable;
+use exitorder_testbed::{AgentOptions, AgentProcess, Deletion, LogLine, Node, NodeOptions};
 
 /// The agent executable under test.
 pub const AGENT_BIN: &str = env!("CARGO_BIN_EXE_exitorder");
@@ -49,9 +48,8 @@ pub fn static_entrypoint() -> &'static Path {
             ));
         }
         let bin = root.join("target/static/release/exitorder-entrypoint");
-        match is_static_elf(&bin) {
-            Ok(true) => Ok(bin),
-            Ok(false) => Err(format!("{} is not statically linked", bin.display())),
+        match check_static_executable(&bin) {
+            Ok(()) => Ok(bin),
             Err(e) => Err(format!("{}: {e}", bin.display())),
         }
     });

@@ -22,11 +22,11 @@ use std::time::Duration;
 
 use tonic::transport::Channel;
 
-use crate::cri::runtime_service_client::RuntimeServiceClient;
-use crate::cri::VersionResponse;
+use exitorder::cri::runtime_service_client::RuntimeServiceClient;
+use exitorder::cri::VersionResponse;
 
 pub use agent::{AgentOptions, AgentProcess, LogLine};
-pub use image::{find_busybox, is_static_elf, BUSYBOX_IMAGE, PAUSE_IMAGE};
+pub use image::{find_busybox, BUSYBOX_IMAGE, PAUSE_IMAGE};
 pub use pod::{
     ContainerRecord, ContainerSpec, DeleteOptions, Deletion, HookRecord, Pod, PodSpec,
     ENTRYPOINT_BIN_DIR, EXIT_DIR,
@@ -107,7 +107,7 @@ pub enum TestbedError {
     #[error("teardown left things behind: {}", .0.join("; "))]
     Teardown(Vec<String>),
     #[error(transparent)]
-    Runtime(#[from] crate::runtime::RuntimeError),
+    Runtime(#[from] exitorder::runtime::RuntimeError),
 }
 
 impl TestbedError {
@@ -215,7 +215,7 @@ impl Node {
             cd.stop();
             return Err(e);
         }
-        let client = RuntimeServiceClient::new(crate::runtime::unix_channel(&cd.socket)?)
+        let client = RuntimeServiceClient::new(exitorder::runtime::unix_channel(&cd.socket)?)
             .max_decoding_message_size(16 * 1024 * 1024);
         let shared = Arc::new(NodeShared {
             id,
@@ -448,6 +448,6 @@ mod tests {
         );
         assert!(parts[2].starts_with('4'), "{a}");
         assert!(matches!(&parts[3][..1], "8" | "9" | "a" | "b"), "{a}");
-        assert!(crate::share::PodUid::parse(&a).is_ok());
+        assert!(exitorder::share::PodUid::parse(&a).is_ok());
     }
 }

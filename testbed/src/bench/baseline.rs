@@ -14,13 +14,13 @@ use std::time::{Duration, SystemTime};
 
 use tonic::transport::Channel;
 
-use crate::cri::runtime_service_client::RuntimeServiceClient;
-use crate::cri::{
+use exitorder::cri::runtime_service_client::RuntimeServiceClient;
+use exitorder::cri::{
     ContainerFilter, ContainerState, ListContainersRequest, ListPodSandboxRequest, PodSandboxFilter,
 };
-use crate::priority::{self, PodPriorities};
-use crate::runtime::{LABEL_CONTAINER_NAME, LABEL_POD_UID};
-use crate::share::{ExitKey, ExitState, PodUid, Share, ShareError};
+use exitorder::priority::{self, PodPriorities};
+use exitorder::runtime::{LABEL_CONTAINER_NAME, LABEL_POD_UID};
+use exitorder::share::{ExitKey, ExitState, PodUid, Share, ShareError};
 
 /// The proposal's daemon scan period.
 pub const KRUISE_SCAN: Duration = Duration::from_secs(1);

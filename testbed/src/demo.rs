@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context};
 
-use crate::testbed::{
-    is_static_elf, script, AgentOptions, AgentProcess, ContainerSpec, Deletion, LogLine, Node,
+use crate::node::{
+    script, AgentOptions, AgentProcess, ContainerSpec, Deletion, LogLine, Node,
     NodeOptions, PodSpec,
 };
 
@@ -22,6 +22,9 @@ pub struct DemoArgs {
     /// (default: beside this executable).
     #[arg(long, env = "EXITORDER_ENTRYPOINT_BINARY")]
     pub entrypoint_binary: Option<PathBuf>,
+    /// The `exitorder` agent binary (default: beside this executable).
+    #[arg(long, env = "EXITORDER_AGENT_BINARY")]
+    pub agent_binary: Option<PathBuf>,
     /// Run the same pod without exitorder (no agent, no preStop hook) to see the problem.
     #[arg(long)]
     pub without_agent: bool,
@@ -54,7 +57,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     );
     let outcome = tokio::select! {
         res = scenario(&node, &args, entrypoint) => res,
-        () = crate::telemetry::shutdown_signal() => Err(anyhow!("interrupted")),
+        () = exitorder::telemetry::shutdown_signal() => Err(anyhow!("interrupted")),
     };
     println!("Tearing the test bed down...");
     let teardown = node.shutdown().await;
@@ -68,19 +71,36 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
 
 /// The static entrypoint given (default: beside this executable), refused with the command
 /// that builds it when it is missing or dynamically linked (busybox containers run it).
-pub(crate) fn static_entrypoint(given: Option<PathBuf>) -> anyhow::Result<PathBuf> {
-    let path = given.unwrap_or_else(crate::cli::default_entrypoint_binary);
+pub fn static_entrypoint(given: Option<PathBuf>) -> anyhow::Result<PathBuf> {
+    let path = given.unwrap_or_else(|| beside_this_executable(exitorder::share::ENTRYPOINT_NAME));
     const BUILD: &str = "build it with `cargo rustc -p exitorder-entrypoint --release --bin \
                          exitorder-entrypoint --target-dir target/static -- -C \
                          target-feature=+crt-static` (scripts/demo and scripts/bench do)";
-    match is_static_elf(&path) {
-        Ok(true) => Ok(path),
-        Ok(false) => bail!(
-            "{} is dynamically linked; the busybox container cannot run it: {BUILD}",
-            path.display()
-        ),
+    match exitorder::elf::check_static_executable(&path) {
+        Ok(()) => Ok(path),
         Err(e) => bail!("entrypoint {}: {e}; {BUILD}", path.display()),
     }
+}
+
+/// The agent binary given (default: `exitorder` beside this executable).
+pub fn agent_binary(given: Option<PathBuf>) -> anyhow::Result<PathBuf> {
+    let path = given.unwrap_or_else(|| beside_this_executable("exitorder"));
+    if path.is_file() {
+        Ok(path)
+    } else {
+        bail!(
+            "agent binary {} not found; build it with `cargo build --release -p exitorder` or \
+             give --agent-binary",
+            path.display()
+        )
+    }
+}
+
+fn beside_this_executable(name: &str) -> PathBuf {
+    std::env::current_exe()
+        .ok()
+        .and_then(|p| p.parent().map(|d| d.join(name)))
+        .unwrap_or_else(|| PathBuf::from(name))
 }
 
 struct Verdict {
@@ -95,7 +115,7 @@ async fn scenario(
 ) -> anyhow::Result<Verdict> {
     let agent = match &entrypoint {
         Some(ep) => {
-            let exe = std::env::current_exe().context("locating this executable")?;
+            let exe = agent_binary(args.agent_binary.clone())?;
             let mut opts = AgentOptions::new(exe, node, ep);
             opts.grace_reserve = RESERVE;
             let agent = AgentProcess::start(&opts)

@@ -10,7 +10,7 @@ use std::time::Instant;
 use notify::event::{ModifyKind, RenameMode};
 use notify::{EventKind, RecommendedWatcher, RecursiveMode, Watcher};
 
-use crate::share::EXIT_FILE;
+use exitorder::share::EXIT_FILE;
 
 /// First occurrences of what happened to one container's exit file.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -8,8 +8,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::cri::runtime_service_client::RuntimeServiceClient;
-use crate::cri::{VersionRequest, VersionResponse};
+use exitorder::cri::runtime_service_client::RuntimeServiceClient;
+use exitorder::cri::{VersionRequest, VersionResponse};
 
 use super::TestbedError;
 
@@ -308,7 +308,7 @@ impl Containerd {
     }
 
     async fn version(&self) -> Result<VersionResponse, tonic::Status> {
-        let channel = crate::runtime::unix_channel(&self.socket)
+        let channel = exitorder::runtime::unix_channel(&self.socket)
             .map_err(|e| tonic::Status::unavailable(e.to_string()))?;
         let mut req = tonic::Request::new(VersionRequest {
             version: "v1".to_owned(),

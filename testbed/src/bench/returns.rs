@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crate::share::{ContainerName, ExitKey, PodUid, Share, ShareError, EXIT_FILE, WAIT};
+use exitorder::share::{ContainerName, ExitKey, PodUid, Share, ShareError, EXIT_FILE, WAIT};
 
 /// How long a waiter may take to post its `exit` file.
 const POST_TIMEOUT: Duration = Duration::from_secs(10);
@@ -93,7 +93,7 @@ struct Waiter {
 impl Waiter {
     fn start(share: &Share, command: &dyn Fn(&Path) -> Command) -> Result<Waiter, ReturnsError> {
         let key = ExitKey {
-            pod: PodUid::parse(&crate::testbed::random_uuid())?,
+            pod: PodUid::parse(&crate::node::random_uuid())?,
             container: ContainerName::parse("proxy")?,
         };
         let dir = share.container_path(&key);

@@ -5,8 +5,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use crate::cri::runtime_service_client::RuntimeServiceClient;
-use crate::cri::{ListPodSandboxRequest, RemovePodSandboxRequest, StopPodSandboxRequest};
+use exitorder::cri::runtime_service_client::RuntimeServiceClient;
+use exitorder::cri::{ListPodSandboxRequest, RemovePodSandboxRequest, StopPodSandboxRequest};
 
 use super::containerd::{unescape_mount_path, Containerd, NAMESPACE};
 use super::{NodeShared, TestbedError};
@@ -264,7 +264,7 @@ const TEARDOWN_PARALLEL: usize = 16;
 
 async fn remove_sandboxes(
     client: &RuntimeServiceClient<tonic::transport::Channel>,
-    sandboxes: Vec<crate::cri::PodSandbox>,
+    sandboxes: Vec<exitorder::cri::PodSandbox>,
 ) -> Vec<String> {
     let mut problems = Vec::new();
     let mut tasks = tokio::task::JoinSet::new();
@@ -309,7 +309,7 @@ pub(crate) async fn teardown(shared: &NodeShared, mut cd: Containerd) -> Vec<Str
     let mut problems = Vec::new();
     let shims = all_shim_pids(&shared.state_dir);
     if cd.pid().is_some() {
-        match crate::runtime::unix_channel(&shared.socket) {
+        match exitorder::runtime::unix_channel(&shared.socket) {
             Ok(channel) => {
                 let mut client = RuntimeServiceClient::new(channel);
                 match client

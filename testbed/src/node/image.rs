@@ -2,8 +2,6 @@
 //! holding a static busybox and its applet links) with two tags, a shell image and a pause
 //! image, imported into each node with `ctr images import`.
 
-use std::fs::File;
-use std::io::{self, Read, Seek, SeekFrom};
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -48,7 +46,7 @@ pub fn find_busybox() -> Result<PathBuf, TestbedError> {
             name: "busybox",
             hint: "install it with `apt-get install -y busybox-static`",
         })?;
-    match is_static_elf(&path) {
+    match exitorder::elf::is_static_elf(&path) {
         Ok(true) => Ok(path),
         Ok(false) => Err(TestbedError::BadBinary {
             path,
@@ -56,7 +54,10 @@ pub fn find_busybox() -> Result<PathBuf, TestbedError> {
                       (`apt-get install -y busybox-static`)"
                 .to_owned(),
         }),
-        Err(e) => Err(TestbedError::io("read", path, e)),
+        Err(e) => Err(TestbedError::BadBinary {
+            problem: e.to_string(),
+            path,
+        }),
     }
 }
 
@@ -200,93 +201,5 @@ fn sha256_hex(path: &Path) -> Result<String, TestbedError> {
             status: "unexpected output".to_owned(),
             output: text.into_owned(),
         })
-    }
-}
-
-/// Whether an ELF executable runs without a dynamic loader (no `PT_INTERP` program header),
-/// so it works in any image, distroless and busybox alike.
-pub fn is_static_elf(path: &Path) -> io::Result<bool> {
-    const PT_INTERP: u32 = 3;
-    let bad =
-        |what: &str| io::Error::new(io::ErrorKind::InvalidData, format!("not an ELF: {what}"));
-    let mut f = File::open(path)?;
-    let mut header = [0u8; 64];
-    f.read_exact(&mut header)?;
-    if &header[..4] != b"\x7fELF" {
-        return Err(bad("bad magic"));
-    }
-    let little = match header[5] {
-        1 => true,
-        2 => false,
-        _ => return Err(bad("bad byte order")),
-    };
-    let u16_at = |b: &[u8], at: usize| {
-        let v = [b[at], b[at + 1]];
-        u64::from(if little {
-            u16::from_le_bytes(v)
-        } else {
-            u16::from_be_bytes(v)
-        })
-    };
-    let u32_at = |b: &[u8], at: usize| {
-        let v = [b[at], b[at + 1], b[at + 2], b[at + 3]];
-        if little {
-            u32::from_le_bytes(v)
-        } else {
-            u32::from_be_bytes(v)
-        }
-    };
-    let (phoff, phentsize, phnum) = match header[4] {
-        // ELFCLASS64
-        2 => {
-            let mut off = [0u8; 8];
-            off.copy_from_slice(&header[0x20..0x28]);
-            let phoff = if little {
-                u64::from_le_bytes(off)
-            } else {
-                u64::from_be_bytes(off)
-            };
-            (phoff, u16_at(&header, 0x36), u16_at(&header, 0x38))
-        }
-        // ELFCLASS32
-        1 => (
-            u64::from(u32_at(&header, 0x1c)),
-            u16_at(&header, 0x2a),
-            u16_at(&header, 0x2c),
-        ),
-        _ => return Err(bad("bad class")),
-    };
-    if phentsize < 4 || phnum > 4096 {
-        return Err(bad("bad program header table"));
-    }
-    f.seek(SeekFrom::Start(phoff))?;
-    let mut table = vec![0u8; usize::try_from(phentsize * phnum).map_err(|_| bad("too large"))?];
-    f.read_exact(&mut table)?;
-    let entry = usize::try_from(phentsize).map_err(|_| bad("too large"))?;
-    Ok(!table
-        .chunks_exact(entry)
-        .any(|ph| u32_at(ph, 0) == PT_INTERP))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn elf_linkage_is_told_apart() {
-        // Any dynamically linked system binary will do; the test binary itself is one.
-        let me = std::env::current_exe().unwrap();
-        assert!(!is_static_elf(&me).unwrap());
-        if let Ok(bb) = find_busybox() {
-            assert!(is_static_elf(&bb).unwrap());
-        }
-        let dir = tempfile::tempdir().unwrap();
-        let text = dir.path().join("text");
-        std::fs::write(
-            &text,
-            "#!/bin/sh\necho this is a script, not an ELF executable\n",
-        )
-        .unwrap();
-        assert!(is_static_elf(&text).is_err());
     }
 }

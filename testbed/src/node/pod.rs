@@ -7,16 +7,16 @@ use std::time::{Duration, Instant, SystemTime};
 
 use tonic::transport::Channel;
 
-use crate::cri::runtime_service_client::RuntimeServiceClient;
-use crate::cri::{
+use exitorder::cri::runtime_service_client::RuntimeServiceClient;
+use exitorder::cri::{
     ContainerConfig, ContainerMetadata, ContainerStatusRequest, CreateContainerRequest,
     ExecSyncRequest, ImageSpec, KeyValue, LinuxContainerConfig, LinuxContainerSecurityContext,
     LinuxPodSandboxConfig, LinuxSandboxSecurityContext, Mount, NamespaceMode, NamespaceOption,
     PodSandboxConfig, PodSandboxMetadata, RemovePodSandboxRequest, RunPodSandboxRequest,
     StartContainerRequest, StopContainerRequest, StopPodSandboxRequest,
 };
-use crate::runtime::{ANNOTATION_GRACE, LABEL_CONTAINER_NAME, LABEL_POD_UID};
-use crate::share::{ContainerName, PodUid, ENTRYPOINT_NAME};
+use exitorder::runtime::{ANNOTATION_GRACE, LABEL_CONTAINER_NAME, LABEL_POD_UID};
+use exitorder::share::{ContainerName, PodUid, ENTRYPOINT_NAME};
 
 use super::cleanup::{remove_cgroup, shim_alive, wait_shim_gone, SHIM_EXIT_TIMEOUT};
 use super::image::{mkdir, BUSYBOX_IMAGE};
@@ -106,7 +106,7 @@ impl PodSpec {
             .map(|(n, p)| ((*n).to_owned(), serde_json::Value::from(*p)))
             .collect();
         self.annotation(
-            crate::priority::ANNOTATION,
+            exitorder::priority::ANNOTATION,
             serde_json::Value::Object(map).to_string(),
         )
     }
@@ -880,7 +880,7 @@ mod tests {
             .container(ContainerSpec::new("proxy", "sleep 1").injected());
         assert!(spec.opted_in());
         assert_eq!(
-            spec.annotations.get(crate::priority::ANNOTATION).unwrap(),
+            spec.annotations.get(exitorder::priority::ANNOTATION).unwrap(),
             r#"{"proxy":1}"#
         );
         assert_eq!(

@@ -22,8 +22,8 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Context};
 use tracing::Instrument;
 
-use crate::share::{ContainerName, ExitKey, PodUid, Share};
-use crate::testbed::{
+use exitorder::share::{ContainerName, ExitKey, PodUid, Share};
+use crate::node::{
     script, AgentOptions, AgentProcess, ContainerSpec, DeleteOptions, Deletion, Node, NodeOptions,
     Pod, PodSpec, TestbedError,
 };
@@ -53,7 +53,7 @@ const PROBE_PERIOD: Duration = Duration::from_millis(500);
 
 /// A fraction in [0, 1) from the kernel's randomness.
 fn random_fraction() -> f64 {
-    let v = u64::from_le_bytes(crate::testbed::random_bytes::<8>()) >> 11;
+    let v = u64::from_le_bytes(crate::node::random_bytes::<8>()) >> 11;
     v as f64 / (1u64 << 53) as f64
 }
 
@@ -115,6 +115,9 @@ pub struct BenchArgs {
     /// The static exitorder-entrypoint (default: beside this executable).
     #[arg(long, env = "EXITORDER_ENTRYPOINT_BINARY")]
     pub entrypoint_binary: Option<PathBuf>,
+    /// The `exitorder` agent binary (default: beside this executable).
+    #[arg(long, env = "EXITORDER_AGENT_BINARY")]
+    pub agent_binary: Option<PathBuf>,
     /// Run only these parts (comma-separated); the others are null in the JSON.
     #[arg(long, value_enum, value_delimiter = ',')]
     pub only: Vec<Part>,
@@ -151,10 +154,20 @@ macro_rules! progress {
 
 /// Runs the benchmark on a private containerd and prints the report.
 pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
+    let report = measure(&args).await?;
+    println!("{}", report.table());
+    if args.json {
+        println!("{}", serde_json::to_string(&report)?);
+    }
+    Ok(())
+}
+
+/// Runs the benchmark on a private containerd and returns the report.
+pub async fn measure(args: &BenchArgs) -> anyhow::Result<Report> {
     let started = Instant::now();
     let entrypoint = crate::demo::static_entrypoint(args.entrypoint_binary.clone())?;
     let bin = Binaries {
-        agent: std::env::current_exe().context("locating this executable")?,
+        agent: crate::demo::agent_binary(args.agent_binary.clone())?,
         entrypoint,
     };
     progress!("starting a private containerd (a one-node test bed)");
@@ -162,19 +175,15 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         .await
         .context("cannot start the benchmark's private containerd")?;
     let outcome = tokio::select! {
-        res = measure_all(&node, &args, &bin) => res,
-        () = crate::telemetry::shutdown_signal() => Err(anyhow!("interrupted")),
+        res = measure_all(&node, args, &bin) => res,
+        () = exitorder::telemetry::shutdown_signal() => Err(anyhow!("interrupted")),
     };
     progress!("tearing the test bed down");
     let teardown = node.shutdown().await;
     let mut report = outcome?;
     teardown.context("teardown")?;
     report.total_seconds = (started.elapsed().as_secs_f64() * 10.0).round() / 10.0;
-    println!("{}", report.table());
-    if args.json {
-        println!("{}", serde_json::to_string(&report)?);
-    }
-    Ok(())
+    Ok(report)
 }
 
 struct Binaries {
@@ -540,7 +549,7 @@ async fn allow_to_return(
     args: &BenchArgs,
     bin: &Binaries,
 ) -> anyhow::Result<ReturnSection> {
-    let busybox = crate::testbed::find_busybox()?;
+    let busybox = crate::node::find_busybox()?;
     let dir = node.dir().join("returns-share");
     let entrypoint = bin.entrypoint.clone();
     let (runs, batch) = (args.returns, args.poller_batch);
@@ -587,14 +596,14 @@ async fn allow_to_return(
 /// How long the runtime takes to list every container (what the agent does on each decision
 /// round), every [`PROBE_PERIOD`] until `stop`: tells a slow agent from a saturated runtime.
 async fn list_latencies(
-    client: crate::cri::runtime_service_client::RuntimeServiceClient<tonic::transport::Channel>,
+    client: exitorder::cri::runtime_service_client::RuntimeServiceClient<tonic::transport::Channel>,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) -> Vec<f64> {
     let mut out = Vec::new();
     loop {
         let mut c = client.clone();
         let t0 = Instant::now();
-        let mut req = tonic::Request::new(crate::cri::ListContainersRequest { filter: None });
+        let mut req = tonic::Request::new(exitorder::cri::ListContainersRequest { filter: None });
         req.set_timeout(Duration::from_secs(120));
         let call = c.list_containers(req);
         tokio::select! {
@@ -780,7 +789,7 @@ mod tests {
         assert!(spec.opted_in());
         assert_eq!(
             spec.annotations
-                .get(crate::priority::ANNOTATION)
+                .get(exitorder::priority::ANNOTATION)
                 .map(String::as_str),
             Some(r#"{"proxy":1}"#)
         );

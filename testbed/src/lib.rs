@@ -1,0 +1,12 @@
+//! A one-node Kubernetes test bed for exitorder: a private containerd with a Pod runner that
+//! plays the kubelet, and the two front ends built on it, `demo` and `bench`.
+//!
+//! Not part of the node's image: the DaemonSet binary holds the agent only. The end-to-end
+//! tests, the demo and the benchmark all run their pods through this crate, from Kubernetes
+//! Pod specs, the way a cluster would run them.
+
+pub mod bench;
+pub mod demo;
+pub mod node;
+
+pub use node::*;
