@@ -443,7 +443,7 @@ async fn agent_binary_watches_pods_through_kubeconfig() {
         .expect("agent starts");
     agent
         .wait_for("pod watch current", Duration::from_secs(10), |line| {
-            line.is("pod watch current", &[("node", NODE), ("pods", "1")])
+            line.says("pod watch current", &[("node", NODE), ("pods", "1")])
         })
         .await
         .expect("the pod watch syncs");
@@ -451,7 +451,7 @@ async fn agent_binary_watches_pods_through_kubeconfig() {
     assert!(allowed_within(&f, Duration::from_secs(3)).await);
     agent
         .wait_for("the allow", Duration::from_secs(5), |line| {
-            line.is("exit allowed", &[("reason", "not_terminating")])
+            line.is("allow", &[("reason", "not_terminating")])
         })
         .await
         .expect("allowed because the pod is not being deleted");

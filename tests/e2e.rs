@@ -1,5 +1,6 @@
-//! End to end on a real containerd: pods run and deleted the way the kubelet does it, the real
-//! agent answering the real entrypoint. Order is asserted from the runtime's own `finished_at`.
+//! End to end on a real containerd: the pods of deploy/examples/, as users write them, run and
+//! deleted by the test bed's Pod runner the way the kubelet does it, the real agent answering
+//! the real entrypoint. Order is asserted from the runtime's own `finished_at`.
 //!
 //! Needs root and `containerd runc busybox-static`; without them each test prints
 //! "SKIPPED: <reason>" and passes, except in CI (`CI` set), where they are mandatory.
@@ -8,22 +9,11 @@ mod support;
 
 use std::time::Duration;
 
-use exitorder_testbed::{script, ContainerSpec, PodSpec};
-use support::{assert_exited_after, Bed};
-
-const READY: Duration = Duration::from_secs(10);
+use exitorder_testbed::What;
+use support::{assert_exited_after, edit_script, example, pod, set_grace, Bed};
 
 fn secs(s: u64) -> Duration {
     Duration::from_secs(s)
-}
-
-/// An app and a proxy sidecar (priority 1, injected preStop) that exits at once on TERM.
-fn app_and_proxy(name: &str, app_script: String, grace: u64) -> PodSpec {
-    PodSpec::new(name)
-        .grace(grace)
-        .exit_priorities(&[("proxy", 1)])
-        .container(ContainerSpec::new("app", app_script))
-        .container(ContainerSpec::new("proxy", script::exits_on_term()).injected())
 }
 
 #[tokio::test]
@@ -31,11 +21,9 @@ async fn sidecar_exits_after_main() {
     let Some(bed) = Bed::start(secs(3)).await else {
         return;
     };
-    let spec = app_and_proxy("web", script::drains_for(secs(1)), 30);
-    let uid = spec.uid.clone();
-    let pod = bed.node.run_pod(spec).await.expect("run pod");
-    pod.wait_ready(READY).await.expect("containers ready");
-    let d = pod.delete().await.expect("delete pod");
+    let running = bed.run_ready(&example("two-level")).await;
+    let uid = running.uid().to_owned();
+    let d = running.delete().await.expect("delete pod");
     bed.show("sidecar_exits_after_main", &d);
 
     assert_exited_after(&bed, &d, "proxy", "app");
@@ -47,14 +35,15 @@ async fn sidecar_exits_after_main() {
         "{}",
         bed.context(&d)
     );
+    // The app drains for 2 s after TERM; TERM comes at once (it has no preStop).
     let app_ms = d.finished_ms("app").unwrap_or_default();
     assert!(
-        app_ms >= 900.0,
+        app_ms >= 1900.0,
         "app finished at {app_ms:.0} ms{}",
         bed.context(&d)
     );
     let hook = proxy.prestop.as_ref().expect("proxy preStop ran");
-    assert_eq!(hook.exit_code, Some(0), "{}", bed.context(&d));
+    assert!(hook.ok, "{}", bed.context(&d));
     // The handshake as the share saw it: the preStop asked, the agent answered, the preStop
     // took the answer away.
     let files = d.exit_files.as_ref().expect("probed");
@@ -65,6 +54,15 @@ async fn sidecar_exits_after_main() {
     }
     let allow = bed.allowed(&uid, "proxy").await;
     assert_eq!(allow.field("reason").as_deref(), Some("ordered"));
+    // The timeline of the pod has every step, in the kubelet's order.
+    let t = &d.timeline;
+    let at = |c: &str, f: &dyn Fn(&What) -> bool| t.first(c, f).map(|e| e.at_ns);
+    let app_started = at("app", &|w| matches!(w, What::Started { .. }));
+    let proxy_started = at("proxy", &|w| matches!(w, What::Started { .. }));
+    assert!(app_started <= proxy_started, "{}", bed.context(&d));
+    let prestop = at("proxy", &|w| matches!(w, What::PreStopStarted { .. }));
+    let term = at("proxy", &|w| matches!(w, What::Term { .. }));
+    assert!(prestop.is_some() && prestop <= term, "{}", bed.context(&d));
     bed.finish().await;
 }
 
@@ -73,30 +71,23 @@ async fn three_levels_exit_in_order() {
     let Some(bed) = Bed::start(secs(3)).await else {
         return;
     };
-    let spec = PodSpec::new("levels")
-        .grace(30)
-        .exit_priorities(&[("app", 0), ("proxy", 1), ("logs", 2)])
-        .container(ContainerSpec::new("app", script::drains_for(secs(1))))
-        .container(ContainerSpec::new("proxy", script::exits_on_term()).injected())
-        .container(ContainerSpec::new("logs", script::exits_on_term()).injected());
-    let uid = spec.uid.clone();
-    let pod = bed.node.run_pod(spec).await.expect("run pod");
-    pod.wait_ready(READY).await.expect("containers ready");
-    let d = pod.delete().await.expect("delete pod");
+    let running = bed.run_ready(&example("three-level")).await;
+    let uid = running.uid().to_owned();
+    let d = running.delete().await.expect("delete pod");
     bed.show("three_levels_exit_in_order", &d);
 
     assert_eq!(
         d.exit_order(),
-        ["app", "proxy", "logs"],
+        ["app", "proxy", "log-shipper"],
         "exit order{}",
         bed.context(&d)
     );
     assert_exited_after(&bed, &d, "proxy", "app");
-    assert_exited_after(&bed, &d, "logs", "proxy");
-    for name in ["app", "proxy", "logs"] {
+    assert_exited_after(&bed, &d, "log-shipper", "proxy");
+    for name in ["app", "proxy", "log-shipper"] {
         assert_eq!(d.container(name).map(|c| c.exit_code), Some(0), "{name}");
     }
-    for name in ["proxy", "logs"] {
+    for name in ["proxy", "log-shipper"] {
         let allow = bed.allowed(&uid, name).await;
         assert_eq!(allow.field("reason").as_deref(), Some("ordered"), "{name}");
     }
@@ -108,10 +99,10 @@ async fn sidecar_waits_for_slow_main() {
     let Some(bed) = Bed::start(secs(3)).await else {
         return;
     };
-    let spec = app_and_proxy("slow", script::drains_for(secs(3)), 30);
-    let pod = bed.node.run_pod(spec).await.expect("run pod");
-    pod.wait_ready(READY).await.expect("containers ready");
-    let d = pod.delete().await.expect("delete pod");
+    let mut p = example("two-level");
+    edit_script(&mut p, "app", "sleep 2", "sleep 3");
+    let running = bed.run_ready(&p).await;
+    let d = running.delete().await.expect("delete pod");
     bed.show("sidecar_waits_for_slow_main", &d);
 
     assert_exited_after(&bed, &d, "proxy", "app");
@@ -135,11 +126,17 @@ async fn deadline_lets_sidecar_go_before_the_kill() {
     let Some(bed) = Bed::start(secs(3)).await else {
         return;
     };
-    let spec = app_and_proxy("deaf", script::ignores_term(), 8);
-    let uid = spec.uid.clone();
-    let pod = bed.node.run_pod(spec).await.expect("run pod");
-    pod.wait_ready(READY).await.expect("containers ready");
-    let d = pod.delete().await.expect("delete pod");
+    let mut p = example("two-level");
+    edit_script(
+        &mut p,
+        "app",
+        "trap 'echo \"TERM: finishing requests\"; sleep 2; echo done; exit 0' TERM",
+        "trap '' TERM",
+    );
+    set_grace(&mut p, 8);
+    let running = bed.run_ready(&p).await;
+    let uid = running.uid().to_owned();
+    let d = running.delete().await.expect("delete pod");
     bed.show("deadline_lets_sidecar_go_before_the_kill", &d);
 
     assert_exited_after(&bed, &d, "app", "proxy");
@@ -154,7 +151,7 @@ async fn deadline_lets_sidecar_go_before_the_kill() {
         "{}",
         bed.context(&d)
     );
-    let allowed_ms = d.ms(allow.at);
+    let allowed_ms = d.ms(allow.at_ns().expect("timestamped"));
     assert!(
         (4500.0..6500.0).contains(&allowed_ms),
         "deadline allow at {allowed_ms:.0} ms, expected about 5000{}",
@@ -174,15 +171,16 @@ async fn restarted_agent_answers_a_pending_wait() {
     let Some(mut bed) = Bed::start(secs(3)).await else {
         return;
     };
-    let spec = app_and_proxy("restart", script::drains_for(secs(3)), 20);
-    let uid = spec.uid.clone();
-    let pod = bed.node.run_pod(spec).await.expect("run pod");
-    pod.wait_ready(READY).await.expect("containers ready");
-    let deletion = tokio::spawn(pod.delete());
+    let mut p = example("two-level");
+    edit_script(&mut p, "app", "sleep 2", "sleep 3");
+    set_grace(&mut p, 20);
+    let running = bed.run_ready(&p).await;
+    let uid = running.uid().to_owned();
+    let deletion = tokio::spawn(running.delete());
 
     bed.agent
         .wait_for("the agent holding the proxy", secs(10), |l| {
-            l.is("exit held", &[("pod", &uid), ("container", "proxy")])
+            l.is("held", &[("pod", &uid), ("container", "proxy")])
         })
         .await
         .unwrap_or_else(|e| panic!("{e}"));
@@ -210,20 +208,31 @@ async fn pod_without_exitorder_is_not_held() {
     let Some(bed) = Bed::start(secs(3)).await else {
         return;
     };
-    let spec = PodSpec::new("plain")
-        .grace(30)
-        .container(ContainerSpec::new("app", script::exits_on_term()))
-        .container(ContainerSpec::new("helper", script::exits_on_term()));
-    let uid = spec.uid.clone();
-    let pod = bed.node.run_pod(spec).await.expect("run pod");
-    pod.wait_ready(READY).await.expect("containers ready");
-    let share_dir = pod.container_dir("app");
-    let d = pod.delete().await.expect("delete pod");
+    let plain = pod(r#"
+apiVersion: v1
+kind: Pod
+metadata: {name: plain}
+spec:
+  containers:
+    - name: app
+      image: busybox:1.36
+      command: [sh, -c, "trap 'exit 0' TERM; touch /tmp/serving; while :; do sleep 3600 & wait $!; done"]
+      readinessProbe: {exec: {command: [test, -e, /tmp/serving]}, periodSeconds: 1}
+    - name: helper
+      image: busybox:1.36
+      command: [sh, -c, "trap 'exit 0' TERM; touch /tmp/serving; while :; do sleep 3600 & wait $!; done"]
+      readinessProbe: {exec: {command: [test, -e, /tmp/serving]}, periodSeconds: 1}
+"#);
+    let running = bed.run_ready(&plain).await;
+    let uid = running.uid().to_owned();
+    let share_dir = running.container_dir("app");
+    let d = running.delete().await.expect("delete pod");
     bed.show("pod_without_exitorder_is_not_held", &d);
 
     for c in &d.containers {
         assert!(c.prestop.is_none());
-        let after_term = d.finished_ms(&c.name).unwrap_or(f64::NAN) - d.ms(c.term_sent);
+        let after_term =
+            d.finished_ms(&c.name).unwrap_or(f64::NAN) - d.ms(c.term_ns.expect("TERM sent"));
         assert!(
             after_term < 1000.0,
             "{} finished {after_term:.0} ms after TERM{}",
@@ -232,7 +241,7 @@ async fn pod_without_exitorder_is_not_held() {
         );
         assert_eq!(c.exit_code, 0);
     }
-    assert_eq!(d.pod_dir_created, None, "{}", bed.context(&d));
+    assert_eq!(d.pod_dir_created_ns, None, "{}", bed.context(&d));
     assert!(d
         .exit_files
         .as_ref()

@@ -851,7 +851,7 @@ impl Agent {
                         unconfirmed |= p.confirm.staying_at.is_none_or(|c| c < waiter.since);
                     } else if !waiter.announced {
                         waiter.announced = true;
-                        info!(pod = %pod, container = %name, waiting_for = ?blocked_by, "exit held");
+                        info!(event = "held", pod = %pod, container = %name, waiting_for = ?blocked_by, "exit held");
                     }
                 }
             }
@@ -902,6 +902,7 @@ impl Agent {
             Ok(()) => {
                 self.stats.allowed(reason, waited);
                 info!(
+                    event = "allow",
                     pod = %key.pod,
                     container = %key.container,
                     reason = %reason,

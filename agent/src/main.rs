@@ -23,7 +23,10 @@ async fn main() -> anyhow::Result<()> {
 fn run_testbed(sub: &str, args: TestbedArgs) -> anyhow::Result<()> {
     use std::os::unix::process::CommandExt;
     let bin = cli::testbed_binary();
-    let err = std::process::Command::new(&bin).arg(sub).args(&args.args).exec();
+    let err = std::process::Command::new(&bin)
+        .arg(sub)
+        .args(&args.args)
+        .exec();
     Err(err).with_context(|| {
         format!(
             "`exitorder {sub}` runs {}, the test bed (not part of the node image); build it \

@@ -1,72 +1,274 @@
-//! `exitorder demo`: one pod deleted on a private containerd, with a timeline showing the
-//! sidecar leaving after the app (or, `--without-agent`, before it: the problem exitorder
-//! solves).
+//! `exitorder-testbed demo`: a pod run and deleted on a private containerd the way the kubelet
+//! does it, with the agent answering its sidecars, and a timeline and a verdict per container.
+//! With `--pod FILE.yaml`, a user's own pod; without, the two-level example of
+//! `deploy/examples/`.
 
+use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context};
+use serde::Serialize;
+use serde_json::Value;
 
-use crate::node::{
-    script, AgentOptions, AgentProcess, ContainerSpec, Deletion, LogLine, Node,
-    NodeOptions, PodSpec,
-};
+use crate::agentlog::{parse_allow, ALLOWED};
+use crate::kubelet::{DeleteOptions, RunOptions, What};
+use crate::node::{AgentOptions, AgentProcess, Node, NodeOptions};
+use crate::verdict::{self, Allowed, ContainerVerdict, Verdict};
 
 pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s).map_err(|e| format!("{e} (examples: 500ms, 2s)"))
 }
 
+/// The demo's own pod: the two-level example users start from.
+pub const EXAMPLE_POD: &str = include_str!("../../deploy/examples/two-level.yaml");
+
 #[derive(Debug, Clone, clap::Args)]
 pub struct DemoArgs {
-    /// The static exitorder-entrypoint the agent installs for the pod's preStop hook
+    /// A Pod (YAML or JSON) to run instead of the two-level example: opt your pod in the way
+    /// the README says and see its exits on a real runtime before deploying it.
+    #[arg(long, value_name = "FILE")]
+    pub pod: Option<PathBuf>,
+    /// An image archive (docker-archive or OCI) to import first; repeatable. The node has
+    /// busybox (also as busybox:1.36) and nothing is pulled.
+    #[arg(long, value_name = "FILE.tar")]
+    pub image: Vec<PathBuf>,
+    /// Run a pod that does not ask for hostNetwork on the node's network anyway (the test
+    /// bed has no CNI; otherwise such a pod is refused). Always on for the built-in example.
+    #[arg(long)]
+    pub host_network: bool,
+    /// Delete with this grace period, as `kubectl delete --grace-period` does.
+    #[arg(long, value_name = "SECONDS")]
+    pub grace_period: Option<i64>,
+    /// How long the pod may take to become ready.
+    #[arg(long, default_value = "60s", value_parser = parse_duration)]
+    pub ready_timeout: Duration,
+    /// Run the same pod without the agent (and without the entrypoint in the share): what a
+    /// node without exitorder does.
+    #[arg(long)]
+    pub without_agent: bool,
+    /// Print one JSON object as the last line: each container's exit code, exit time and
+    /// verdict.
+    #[arg(long)]
+    pub json: bool,
+    /// The static exitorder-entrypoint the agent installs for the pod's preStop hooks
     /// (default: beside this executable).
     #[arg(long, env = "EXITORDER_ENTRYPOINT_BINARY")]
     pub entrypoint_binary: Option<PathBuf>,
     /// The `exitorder` agent binary (default: beside this executable).
     #[arg(long, env = "EXITORDER_AGENT_BINARY")]
     pub agent_binary: Option<PathBuf>,
-    /// Run the same pod without exitorder (no agent, no preStop hook) to see the problem.
-    #[arg(long)]
-    pub without_agent: bool,
-    /// How long the app takes to finish its requests after TERM.
-    #[arg(long, default_value = "2s", value_parser = parse_duration)]
-    pub drain: Duration,
 }
 
-const GRACE_SECONDS: u64 = 15;
-const RESERVE: Duration = Duration::from_secs(3);
+/// What `--json` prints.
+#[derive(Debug, Clone, Serialize)]
+pub struct DemoReport {
+    pub pod: String,
+    pub containers: BTreeMap<String, ContainerVerdict>,
+}
 
-/// Runs the demo; an error when the node cannot start, or when exitorder did not keep the
-/// order.
+impl DemoReport {
+    /// Whether every container with a priority above 0 left in order.
+    pub fn ordered(&self) -> bool {
+        self.containers
+            .values()
+            .filter(|c| c.priority > 0)
+            .all(|c| c.verdict == Verdict::Ordered)
+    }
+}
+
+/// Runs the demo and prints it; an error when the node cannot start, or when, with the agent,
+/// a sidecar did not leave in order.
 pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
-    let entrypoint = if args.without_agent {
+    let report = demo(&args, &mut |line| println!("{line}")).await?;
+    if args.json {
+        println!("{}", serde_json::to_string(&report)?);
+    }
+    let late: Vec<String> = report
+        .containers
+        .iter()
+        .filter(|(_, c)| c.priority > 0 && c.verdict != Verdict::Ordered)
+        .map(|(n, c)| format!("{n}: {}", c.why))
+        .collect();
+    if !args.without_agent && !late.is_empty() {
+        bail!("not every sidecar left in order: {}", late.join("; "));
+    }
+    Ok(())
+}
+
+/// The demo, writing its lines to `out`; returns each container's verdict.
+pub async fn demo(args: &DemoArgs, out: &mut dyn FnMut(&str)) -> anyhow::Result<DemoReport> {
+    let (pod, force_host_network) = match &args.pod {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("cannot read {}", path.display()))?;
+            (crate::kubelet::pod_from_yaml(&text)?, args.host_network)
+        }
+        None => (crate::kubelet::pod_from_yaml(EXAMPLE_POD)?, true),
+    };
+    let binaries = if args.without_agent {
         None
     } else {
-        Some(static_entrypoint(args.entrypoint_binary.clone())?)
+        Some((
+            agent_binary(args.agent_binary.clone())?,
+            static_entrypoint(args.entrypoint_binary.clone())?,
+        ))
     };
-    println!("Starting a private containerd (a one-node test bed)...");
+    out("Starting a private containerd (a one-node test bed)...");
     let node = Node::start(NodeOptions::default())
         .await
         .context("cannot start the demo's private containerd")?;
     let v = node.version();
-    println!(
+    out(&format!(
         "  {} {} on {}",
         v.runtime_name,
         v.runtime_version,
         node.socket().display()
-    );
+    ));
     let outcome = tokio::select! {
-        res = scenario(&node, &args, entrypoint) => res,
+        res = scenario(&node, args, &pod, force_host_network, binaries, out) => res,
         () = exitorder::telemetry::shutdown_signal() => Err(anyhow!("interrupted")),
     };
-    println!("Tearing the test bed down...");
+    out("Tearing the test bed down...");
     let teardown = node.shutdown().await;
-    let verdict = outcome?;
+    let report = outcome?;
     teardown.context("teardown")?;
-    if !args.without_agent && !verdict.order_kept {
-        bail!("exitorder did not keep the order: {}", verdict.line);
+    Ok(report)
+}
+
+async fn scenario(
+    node: &Node,
+    args: &DemoArgs,
+    pod: &Value,
+    force_host_network: bool,
+    binaries: Option<(PathBuf, PathBuf)>,
+    out: &mut dyn FnMut(&str),
+) -> anyhow::Result<DemoReport> {
+    for archive in &args.image {
+        node.import_image(archive)
+            .with_context(|| format!("cannot import {}", archive.display()))?;
+        out(&format!("Imported {}", archive.display()));
     }
-    Ok(())
+    let agent = match &binaries {
+        Some((agent, entrypoint)) => {
+            let opts = AgentOptions::new(agent, node, entrypoint);
+            let a = AgentProcess::start(&opts)
+                .await
+                .context("starting the agent")?;
+            out(&format!(
+                "Started the exitorder agent (pid {}), grace reserve {} s.",
+                a.pid().unwrap_or_default(),
+                opts.grace_reserve.as_secs()
+            ));
+            Some(a)
+        }
+        None => {
+            out("No exitorder agent, no entrypoint in the share (--without-agent): a node without exitorder.");
+            None
+        }
+    };
+    let opts = RunOptions {
+        force_host_network,
+        ..RunOptions::default()
+    };
+    let running = node.run_pod(pod, &opts).await.context("running the pod")?;
+    let prio = verdict::priorities(running.plan());
+    out("");
+    out(&format!(
+        "Pod {} ({}), grace period {} s:",
+        running.name(),
+        running.uid(),
+        running.plan().grace_seconds
+    ));
+    for c in running.plan().all() {
+        let pre_stop = c
+            .pre_stop
+            .as_ref()
+            .map(|h| format!(", preStop `{}`", crate::kubelet::config::describe(h)))
+            .unwrap_or_default();
+        out(&format!(
+            "  {:<14} exit priority {}{pre_stop}",
+            c.name,
+            prio.get(&c.name).copied().unwrap_or(0)
+        ));
+    }
+    for note in running.notes() {
+        out(&format!("  note: {note}"));
+    }
+    running
+        .wait_ready(args.ready_timeout)
+        .await
+        .context("waiting for the pod to be ready")?;
+    let plan = running.plan().clone();
+    out("");
+    out("Deleting the pod the kubelet's way: preStop hooks at once, then TERM, KILL at the end of the grace period...");
+    let d = running
+        .delete_with(DeleteOptions {
+            grace_period: args.grace_period,
+            probe_exit_files: true,
+        })
+        .await
+        .context("deleting the pod")?;
+    let mut allows: HashMap<String, Allowed> = HashMap::new();
+    let mut timeline = d.timeline.clone();
+    if let Some(agent) = &agent {
+        // Every held container's allow, if the agent wrote one: its log may trail the
+        // deletion by a moment.
+        let held: Vec<String> = d
+            .exit_files
+            .iter()
+            .flatten()
+            .filter(|(_, e)| e.allowed.is_some())
+            .map(|(n, _)| n.clone())
+            .collect();
+        for name in held {
+            let uid = d.pod_uid.clone();
+            let _ = agent
+                .wait_for("the agent's allow", Duration::from_secs(5), |l| {
+                    l.is(ALLOWED, &[("pod", &uid), ("container", &name)])
+                })
+                .await;
+        }
+        for line in agent.lines() {
+            let Some(json) = &line.json else { continue };
+            if let Ok(Some(a)) = parse_allow(json) {
+                if a.pod == d.pod_uid {
+                    timeline.push(
+                        a.at_ns,
+                        Some(&a.container),
+                        What::Allowed {
+                            reason: a.reason.clone(),
+                        },
+                    );
+                    allows.insert(
+                        a.container,
+                        Allowed {
+                            reason: a.reason,
+                            at_ns: a.at_ns,
+                        },
+                    );
+                }
+            }
+        }
+    }
+    out("");
+    out("Timeline (ms from the deletion):");
+    for line in timeline.render(d.started_ns).lines() {
+        out(line);
+    }
+    let containers = verdict::judge(&plan, &d, &allows);
+    out("");
+    out("Verdict:");
+    for (name, c) in &containers {
+        out(&format!(
+            "  {name:<14} exit code {:<4} {}",
+            c.exit_code, c.why
+        ));
+    }
+    Ok(DemoReport {
+        pod: d.pod_name.clone(),
+        containers,
+    })
 }
 
 /// The static entrypoint given (default: beside this executable), refused with the command
@@ -101,155 +303,4 @@ fn beside_this_executable(name: &str) -> PathBuf {
         .ok()
         .and_then(|p| p.parent().map(|d| d.join(name)))
         .unwrap_or_else(|| PathBuf::from(name))
-}
-
-struct Verdict {
-    order_kept: bool,
-    line: String,
-}
-
-async fn scenario(
-    node: &Node,
-    args: &DemoArgs,
-    entrypoint: Option<PathBuf>,
-) -> anyhow::Result<Verdict> {
-    let agent = match &entrypoint {
-        Some(ep) => {
-            let exe = agent_binary(args.agent_binary.clone())?;
-            let mut opts = AgentOptions::new(exe, node, ep);
-            opts.grace_reserve = RESERVE;
-            let agent = AgentProcess::start(&opts)
-                .await
-                .context("starting the agent")?;
-            println!(
-                "Started the exitorder agent (pid {}).",
-                agent.pid().unwrap_or_default()
-            );
-            Some(agent)
-        }
-        None => {
-            println!("No exitorder agent (--without-agent).");
-            None
-        }
-    };
-    let with_agent = agent.is_some();
-    let mut proxy = ContainerSpec::new("proxy", script::exits_on_term());
-    let mut spec = PodSpec::new("web").grace(GRACE_SECONDS);
-    if with_agent {
-        proxy = proxy.injected();
-        spec = spec.exit_priorities(&[("proxy", 1)]);
-    }
-    let spec = spec
-        .container(ContainerSpec::new("app", script::drains_for(args.drain)))
-        .container(proxy);
-    let uid = spec.uid.clone();
-    println!();
-    println!("Pod web ({uid}), grace period {GRACE_SECONDS} s:");
-    println!(
-        "  app    finishes its in-flight requests for {} after TERM",
-        humantime::format_duration(args.drain)
-    );
-    if with_agent {
-        println!(
-            "  proxy  exits at once on TERM; exit priority 1, preStop `exitorder-entrypoint wait`"
-        );
-    } else {
-        println!("  proxy  exits at once on TERM; no exitorder annotation, no preStop");
-    }
-    let pod = node.run_pod(spec).await.context("running the pod")?;
-    pod.wait_ready(Duration::from_secs(15))
-        .await
-        .context("waiting for the containers to start")?;
-    println!();
-    println!("Deleting the pod (the kubelet's way: preStop hooks, then TERM, for every container at once)...");
-    let d = pod.delete().await.context("deleting the pod")?;
-    let allow = match &agent {
-        Some(a) => a
-            .wait_for("the agent's allow", Duration::from_secs(5), |l| {
-                l.is("exit allowed", &[("pod", &uid), ("container", "proxy")])
-            })
-            .await
-            .ok(),
-        None => None,
-    };
-    println!();
-    print_timeline(&d, allow.as_ref());
-    let verdict = verdict(&d, with_agent, args.drain)?;
-    println!();
-    println!("{}", verdict.line);
-    Ok(verdict)
-}
-
-fn print_timeline(d: &Deletion, allow: Option<&LogLine>) {
-    let mut rows: Vec<(f64, String)> = Vec::new();
-    let files = d.exit_files.as_ref();
-    for c in &d.containers {
-        if let Some(h) = &c.prestop {
-            rows.push((
-                d.ms(h.started),
-                format!("{} preStop started: exitorder-entrypoint wait", c.name),
-            ));
-            if let Some(t) = files.and_then(|f| f.get(&c.name)).and_then(|e| e.created) {
-                rows.push((
-                    d.ms(t),
-                    format!("{} preStop blocked: exit file appeared", c.name),
-                ));
-            }
-            if let Some(t) = files.and_then(|f| f.get(&c.name)).and_then(|e| e.allowed) {
-                let reason = allow
-                    .and_then(|l| l.field("reason"))
-                    .map(|r| format!(" (reason {r})"))
-                    .unwrap_or_default();
-                rows.push((d.ms(t), format!("allow written by the agent{reason}")));
-            }
-            rows.push((
-                d.ms(h.returned),
-                format!(
-                    "{} preStop returned{}",
-                    c.name,
-                    h.exit_code
-                        .map(|code| format!(" (exit {code})"))
-                        .unwrap_or_else(|| format!(": {}", h.error.as_deref().unwrap_or("?")))
-                ),
-            ));
-        }
-        let how = if c.prestop.is_none() {
-            " (no preStop hook)"
-        } else {
-            ""
-        };
-        rows.push((d.ms(c.term_sent), format!("TERM sent to {}{how}", c.name)));
-        if let Some(ms) = d.finished_ms(&c.name) {
-            rows.push((ms, format!("{} exited (code {})", c.name, c.exit_code)));
-        }
-    }
-    rows.sort_by(|a, b| a.0.total_cmp(&b.0));
-    println!("Timeline (ms from the deletion):");
-    for (ms, what) in rows {
-        println!("  {:>+7.0} ms  {what}", ms.max(0.0));
-    }
-}
-
-fn verdict(d: &Deletion, with_agent: bool, drain: Duration) -> anyhow::Result<Verdict> {
-    let app = d
-        .finished_ms("app")
-        .ok_or_else(|| anyhow!("no exit time for app"))?;
-    let proxy = d
-        .finished_ms("proxy")
-        .ok_or_else(|| anyhow!("no exit time for proxy"))?;
-    let gap = proxy - app;
-    let order_kept = gap > 0.0;
-    let line = if order_kept {
-        format!("proxy exited {gap:.0} ms after app: order kept")
-    } else if with_agent {
-        format!("proxy exited {:.0} ms before app: order NOT kept", -gap)
-    } else {
-        format!(
-            "proxy exited {:.0} ms before app: the problem; the app's last {} of requests had \
-             no proxy (run without --without-agent to see exitorder fix it)",
-            -gap,
-            humantime::format_duration(drain)
-        )
-    };
-    Ok(Verdict { order_kept, line })
 }

@@ -5,8 +5,15 @@
 //! tests, the demo and the benchmark all run their pods through this crate, from Kubernetes
 //! Pod specs, the way a cluster would run them.
 
+pub mod agentlog;
 pub mod bench;
 pub mod demo;
+pub mod kubelet;
+pub mod manifest;
 pub mod node;
+pub mod verdict;
 
+pub use kubelet::{
+    DeleteOptions, Deletion, Phase, PodStatus, RunOptions, RunningPod, Timeline, What,
+};
 pub use node::*;

@@ -10,7 +10,9 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use exitorder::elf::check_static_executable;
+use exitorder_testbed::kubelet::{pod_from_yaml, RunOptions, RunningPod};
 use exitorder_testbed::{AgentOptions, AgentProcess, Deletion, LogLine, Node, NodeOptions};
+use serde_json::Value;
 
 /// The agent executable under test.
 pub const AGENT_BIN: &str = env!("CARGO_BIN_EXE_exitorder");
@@ -79,7 +81,7 @@ async fn expect_containerd_events(agent: &AgentProcess) {
         .wait_for(
             "\"exit source connected\" with containerd_events",
             Duration::from_secs(10),
-            |l| l.is("exit source connected", &[("source", "containerd_events")]),
+            |l| l.says("exit source connected", &[("source", "containerd_events")]),
         )
         .await
         .unwrap_or_else(|e| panic!("{e}"));
@@ -134,16 +136,22 @@ impl Bed {
         Ok(())
     }
 
-    /// Waits for an "exit allowed" line about `container` of pod `uid`.
+    /// Waits for the agent's allow of `container` of pod `uid`.
     pub async fn allowed(&self, uid: &str, container: &str) -> LogLine {
         self.agent
             .wait_for(
-                &format!("\"exit allowed\" for {container}"),
+                &format!("the allow of {container}"),
                 Duration::from_secs(10),
-                |l| l.is("exit allowed", &[("pod", uid), ("container", container)]),
+                |l| l.is("allow", &[("pod", uid), ("container", container)]),
             )
             .await
             .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// Runs `pod` (on the node's network whatever it asks: there is no CNI here) and waits
+    /// until it is ready.
+    pub async fn run_ready(&self, pod: &Value) -> RunningPod {
+        run_ready(&self.node, pod).await
     }
 
     /// Stops the agent, then tears the node down; fails the test if anything is left.
@@ -169,6 +177,82 @@ impl Bed {
             d.describe(),
             self.agent.log_tail(25)
         )
+    }
+}
+
+/// Runs `pod` on `node` (on the node's network) and waits until it is ready.
+pub async fn run_ready(node: &Node, pod: &Value) -> RunningPod {
+    let opts = RunOptions {
+        force_host_network: true,
+        ..RunOptions::default()
+    };
+    let running = node
+        .run_pod(pod, &opts)
+        .await
+        .unwrap_or_else(|e| panic!("run pod: {e}"));
+    running
+        .wait_ready(Duration::from_secs(60))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    running
+}
+
+/// A pod of deploy/examples/, as users start from it.
+pub fn example(name: &str) -> Value {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("deploy/examples")
+        .join(format!("{name}.yaml"));
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    pod_from_yaml(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// A pod from YAML text.
+pub fn pod(yaml: &str) -> Value {
+    pod_from_yaml(yaml).unwrap_or_else(|e| panic!("{e}\n{yaml}"))
+}
+
+/// The container named `name` of `pod` (main or init).
+pub fn container_mut<'a>(pod: &'a mut Value, name: &str) -> &'a mut Value {
+    let spec = &mut pod["spec"];
+    for list in ["containers", "initContainers"] {
+        if let Some(i) = spec[list]
+            .as_array()
+            .and_then(|cs| cs.iter().position(|c| c["name"] == name))
+        {
+            return &mut spec[list][i];
+        }
+    }
+    panic!("no container {name} in the pod")
+}
+
+/// Replaces `from` by `to` in the shell script of `container` (`command: [sh, -c, SCRIPT]`).
+pub fn edit_script(pod: &mut Value, container: &str, from: &str, to: &str) {
+    let script = &mut container_mut(pod, container)["command"][2];
+    let text = script.as_str().expect("a shell script").to_owned();
+    assert!(
+        text.contains(from),
+        "{from:?} not in the script of {container}: {text}"
+    );
+    *script = Value::String(text.replace(from, to));
+}
+
+/// Sets the pod's grace period and every exitorder preStop's `--timeout` to it.
+pub fn set_grace(pod: &mut Value, seconds: u64) {
+    pod["spec"]["terminationGracePeriodSeconds"] = seconds.into();
+    for list in ["containers", "initContainers"] {
+        for c in pod["spec"][list].as_array_mut().into_iter().flatten() {
+            let Some(cmd) = c
+                .pointer_mut("/lifecycle/preStop/exec/command")
+                .and_then(Value::as_array_mut)
+            else {
+                continue;
+            };
+            if let Some(i) = cmd.iter().position(|a| a == "--timeout") {
+                if let Some(v) = cmd.get_mut(i + 1) {
+                    *v = Value::String(format!("{seconds}s"));
+                }
+            }
+        }
     }
 }
 

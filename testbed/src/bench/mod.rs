@@ -7,7 +7,6 @@
 //! 3. The agent's memory and CPU, idle with many pods and while all of them are deleted at
 //!    once.
 
-pub mod agentlog;
 pub mod baseline;
 pub mod measure;
 pub mod proc;
@@ -22,13 +21,11 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Context};
 use tracing::Instrument;
 
+use crate::kubelet::{DeleteOptions, Deletion, RunOptions, RunningPod};
+use crate::node::{AgentOptions, AgentProcess, Node, NodeOptions, TestbedError};
 use exitorder::share::{ContainerName, ExitKey, PodUid, Share};
-use crate::node::{
-    script, AgentOptions, AgentProcess, ContainerSpec, DeleteOptions, Deletion, Node, NodeOptions,
-    Pod, PodSpec, TestbedError,
-};
 
-use agentlog::AllowLog;
+use crate::agentlog::AllowLog;
 use baseline::{KruiseDaemon, KRUISE_SCAN};
 use measure::{assess, Allow, Trial};
 use proc::{mib, Sample};
@@ -221,43 +218,58 @@ async fn measure_all(node: &Node, args: &BenchArgs, bin: &Binaries) -> anyhow::R
     Ok(report)
 }
 
-/// A pod as the exitorder webhook would leave it: an app, and a proxy sidecar with exit
-/// priority 1 and the preStop wait.
-fn bench_pod(name: String, app_drain: Duration) -> PodSpec {
-    PodSpec::new(name)
-        .grace(GRACE_SECONDS)
-        .exit_priorities(&[(PROXY, 1)])
-        .container(ContainerSpec::new(APP, script::drains_for(app_drain)))
-        .container(ContainerSpec::new(PROXY, script::exits_on_term()).injected())
+/// The benchmark's pod (testbed/pods/bench.yaml), as the exitorder webhook would leave it:
+/// an app, and a proxy sidecar with exit priority 1 and the preStop wait.
+const BENCH_POD: &str = include_str!("../../pods/bench.yaml");
+
+fn bench_pod(name: String, app_drain: Duration) -> anyhow::Result<serde_json::Value> {
+    let mut pod = crate::kubelet::pod_from_yaml(BENCH_POD)?;
+    // Pod names are DNS subdomains: the source tags (containerd_events) become dashes.
+    pod["metadata"]["name"] = serde_json::Value::String(name.replace('_', "-"));
+    pod["spec"]["terminationGracePeriodSeconds"] = serde_json::json!(GRACE_SECONDS);
+    pod["spec"]["containers"][0]["env"][0]["value"] =
+        serde_json::Value::String(format!("{:.3}", app_drain.as_secs_f64()));
+    pod["spec"]["containers"][1]["lifecycle"]["preStop"]["exec"]["command"][3] =
+        serde_json::Value::String(format!("{GRACE_SECONDS}s"));
+    Ok(pod)
 }
 
-/// Starts pods with bounded concurrency and waits until they can be stopped; returns those
-/// that came up and why the others did not.
+/// Starts pods with bounded concurrency and waits until they can be stopped (each shell has
+/// set its TERM trap); returns those that came up and why the others did not.
 async fn start_pods(
     node: &Node,
-    specs: Vec<PodSpec>,
+    pods: Vec<serde_json::Value>,
     concurrency: usize,
-) -> (Vec<Pod>, Vec<TestbedError>) {
-    let mut pods = Vec::with_capacity(specs.len());
+) -> (Vec<RunningPod>, Vec<TestbedError>) {
+    let mut started = Vec::with_capacity(pods.len());
     let mut errors = Vec::new();
-    for res in node.run_pods(specs, concurrency).await {
+    let opts = RunOptions::default();
+    for res in node.run_pods(pods, &opts, concurrency, READY_TIMEOUT).await {
         match res {
-            Ok(p) => match p.wait_ready(READY_TIMEOUT).await {
-                // Not ready means deaf to TERM: it stays out of the measurement, and runs
-                // until the node is torn down.
-                Ok(()) => pods.push(p),
-                Err(e) => errors.push(e),
-            },
+            Ok(p) => {
+                let mut ready = Ok(());
+                for c in [APP, PROXY] {
+                    if ready.is_ok() {
+                        ready = p.wait_output(c, "serving", READY_TIMEOUT).await;
+                    }
+                }
+                match ready {
+                    // Not ready means deaf to TERM: it stays out of the measurement, and
+                    // runs until the node is torn down.
+                    Ok(()) => started.push(p),
+                    Err(e) => errors.push(e),
+                }
+            }
             Err(e) => errors.push(e),
         }
     }
-    (pods, errors)
+    (started, errors)
 }
 
 /// Deletes every pod, the kubelet's way, the i-th `i * stagger` after the first (all at
 /// once without a stagger); one result per pod (with its UID).
 async fn delete_all(
-    pods: Vec<Pod>,
+    pods: Vec<RunningPod>,
     stagger: Duration,
 ) -> Vec<(String, Result<Deletion, TestbedError>)> {
     let mut tasks = tokio::task::JoinSet::new();
@@ -270,6 +282,7 @@ async fn delete_all(
                 tokio::time::sleep(delay).await;
                 let res = pod
                     .delete_with(DeleteOptions {
+                        grace_period: None,
                         probe_exit_files: false,
                     })
                     .await;
@@ -318,7 +331,7 @@ async fn delete_in_batches(
         let n = args.batch.min(args.deletions - out.len());
         let specs = (0..n)
             .map(|i| bench_pod(format!("{tag}-{batch_no}-{i}"), args.app_drain))
-            .collect();
+            .collect::<anyhow::Result<Vec<_>>>()?;
         let (pods, errors) = start_pods(node, specs, args.start_concurrency).await;
         if let Some(e) = errors.into_iter().next() {
             bail!("a pod of {tag} batch {batch_no} did not start: {e}");
@@ -645,7 +658,7 @@ async fn resources(
     );
     let specs = (0..args.idle_pods)
         .map(|i| bench_pod(format!("idle-{i}"), args.app_drain))
-        .collect();
+        .collect::<anyhow::Result<Vec<_>>>()?;
     let (mut pods, errors) = start_pods(node, specs, args.start_concurrency).await;
     if let Some(e) = errors.first() {
         progress!(
@@ -677,7 +690,7 @@ async fn resources(
         progress!("resources: starting {extra} more pods for the burst");
         let specs = (0..extra)
             .map(|i| bench_pod(format!("burst-{i}"), args.app_drain))
-            .collect();
+            .collect::<anyhow::Result<Vec<_>>>()?;
         let (more, errors) = start_pods(node, specs, args.start_concurrency).await;
         if let Some(e) = errors.first() {
             progress!(
@@ -785,16 +798,20 @@ mod tests {
 
     #[test]
     fn bench_pods_are_ordered_and_injected() {
-        let spec = bench_pod("p".into(), Duration::from_millis(300));
-        assert!(spec.opted_in());
-        assert_eq!(
-            spec.annotations
-                .get(exitorder::priority::ANNOTATION)
-                .map(String::as_str),
-            Some(r#"{"proxy":1}"#)
-        );
-        let names: Vec<&str> = spec.containers.iter().map(|c| c.name.as_str()).collect();
+        let pod = bench_pod("p".into(), Duration::from_millis(300)).unwrap();
+        let place = crate::kubelet::plan::Placement {
+            uid: crate::node::random_uuid(),
+            node_name: "n".into(),
+            host_ip: "127.0.0.1".into(),
+            force_host_network: false,
+            name_suffix: String::new(),
+        };
+        let plan = crate::kubelet::plan::plan(&pod, &place).unwrap();
+        let names: Vec<&str> = plan.containers.iter().map(|c| c.name.as_str()).collect();
         assert_eq!(names, [APP, PROXY]);
-        assert!(spec.containers[0].script.contains("sleep 0.3"));
+        assert_eq!(crate::verdict::priorities(&plan)[PROXY], 1);
+        assert!(plan.containers[0].command[2].contains("sleep 0.300;"));
+        assert!(plan.containers[1].pre_stop.is_some());
+        assert_eq!(plan.grace_seconds, 30);
     }
 }

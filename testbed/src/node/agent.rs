@@ -90,12 +90,28 @@ impl LogLine {
         })
     }
 
-    /// Whether this is the given message with the given field values.
-    pub fn is(&self, message: &str, fields: &[(&str, &str)]) -> bool {
+    /// Whether this is the given event (the agent's stable `event` field: `allow`, `held`)
+    /// with the given field values.
+    pub fn is(&self, event: &str, fields: &[(&str, &str)]) -> bool {
+        self.field("event").as_deref() == Some(event)
+            && fields
+                .iter()
+                .all(|(k, v)| self.field(k).as_deref() == Some(*v))
+    }
+
+    /// Whether this is the given log message with the given field values (for lines that
+    /// carry no `event`).
+    pub fn says(&self, message: &str, fields: &[(&str, &str)]) -> bool {
         self.message() == Some(message)
             && fields
                 .iter()
                 .all(|(k, v)| self.field(k).as_deref() == Some(*v))
+    }
+
+    /// When the agent stamped the line (Unix ns), from its own timestamp.
+    pub fn at_ns(&self) -> Option<i64> {
+        let ts = self.json.as_ref()?.get("timestamp")?.as_str()?;
+        crate::agentlog::timestamp_ns(ts).ok()
     }
 }
 
@@ -127,7 +143,7 @@ impl AgentProcess {
             .wait_for(
                 "the agent's \"agent ready\" line",
                 opts.ready_timeout,
-                |l| l.message() == Some("agent ready"),
+                |l| l.says("agent ready", &[]),
             )
             .await?;
         Ok(agent)
@@ -263,7 +279,7 @@ mod tests {
 
     #[test]
     fn json_fields() {
-        let text = r#"{"timestamp":"t","level":"INFO","fields":{"message":"exit allowed","pod":"p","container":"proxy","reason":"ordered","waited_ms":1034},"target":"exitorder::agent"}"#;
+        let text = r#"{"timestamp":"2026-11-21T12:00:00.000100Z","level":"INFO","fields":{"message":"exit allowed","event":"allow","pod":"p","container":"proxy","reason":"ordered","waited_ms":1034},"target":"exitorder::agent"}"#;
         let line = LogLine {
             at: Instant::now(),
             json: serde_json::from_str(text).ok(),
@@ -271,10 +287,9 @@ mod tests {
         };
         assert_eq!(line.message(), Some("exit allowed"));
         assert_eq!(line.field("waited_ms").as_deref(), Some("1034"));
-        assert!(line.is(
-            "exit allowed",
-            &[("container", "proxy"), ("reason", "ordered")]
-        ));
-        assert!(!line.is("exit allowed", &[("reason", "deadline")]));
+        assert!(line.is("allow", &[("container", "proxy"), ("reason", "ordered")]));
+        assert!(!line.is("allow", &[("reason", "deadline")]));
+        assert!(line.says("exit allowed", &[("pod", "p")]));
+        assert_eq!(line.at_ns(), Some(1_795_262_400_000_100_000));
     }
 }

@@ -13,6 +13,8 @@ use super::TestbedError;
 
 /// The image every test container runs: busybox, `sh` by default.
 pub const BUSYBOX_IMAGE: &str = "exitorder.local/busybox:1";
+/// The same image under the name users' pods give it (`image: busybox:1.36`).
+pub const BUSYBOX_USER_IMAGE: &str = "docker.io/library/busybox:1.36";
 /// The sandbox ("pause") image: the same layer, running `sleep infinity`.
 pub const PAUSE_IMAGE: &str = "exitorder.local/pause:1";
 
@@ -170,7 +172,7 @@ fn build() -> Result<Vec<u8>, TestbedError> {
     )?;
     let layer_name = format!("{digest}/layer.tar");
     let manifest = serde_json::json!([
-        {"Config": "busybox.json", "RepoTags": [BUSYBOX_IMAGE], "Layers": [layer_name]},
+        {"Config": "busybox.json", "RepoTags": [BUSYBOX_IMAGE, BUSYBOX_USER_IMAGE], "Layers": [layer_name]},
         {"Config": "pause.json", "RepoTags": [PAUSE_IMAGE], "Layers": [layer_name]},
     ]);
     write(

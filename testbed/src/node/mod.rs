@@ -8,12 +8,10 @@
 //! test panics).
 
 mod agent;
-mod cleanup;
+pub(crate) mod cleanup;
 mod containerd;
+pub mod exitfiles;
 mod image;
-mod pod;
-mod probe;
-pub mod script;
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -26,12 +24,17 @@ use exitorder::cri::runtime_service_client::RuntimeServiceClient;
 use exitorder::cri::VersionResponse;
 
 pub use agent::{AgentOptions, AgentProcess, LogLine};
+pub use exitfiles::{ExitFileEvents, ExitFileProbe};
 pub use image::{find_busybox, BUSYBOX_IMAGE, PAUSE_IMAGE};
-pub use pod::{
-    ContainerRecord, ContainerSpec, DeleteOptions, Deletion, HookRecord, Pod, PodSpec,
-    ENTRYPOINT_BIN_DIR, EXIT_DIR,
-};
-pub use probe::{ExitFileEvents, ExitFileProbe};
+
+use crate::kubelet::{RunOptions, RunningPod};
+use serde_json::Value;
+
+/// Where the chart and the webhook put the share on a node; a pod's hostPath there is the
+/// test bed's share.
+pub const SHARE_PATH: &str = "/var/lib/exitorder";
+/// The test bed's node name (`spec.nodeName`, the agent's `NODE_NAME`).
+pub const NODE_NAME: &str = "testbed";
 
 /// Why the test bed could not do what was asked.
 #[derive(Debug, thiserror::Error)]
@@ -85,6 +88,15 @@ pub enum TestbedError {
     #[error("pod spec: {0}")]
     BadSpec(String),
     #[error(
+        "pod {pod}: container {container}: image {image:?} is not in the node's store (nothing \
+         is pulled here: import it first, e.g. `--image FILE.tar`)"
+    )]
+    ImageMissing {
+        pod: String,
+        container: String,
+        image: String,
+    },
+    #[error(
         "containerd-shim (pid {pid}) of pod {pod} still ran {waited:?} after the pod was removed"
     )]
     ShimLeft {
@@ -111,7 +123,7 @@ pub enum TestbedError {
 }
 
 impl TestbedError {
-    fn io(op: &'static str, path: impl Into<PathBuf>, source: io::Error) -> Self {
+    pub(crate) fn io(op: &'static str, path: impl Into<PathBuf>, source: io::Error) -> Self {
         TestbedError::Io {
             op,
             path: path.into(),
@@ -119,7 +131,7 @@ impl TestbedError {
         }
     }
 
-    fn cri(call: &'static str) -> impl FnOnce(tonic::Status) -> TestbedError {
+    pub(crate) fn cri(call: &'static str) -> impl FnOnce(tonic::Status) -> TestbedError {
         move |status| TestbedError::Cri {
             call,
             status: Box::new(status),
@@ -137,6 +149,9 @@ pub struct NodeOptions {
     pub snapshotter: Option<String>,
     /// The exitorder share; default `<node dir>/share`.
     pub share_dir: Option<PathBuf>,
+    /// How often the runner lists the node's containers to see exits (the kubelet's PLEG
+    /// relists every second).
+    pub relist_period: Duration,
 }
 
 impl Default for NodeOptions {
@@ -145,6 +160,7 @@ impl Default for NodeOptions {
             start_timeout: Duration::from_secs(20),
             snapshotter: None,
             share_dir: None,
+            relist_period: Duration::from_secs(1),
         }
     }
 }
@@ -158,8 +174,13 @@ pub(crate) struct NodeShared {
     pub(crate) share_dir: PathBuf,
     pub(crate) log_dir: PathBuf,
     pub(crate) client: RuntimeServiceClient<Channel>,
+    pub(crate) channel: Channel,
     /// The cgroup every pod of this node is created under (relative to each hierarchy).
     pub(crate) cgroup_root: String,
+    pub(crate) node_name: String,
+    /// The node's address: `status.hostIP`, and the address of host-network pods.
+    pub(crate) host_ip: String,
+    pub(crate) exits: crate::kubelet::exits::ExitWatch,
 }
 
 impl NodeShared {
@@ -172,6 +193,7 @@ impl NodeShared {
 pub struct Node {
     shared: Arc<NodeShared>,
     containerd: Mutex<Option<containerd::Containerd>>,
+    snapshotter: String,
     version: VersionResponse,
     /// Removes the node's directory when dropped, after everything else is torn down.
     _dir_guard: cleanup::DirGuard,
@@ -215,8 +237,10 @@ impl Node {
             cd.stop();
             return Err(e);
         }
-        let client = RuntimeServiceClient::new(exitorder::runtime::unix_channel(&cd.socket)?)
-            .max_decoding_message_size(16 * 1024 * 1024);
+        let channel = exitorder::runtime::unix_channel(&cd.socket)?;
+        let client =
+            RuntimeServiceClient::new(channel.clone()).max_decoding_message_size(16 * 1024 * 1024);
+        let exits = crate::kubelet::exits::ExitWatch::start(client.clone(), opts.relist_period);
         let shared = Arc::new(NodeShared {
             id,
             socket: cd.socket.clone(),
@@ -225,11 +249,16 @@ impl Node {
             share_dir,
             log_dir,
             client,
+            channel,
             cgroup_root,
+            node_name: NODE_NAME.to_owned(),
+            host_ip: host_ip(),
+            exits,
         });
         Ok(Node {
             shared,
             containerd: Mutex::new(Some(cd)),
+            snapshotter,
             version,
             _dir_guard: dir_guard,
         })
@@ -265,39 +294,67 @@ impl Node {
         containerd::log_tail(&self.shared.dir.join(containerd::LOG_FILE), lines)
     }
 
-    /// Runs a pod the way the kubelet does: sandbox, then each container created and started.
-    pub async fn run_pod(&self, spec: PodSpec) -> Result<Pod, TestbedError> {
-        Pod::run(Arc::clone(&self.shared), spec).await
+    /// Runs a Pod (as written: the JSON of its YAML) the way the kubelet does.
+    pub async fn run_pod(
+        &self,
+        pod: &Value,
+        opts: &RunOptions,
+    ) -> Result<RunningPod, TestbedError> {
+        crate::kubelet::start(Arc::clone(&self.shared), pod, opts).await
+    }
+
+    /// Imports an image archive (docker-archive or OCI) into the node's store.
+    pub fn import_image(&self, archive: &Path) -> Result<(), TestbedError> {
+        let cd = match self.containerd.lock() {
+            Ok(g) => g,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        let Some(cd) = cd.as_ref() else {
+            return Err(TestbedError::Task("the node is shut down".into()));
+        };
+        cd.import(&containerd::Binaries::find()?, archive, &self.snapshotter)
     }
 
     /// Runs many pods, at most `concurrency` being set up at once: the runtime does much of
     /// the work one pod at a time anyway, and hundreds of unbounded set-ups only push each
-    /// other into timeouts. One result per spec, in the specs' order. Once a pod fails to
-    /// start, the pods not yet begun are not tried ([`TestbedError::NotStarted`]): a node
-    /// that is full would fail each of them the same way, slowly.
+    /// other into timeouts. A pod counts as set up once its containers have started. One
+    /// result per pod, in order. Once a pod fails to start, the pods not yet begun are not
+    /// tried ([`TestbedError::NotStarted`]): a node that is full would fail each of them the
+    /// same way, slowly.
     pub async fn run_pods(
         &self,
-        specs: Vec<PodSpec>,
+        pods: Vec<Value>,
+        opts: &RunOptions,
         concurrency: usize,
-    ) -> Vec<Result<Pod, TestbedError>> {
+        started_within: Duration,
+    ) -> Vec<Result<RunningPod, TestbedError>> {
         use tracing::Instrument;
-        let count = specs.len();
+        let count = pods.len();
         let permits = Arc::new(tokio::sync::Semaphore::new(concurrency.max(1)));
         let failed = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let mut tasks = tokio::task::JoinSet::new();
-        for (i, spec) in specs.into_iter().enumerate() {
+        for (i, pod) in pods.into_iter().enumerate() {
             let shared = Arc::clone(&self.shared);
             let permits = Arc::clone(&permits);
             let failed = Arc::clone(&failed);
-            let span = tracing::info_span!("run_pod", pod = %spec.name);
+            let opts = opts.clone();
+            let name = pod
+                .pointer("/metadata/name")
+                .and_then(Value::as_str)
+                .unwrap_or("?")
+                .to_owned();
+            let span = tracing::info_span!("run_pod", pod = %name);
             tasks.spawn(
                 async move {
                     // The semaphore is never closed; a permit error would only mean "go on".
                     let _permit = permits.acquire_owned().await;
                     if failed.load(std::sync::atomic::Ordering::Relaxed) {
-                        return (i, Err(TestbedError::NotStarted { pod: spec.name }));
+                        return (i, Err(TestbedError::NotStarted { pod: name }));
                     }
-                    let res = Pod::run(shared, spec).await;
+                    let res = match crate::kubelet::start(shared, &pod, &opts).await {
+                        Ok(p) => p.wait_started(started_within).await.map(|_| p),
+                        Err(e) => Err(e),
+                    };
                     if res.is_err() {
                         failed.store(true, std::sync::atomic::Ordering::Relaxed);
                     }
@@ -306,7 +363,8 @@ impl Node {
                 .instrument(span),
             );
         }
-        let mut out: Vec<Option<Result<Pod, TestbedError>>> = (0..count).map(|_| None).collect();
+        let mut out: Vec<Option<Result<RunningPod, TestbedError>>> =
+            (0..count).map(|_| None).collect();
         while let Some(joined) = tasks.join_next().await {
             if let Ok((i, res)) = joined {
                 if let Some(slot) = out.get_mut(i) {
@@ -390,6 +448,27 @@ impl Drop for Node {
             );
         }
     }
+}
+
+/// The node's address: the one its default route leaves from, else loopback. Connecting a
+/// UDP socket sends nothing; it only picks the route.
+fn host_ip() -> String {
+    let routed = std::net::UdpSocket::bind("0.0.0.0:0")
+        .and_then(|s| s.connect("192.0.2.1:9").map(|()| s))
+        .and_then(|s| s.local_addr());
+    match routed {
+        Ok(a) if !a.ip().is_unspecified() => a.ip().to_string(),
+        _ => "127.0.0.1".to_owned(),
+    }
+}
+
+/// Five lowercase letters and digits, as the API server appends to `generateName`.
+pub fn random_suffix() -> String {
+    const CHARS: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
+    random_bytes::<5>()
+        .iter()
+        .map(|b| char::from(CHARS[usize::from(*b) % CHARS.len()]))
+        .collect()
 }
 
 /// A random version 4 UUID, as the API server gives pods.

@@ -5,7 +5,6 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
 
 use notify::event::{ModifyKind, RenameMode};
 use notify::{EventKind, RecommendedWatcher, RecursiveMode, Watcher};
@@ -15,18 +14,18 @@ use exitorder::share::EXIT_FILE;
 /// First occurrences of what happened to one container's exit file.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ExitFileEvents {
-    /// The preStop created `exit`: from here it waits.
-    pub created: Option<Instant>,
+    /// The preStop created `exit`: from here it waits (Unix ns).
+    pub created: Option<i64>,
     /// `allow` was renamed over `exit` (only the agent writes it that way).
-    pub allowed: Option<Instant>,
+    pub allowed: Option<i64>,
     /// The preStop removed `exit` after its wait.
-    pub removed: Option<Instant>,
+    pub removed: Option<i64>,
 }
 
 #[derive(Default)]
 struct Seen {
     files: BTreeMap<String, ExitFileEvents>,
-    pod_dir_created: Option<Instant>,
+    pod_dir_created: Option<i64>,
 }
 
 /// A running watch on one pod's share directories.
@@ -63,7 +62,7 @@ impl ExitFileProbe {
             let pod_dir = pod_dir.clone();
             move |res: notify::Result<notify::Event>| {
                 let Ok(ev) = res else { return };
-                let at = Instant::now();
+                let at = crate::kubelet::now_ns();
                 record(&mut lock(&seen), &pod_dir, &ev, at);
             }
         };
@@ -85,13 +84,13 @@ impl ExitFileProbe {
     }
 
     /// Stops watching; returns the events and when the pod directory appeared, if it did.
-    pub fn finish(self) -> (BTreeMap<String, ExitFileEvents>, Option<Instant>) {
+    pub fn finish(self) -> (BTreeMap<String, ExitFileEvents>, Option<i64>) {
         let seen = lock(&self.seen);
         (seen.files.clone(), seen.pod_dir_created)
     }
 }
 
-fn record(seen: &mut Seen, pod_dir: &Path, ev: &notify::Event, at: Instant) {
+fn record(seen: &mut Seen, pod_dir: &Path, ev: &notify::Event, at: i64) {
     for path in &ev.paths {
         if path == pod_dir {
             if matches!(ev.kind, EventKind::Create(_)) {
@@ -129,7 +128,7 @@ fn record(seen: &mut Seen, pod_dir: &Path, ev: &notify::Event, at: Instant) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
+    use std::time::{Duration, Instant};
 
     fn wait_for(probe: &ExitFileProbe, pred: impl Fn(&ExitFileEvents) -> bool) -> ExitFileEvents {
         let deadline = Instant::now() + Duration::from_secs(5);

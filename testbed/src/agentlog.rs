@@ -1,7 +1,7 @@
 //! What the agent's JSON log says about its allows.
 //!
-//! The agent logs "exit allowed" (fields pod, container, reason) right after its rename of
-//! `allow` over `exit` returned; tracing-subscriber's JSON format stamps each line with the
+//! The agent logs an allow (`event: "allow"`, with pod, container, reason) right after its
+//! rename of `allow` over `exit` returned, and a hold (`event: "held"`) when a wait must wait; tracing-subscriber's JSON format stamps each line with the
 //! wall clock as RFC 3339 with six fractional digits. Microseconds are enough for delays of
 //! milliseconds, and the wall clock is the clock the runtime's `finished_at` is on; the time a
 //! line is read from the pipe is neither.
@@ -12,8 +12,9 @@ use std::time::SystemTime;
 /// The fewest fractional digits of a second a timestamp may have to measure with.
 pub const MIN_FRACTION_DIGITS: usize = 6;
 
-const ALLOWED: &str = "exit allowed";
-const HELD: &str = "exit held";
+/// The agent's stable `event` field for an allow and for a hold.
+pub const ALLOWED: &str = "allow";
+pub const HELD: &str = "held";
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum LogError {
@@ -24,7 +25,7 @@ pub enum LogError {
          digits of a second are needed to measure milliseconds"
     )]
     Imprecise(String),
-    #[error("{message:?} line without its {field} field: {line}")]
+    #[error("{message:?} event without its {field} field: {line}")]
     MissingField {
         message: &'static str,
         field: &'static str,
@@ -57,8 +58,8 @@ pub fn timestamp_ns(s: &str) -> Result<i64, LogError> {
         .ok_or_else(|| LogError::BadTimestamp(s.to_owned()))
 }
 
-fn message(line: &serde_json::Value) -> Option<&str> {
-    line.get("fields")?.get("message")?.as_str()
+fn event(line: &serde_json::Value) -> Option<&str> {
+    line.get("fields")?.get("event")?.as_str()
 }
 
 fn field(
@@ -79,7 +80,7 @@ fn field(
 
 /// The allow a log line reports; `Ok(None)` for any other line.
 pub fn parse_allow(line: &serde_json::Value) -> Result<Option<AgentAllow>, LogError> {
-    if message(line) != Some(ALLOWED) {
+    if event(line) != Some(ALLOWED) {
         return Ok(None);
     }
     let stamp = line
@@ -113,7 +114,7 @@ impl AllowLog {
     ) -> Result<AllowLog, LogError> {
         let mut log = AllowLog::default();
         for line in lines {
-            if message(line) == Some(HELD) {
+            if event(line) == Some(HELD) {
                 log.held
                     .insert((field(line, HELD, "pod")?, field(line, HELD, "container")?));
             } else if let Some(a) = parse_allow(line)? {
@@ -179,13 +180,13 @@ mod tests {
     fn allows_and_holds_from_lines() {
         let lines = [
             json(
-                r#"{"timestamp":"2026-11-21T12:00:00.000100Z","level":"INFO","fields":{"message":"exit held","pod":"p1","container":"proxy","waiting_for":"[\"app\"]"}}"#,
+                r#"{"timestamp":"2026-11-21T12:00:00.000100Z","level":"INFO","fields":{"message":"exit held","event":"held","pod":"p1","container":"proxy","waiting_for":"[\"app\"]"}}"#,
             ),
             json(
-                r#"{"timestamp":"2026-11-21T12:00:00.250500Z","level":"INFO","fields":{"message":"exit allowed","pod":"p1","container":"proxy","reason":"ordered","waited_ms":250}}"#,
+                r#"{"timestamp":"2026-11-21T12:00:00.250500Z","level":"INFO","fields":{"message":"exit allowed","event":"allow","pod":"p1","container":"proxy","reason":"ordered","waited_ms":250}}"#,
             ),
             json(
-                r#"{"timestamp":"2026-11-21T12:00:01.000000Z","level":"INFO","fields":{"message":"exit allowed","pod":"p1","container":"proxy","reason":"deadline","waited_ms":1}}"#,
+                r#"{"timestamp":"2026-11-21T12:00:01.000000Z","level":"INFO","fields":{"message":"exit allowed","event":"allow","pod":"p1","container":"proxy","reason":"deadline","waited_ms":1}}"#,
             ),
             json(r#"{"timestamp":"x","level":"INFO","fields":{"message":"agent ready"}}"#),
         ];
@@ -198,7 +199,7 @@ mod tests {
         assert_eq!(log.allows.len(), 1);
 
         let bad = json(
-            r#"{"timestamp":"2026-11-21T12:00:00.000100Z","fields":{"message":"exit allowed","pod":"p1"}}"#,
+            r#"{"timestamp":"2026-11-21T12:00:00.000100Z","fields":{"message":"exit allowed","event":"allow","pod":"p1"}}"#,
         );
         assert!(matches!(
             parse_allow(&bad),
@@ -207,7 +208,7 @@ mod tests {
                 ..
             })
         ));
-        let other = json(r#"{"fields":{"message":"exit held"}}"#);
+        let other = json(r#"{"fields":{"message":"exit held","event":"held"}}"#);
         assert_eq!(parse_allow(&other), Ok(None));
     }
 }

@@ -1,0 +1,1189 @@
+//! A Pod, checked and resolved the way the kubelet resolves it before it calls the runtime:
+//! env values expanded and fieldRefs filled in, subPathExpr expanded from the container's env,
+//! named ports looked up, security settings merged from pod and container. Pure: no runtime,
+//! no files; every problem is an error that names the field.
+
+use std::collections::{BTreeMap, HashMap};
+
+use k8s_openapi::api::core::v1::{
+    Container, HTTPGetAction, LifecycleHandler, Pod, Probe as K8sProbe, SecurityContext,
+    TCPSocketAction,
+};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use serde_json::Value;
+
+use super::fields::{self, Note};
+
+/// Kubernetes' default `terminationGracePeriodSeconds`.
+pub const DEFAULT_GRACE_SECONDS: i64 = 30;
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("pod {pod}: {field}: {problem}")]
+pub struct PlanError {
+    pub pod: String,
+    pub field: String,
+    pub problem: String,
+}
+
+/// Pod-level facts the runner provides, as the kubelet and the API server would.
+#[derive(Debug, Clone)]
+pub struct Placement {
+    /// The pod's UID when the Pod has none (the API server assigns one).
+    pub uid: String,
+    /// `spec.nodeName` when the Pod has none (the scheduler's choice).
+    pub node_name: String,
+    /// The node's address: `status.hostIP`, and `status.podIP` of host-network pods.
+    pub host_ip: String,
+    /// Run a pod that does not ask for `hostNetwork` on the node's network anyway (there is
+    /// no CNI on the test bed); said in the notes. Otherwise such a pod is refused.
+    pub force_host_network: bool,
+    /// A suffix for `metadata.generateName`.
+    pub name_suffix: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RestartPolicy {
+    Always,
+    OnFailure,
+    Never,
+}
+
+impl RestartPolicy {
+    fn parse(s: Option<&str>) -> Option<Self> {
+        match s {
+            None | Some("Always") => Some(RestartPolicy::Always),
+            Some("OnFailure") => Some(RestartPolicy::OnFailure),
+            Some("Never") => Some(RestartPolicy::Never),
+            Some(_) => None,
+        }
+    }
+
+    /// Whether a container that ended with `exit_code` starts again.
+    pub fn restarts(self, exit_code: i32) -> bool {
+        match self {
+            RestartPolicy::Always => true,
+            RestartPolicy::OnFailure => exit_code != 0,
+            RestartPolicy::Never => false,
+        }
+    }
+}
+
+/// Where a container stands in the pod.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// An init container that runs to completion before the next starts.
+    Init,
+    /// An init container with `restartPolicy: Always` (KEP-753): started in order before the
+    /// main containers, stopped after them in reverse order.
+    Sidecar,
+    /// A container of `spec.containers`.
+    Main,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Handler {
+    Exec(Vec<String>),
+    HttpGet {
+        host: Option<String>,
+        port: u16,
+        path: String,
+        headers: Vec<(String, String)>,
+    },
+    TcpSocket {
+        host: Option<String>,
+        port: u16,
+    },
+    Sleep(i64),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Probe {
+    pub handler: Handler,
+    pub initial_delay_seconds: i64,
+    pub period_seconds: i64,
+    pub timeout_seconds: i64,
+    pub success_threshold: u32,
+    pub failure_threshold: u32,
+    /// A liveness probe's own grace period for the kill it causes.
+    pub termination_grace_seconds: Option<i64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Seccomp {
+    RuntimeDefault,
+    Unconfined,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Security {
+    pub run_as_user: Option<i64>,
+    pub run_as_group: Option<i64>,
+    pub run_as_non_root: bool,
+    pub privileged: bool,
+    pub add_capabilities: Vec<String>,
+    pub drop_capabilities: Vec<String>,
+    pub read_only_root: bool,
+    /// `allowPrivilegeEscalation: false`.
+    pub no_new_privs: bool,
+    pub seccomp: Option<Seccomp>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Volume {
+    HostPath { path: String, kind: HostPathType },
+    EmptyDir,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HostPathType {
+    Unchecked,
+    DirectoryOrCreate,
+    Directory,
+    FileOrCreate,
+    File,
+    Socket,
+    CharDevice,
+    BlockDevice,
+}
+
+impl HostPathType {
+    fn parse(s: Option<&str>) -> Option<Self> {
+        Some(match s {
+            None | Some("") => HostPathType::Unchecked,
+            Some("DirectoryOrCreate") => HostPathType::DirectoryOrCreate,
+            Some("Directory") => HostPathType::Directory,
+            Some("FileOrCreate") => HostPathType::FileOrCreate,
+            Some("File") => HostPathType::File,
+            Some("Socket") => HostPathType::Socket,
+            Some("CharDevice") => HostPathType::CharDevice,
+            Some("BlockDevice") => HostPathType::BlockDevice,
+            Some(_) => return None,
+        })
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MountPlan {
+    pub volume: String,
+    pub container_path: String,
+    /// Relative path inside the volume (subPath, or subPathExpr expanded).
+    pub sub_path: Option<String>,
+    pub read_only: bool,
+    /// `HostToContainer` or `Bidirectional` (`None`: private).
+    pub propagation: Option<String>,
+}
+
+#[derive(Debug, Clone)]
+pub struct ContainerPlan {
+    pub name: String,
+    pub kind: Kind,
+    pub image: String,
+    pub command: Vec<String>,
+    pub args: Vec<String>,
+    pub working_dir: String,
+    pub env: Vec<(String, String)>,
+    pub mounts: Vec<MountPlan>,
+    pub security: Security,
+    pub post_start: Option<Handler>,
+    pub pre_stop: Option<Handler>,
+    pub liveness: Option<Probe>,
+    pub readiness: Option<Probe>,
+    pub startup: Option<Probe>,
+    pub termination_message_path: String,
+    pub termination_message_policy: String,
+    /// The container's ports as the kubelet's `io.kubernetes.container.ports` annotation.
+    pub ports_json: Option<String>,
+    /// The container's spec as written: what the kubelet's container hash covers, and what
+    /// the preStop annotation shows.
+    pub spec: Container,
+}
+
+#[derive(Debug, Clone)]
+pub struct PodPlan {
+    pub name: String,
+    pub namespace: String,
+    pub uid: String,
+    pub labels: BTreeMap<String, String>,
+    pub annotations: BTreeMap<String, String>,
+    pub grace_seconds: i64,
+    pub restart_policy: RestartPolicy,
+    pub host_pid: bool,
+    pub host_ipc: bool,
+    pub share_process_namespace: bool,
+    pub node_name: String,
+    pub host_ip: String,
+    pub pod_run_as_user: Option<i64>,
+    pub pod_run_as_group: Option<i64>,
+    pub supplemental_groups: Vec<i64>,
+    pub pod_seccomp: Option<Seccomp>,
+    /// Init containers and native sidecars, in declaration order.
+    pub init: Vec<ContainerPlan>,
+    pub containers: Vec<ContainerPlan>,
+    pub volumes: BTreeMap<String, Volume>,
+    /// Fields accepted without effect here, with why.
+    pub notes: Vec<Note>,
+}
+
+impl PodPlan {
+    /// Every container, init containers first.
+    pub fn all(&self) -> impl Iterator<Item = &ContainerPlan> {
+        self.init.iter().chain(&self.containers)
+    }
+
+    pub fn container(&self, name: &str) -> Option<&ContainerPlan> {
+        self.all().find(|c| c.name == name)
+    }
+
+    pub fn has_sidecars(&self) -> bool {
+        self.init.iter().any(|c| c.kind == Kind::Sidecar)
+    }
+}
+
+/// Checks and resolves `pod` (as written: the JSON of the YAML, before typing).
+pub fn plan(pod: &Value, place: &Placement) -> Result<PodPlan, PlanError> {
+    let name_hint = pod
+        .pointer("/metadata/name")
+        .or_else(|| pod.pointer("/metadata/generateName"))
+        .and_then(Value::as_str)
+        .unwrap_or("(unnamed)")
+        .to_owned();
+    let err = |field: &str, problem: String| PlanError {
+        pod: name_hint.clone(),
+        field: field.to_owned(),
+        problem,
+    };
+    if let Some(kind) = pod.get("kind").and_then(Value::as_str) {
+        if kind != "Pod" {
+            return Err(err("kind", format!("{kind:?} is not a Pod (give a Pod, or take the pod template out of the {kind})")));
+        }
+    }
+    let notes = fields::check(pod).map_err(|r| err(&r.field, r.why))?;
+    let typed: Pod = serde_json::from_value(pod.clone())
+        .map_err(|e| err("(pod)", format!("not a valid Pod: {e}")))?;
+    Planner {
+        err: &err,
+        place,
+        notes,
+    }
+    .plan(typed)
+}
+
+struct Planner<'a, E: Fn(&str, String) -> PlanError> {
+    err: &'a E,
+    place: &'a Placement,
+    notes: Vec<Note>,
+}
+
+impl<E: Fn(&str, String) -> PlanError> Planner<'_, E> {
+    fn plan(mut self, pod: Pod) -> Result<PodPlan, PlanError> {
+        let err = self.err;
+        let meta = pod.metadata;
+        let name = match (meta.name, meta.generate_name) {
+            (Some(n), _) if !n.is_empty() => n,
+            (_, Some(g)) if !g.is_empty() => format!("{g}{}", self.place.name_suffix),
+            _ => {
+                return Err(err(
+                    "metadata.name",
+                    "a pod needs a name (or generateName)".into(),
+                ))
+            }
+        };
+        if !is_dns_subdomain(&name) {
+            return Err(err(
+                "metadata.name",
+                format!("{name:?} is not a DNS subdomain"),
+            ));
+        }
+        let namespace = meta.namespace.unwrap_or_else(|| "default".to_owned());
+        let uid = meta
+            .uid
+            .filter(|u| !u.is_empty())
+            .unwrap_or_else(|| self.place.uid.clone());
+        exitorder::share::PodUid::parse(&uid).map_err(|e| err("metadata.uid", e.to_string()))?;
+        let labels = meta.labels.unwrap_or_default();
+        let annotations = meta.annotations.unwrap_or_default();
+        let spec = pod
+            .spec
+            .ok_or_else(|| err("spec", "a pod needs a spec".into()))?;
+        if !spec.host_network.unwrap_or(false) {
+            if self.place.force_host_network {
+                self.notes.push(Note {
+                    field: "spec.hostNetwork".into(),
+                    why: "not set: the pod runs on the node's network anyway (--host-network); \
+                          the test bed has no CNI",
+                });
+            } else {
+                return Err(err(
+                    "spec.hostNetwork",
+                    "only hostNetwork pods run on the test bed: it has no CNI to give a pod a \
+                     network of its own (run it with --host-network to put it on the node's \
+                     network anyway)"
+                        .into(),
+                ));
+            }
+        }
+        let restart_policy =
+            RestartPolicy::parse(spec.restart_policy.as_deref()).ok_or_else(|| {
+                err(
+                    "spec.restartPolicy",
+                    format!("{:?}: Always, OnFailure or Never", spec.restart_policy),
+                )
+            })?;
+        let grace_seconds = spec
+            .termination_grace_period_seconds
+            .unwrap_or(DEFAULT_GRACE_SECONDS);
+        if grace_seconds < 0 {
+            return Err(err(
+                "spec.terminationGracePeriodSeconds",
+                "must not be negative".into(),
+            ));
+        }
+        let node_name = spec
+            .node_name
+            .clone()
+            .filter(|n| !n.is_empty())
+            .unwrap_or_else(|| self.place.node_name.clone());
+        let psc = spec.security_context.unwrap_or_default();
+        let pod_seccomp = seccomp(
+            psc.seccomp_profile.as_ref().map(|p| p.type_.as_str()),
+            "spec.securityContext.seccompProfile.type",
+            err,
+        )?;
+
+        let mut volumes = BTreeMap::new();
+        for (i, v) in spec.volumes.unwrap_or_default().into_iter().enumerate() {
+            let field = format!("spec.volumes[{i}]");
+            let vol = match (v.host_path, v.empty_dir) {
+                (Some(hp), None) => {
+                    let kind = HostPathType::parse(hp.type_.as_deref()).ok_or_else(|| {
+                        err(
+                            &format!("{field}.hostPath.type"),
+                            format!("{:?} is not a hostPath type", hp.type_),
+                        )
+                    })?;
+                    if !hp.path.starts_with('/') {
+                        return Err(err(
+                            &format!("{field}.hostPath.path"),
+                            "must be absolute".into(),
+                        ));
+                    }
+                    Volume::HostPath {
+                        path: hp.path,
+                        kind,
+                    }
+                }
+                (None, Some(ed)) => {
+                    if ed.medium.as_deref().is_some_and(|m| !m.is_empty()) {
+                        return Err(err(
+                            &format!("{field}.emptyDir.medium"),
+                            "only the node's disk is supported (medium \"\")".into(),
+                        ));
+                    }
+                    Volume::EmptyDir
+                }
+                _ => return Err(err(&field, "one of hostPath or emptyDir is needed".into())),
+            };
+            if volumes.insert(v.name.clone(), vol).is_some() {
+                return Err(err(
+                    &format!("{field}.name"),
+                    format!("volume {:?} declared twice", v.name),
+                ));
+            }
+        }
+
+        let base = PodBase {
+            name: &name,
+            namespace: &namespace,
+            uid: &uid,
+            labels: &labels,
+            annotations: &annotations,
+            node_name: &node_name,
+            host_ip: &self.place.host_ip,
+            service_account: spec
+                .service_account_name
+                .as_deref()
+                .or(spec.service_account.as_deref())
+                .unwrap_or("default"),
+        };
+        let mut init = Vec::new();
+        for (i, c) in spec
+            .init_containers
+            .unwrap_or_default()
+            .into_iter()
+            .enumerate()
+        {
+            let field = format!("spec.initContainers[{i}]");
+            let kind = match c.restart_policy.as_deref() {
+                None => Kind::Init,
+                Some("Always") => Kind::Sidecar,
+                Some(other) => {
+                    return Err(err(
+                        &format!("{field}.restartPolicy"),
+                        format!("{other:?}: an init container's restartPolicy can only be Always (a native sidecar)"),
+                    ))
+                }
+            };
+            init.push(self.container(c, kind, &field, &base, &volumes)?);
+        }
+        let mut containers = Vec::new();
+        for (i, c) in spec.containers.into_iter().enumerate() {
+            let field = format!("spec.containers[{i}]");
+            if c.restart_policy.is_some() {
+                return Err(err(
+                    &format!("{field}.restartPolicy"),
+                    "only init containers take a restartPolicy".into(),
+                ));
+            }
+            containers.push(self.container(c, Kind::Main, &field, &base, &volumes)?);
+        }
+        if containers.is_empty() {
+            return Err(err(
+                "spec.containers",
+                "a pod needs at least one container".into(),
+            ));
+        }
+        let mut seen = std::collections::HashSet::new();
+        for c in init.iter().chain(&containers) {
+            if !seen.insert(c.name.as_str()) {
+                return Err(err(
+                    "spec",
+                    format!("container name {:?} used twice", c.name),
+                ));
+            }
+        }
+        Ok(PodPlan {
+            name,
+            namespace,
+            uid,
+            labels,
+            annotations,
+            grace_seconds,
+            restart_policy,
+            host_pid: spec.host_pid.unwrap_or(false),
+            host_ipc: spec.host_ipc.unwrap_or(false),
+            share_process_namespace: spec.share_process_namespace.unwrap_or(false),
+            node_name,
+            host_ip: self.place.host_ip.clone(),
+            pod_run_as_user: psc.run_as_user,
+            pod_run_as_group: psc.run_as_group,
+            supplemental_groups: psc.supplemental_groups.unwrap_or_default(),
+            pod_seccomp,
+            init,
+            containers,
+            volumes,
+            notes: self.notes,
+        })
+        .map(|mut p| {
+            // Pod-level security applies to every container that does not say otherwise.
+            let (user, group, non_root, sc) = (
+                p.pod_run_as_user,
+                p.pod_run_as_group,
+                psc.run_as_non_root.unwrap_or(false),
+                p.pod_seccomp.clone(),
+            );
+            for c in p.init.iter_mut().chain(p.containers.iter_mut()) {
+                c.security.run_as_user = c.security.run_as_user.or(user);
+                c.security.run_as_group = c.security.run_as_group.or(group);
+                c.security.run_as_non_root |= non_root;
+                if c.security.seccomp.is_none() {
+                    c.security.seccomp = sc.clone();
+                }
+            }
+            p
+        })
+    }
+
+    fn container(
+        &self,
+        c: Container,
+        kind: Kind,
+        field: &str,
+        pod: &PodBase<'_>,
+        volumes: &BTreeMap<String, Volume>,
+    ) -> Result<ContainerPlan, PlanError> {
+        let err = self.err;
+        let f = |sub: &str| format!("{field}.{sub}");
+        exitorder::share::ContainerName::parse(&c.name)
+            .map_err(|e| err(&f("name"), e.to_string()))?;
+        let image = c
+            .image
+            .clone()
+            .filter(|i| !i.is_empty())
+            .ok_or_else(|| err(&f("image"), "a container needs an image".into()))?;
+
+        // Env in declaration order; each value may refer to the ones before it.
+        let mut env: Vec<(String, String)> = Vec::new();
+        let mut known: HashMap<String, String> = HashMap::new();
+        for (i, e) in c.env.clone().unwrap_or_default().into_iter().enumerate() {
+            let value = match (&e.value, &e.value_from) {
+                (_, Some(from)) => {
+                    let fr = from.field_ref.as_ref().ok_or_else(|| {
+                        err(
+                            &f(&format!("env[{i}].valueFrom")),
+                            "only fieldRef is supported".into(),
+                        )
+                    })?;
+                    pod.field(&fr.field_path).ok_or_else(|| {
+                        err(
+                            &f(&format!("env[{i}].valueFrom.fieldRef.fieldPath")),
+                            format!("{:?} is not a supported field (metadata.name, metadata.namespace, metadata.uid, metadata.labels['k'], metadata.annotations['k'], spec.nodeName, spec.serviceAccountName, status.hostIP, status.podIP)", fr.field_path),
+                        )
+                    })?
+                }
+                (Some(v), None) => expand(v, &known),
+                (None, None) => String::new(),
+            };
+            known.insert(e.name.clone(), value.clone());
+            match env.iter_mut().find(|(k, _)| *k == e.name) {
+                Some(slot) => slot.1 = value,
+                None => env.push((e.name, value)),
+            }
+        }
+        let command: Vec<String> = c
+            .command
+            .clone()
+            .unwrap_or_default()
+            .iter()
+            .map(|s| expand(s, &known))
+            .collect();
+        let args: Vec<String> = c
+            .args
+            .clone()
+            .unwrap_or_default()
+            .iter()
+            .map(|s| expand(s, &known))
+            .collect();
+
+        let mut mounts = Vec::new();
+        for (i, m) in c
+            .volume_mounts
+            .clone()
+            .unwrap_or_default()
+            .into_iter()
+            .enumerate()
+        {
+            let mf = f(&format!("volumeMounts[{i}]"));
+            if !volumes.contains_key(&m.name) {
+                return Err(err(
+                    &format!("{mf}.name"),
+                    format!("no volume named {:?}", m.name),
+                ));
+            }
+            if !m.mount_path.starts_with('/') {
+                return Err(err(&format!("{mf}.mountPath"), "must be absolute".into()));
+            }
+            let sub_path = match (m.sub_path.as_deref(), m.sub_path_expr.as_deref()) {
+                (Some(s), Some(_)) if !s.is_empty() => {
+                    return Err(err(
+                        &mf,
+                        "subPath and subPathExpr are mutually exclusive".into(),
+                    ))
+                }
+                (_, Some(expr)) if !expr.is_empty() => Some((expand(expr, &known), "subPathExpr")),
+                (Some(s), _) if !s.is_empty() => Some((s.to_owned(), "subPath")),
+                _ => None,
+            };
+            let sub_path = match sub_path {
+                Some((p, which)) => {
+                    if p.starts_with('/') || p.split('/').any(|seg| seg == "..") {
+                        return Err(err(
+                            &format!("{mf}.{which}"),
+                            format!("{p:?} must be a relative path without '..'"),
+                        ));
+                    }
+                    Some(p)
+                }
+                None => None,
+            };
+            let propagation = match m.mount_propagation.as_deref() {
+                None | Some("None") => None,
+                Some(p @ ("HostToContainer" | "Bidirectional")) => Some(p.to_owned()),
+                Some(other) => {
+                    return Err(err(
+                        &format!("{mf}.mountPropagation"),
+                        format!("{other:?}: None, HostToContainer or Bidirectional"),
+                    ))
+                }
+            };
+            mounts.push(MountPlan {
+                volume: m.name,
+                container_path: m.mount_path,
+                sub_path,
+                read_only: m.read_only.unwrap_or(false),
+                propagation,
+            });
+        }
+
+        let ports: Vec<(Option<String>, i32)> = c
+            .ports
+            .clone()
+            .unwrap_or_default()
+            .into_iter()
+            .map(|p| (p.name, p.container_port))
+            .collect();
+        let ports_json = c
+            .ports
+            .as_ref()
+            .filter(|p| !p.is_empty())
+            .and_then(|p| serde_json::to_string(p).ok());
+        let handler = |h: &LifecycleHandler, hf: &str| -> Result<Handler, PlanError> {
+            lifecycle_handler(h, hf, &ports, err)
+        };
+        let lifecycle = c.lifecycle.clone().unwrap_or_default();
+        let post_start = lifecycle
+            .post_start
+            .as_ref()
+            .map(|h| handler(h, &f("lifecycle.postStart")))
+            .transpose()?;
+        let pre_stop = lifecycle
+            .pre_stop
+            .as_ref()
+            .map(|h| handler(h, &f("lifecycle.preStop")))
+            .transpose()?;
+        let probe = |p: &Option<K8sProbe>, name: &str| -> Result<Option<Probe>, PlanError> {
+            p.as_ref()
+                .map(|p| probe(p, &f(name), &ports, err))
+                .transpose()
+        };
+        let liveness = probe(&c.liveness_probe, "livenessProbe")?;
+        let readiness = probe(&c.readiness_probe, "readinessProbe")?;
+        let startup = probe(&c.startup_probe, "startupProbe")?;
+        if kind == Kind::Init && (liveness.is_some() || readiness.is_some() || startup.is_some()) {
+            return Err(err(
+                field,
+                "init containers that run to completion take no probes".into(),
+            ));
+        }
+        let security = security(c.security_context.as_ref(), &f("securityContext"), err)?;
+        Ok(ContainerPlan {
+            name: c.name.clone(),
+            kind,
+            image,
+            command,
+            args,
+            working_dir: c.working_dir.clone().unwrap_or_default(),
+            env,
+            mounts,
+            security,
+            post_start,
+            pre_stop,
+            liveness,
+            readiness,
+            startup,
+            termination_message_path: c
+                .termination_message_path
+                .clone()
+                .unwrap_or_else(|| "/dev/termination-log".to_owned()),
+            termination_message_policy: c
+                .termination_message_policy
+                .clone()
+                .unwrap_or_else(|| "File".to_owned()),
+            ports_json,
+            spec: c,
+        })
+    }
+}
+
+/// What fieldRefs read.
+struct PodBase<'a> {
+    name: &'a str,
+    namespace: &'a str,
+    uid: &'a str,
+    labels: &'a BTreeMap<String, String>,
+    annotations: &'a BTreeMap<String, String>,
+    node_name: &'a str,
+    host_ip: &'a str,
+    service_account: &'a str,
+}
+
+impl PodBase<'_> {
+    fn field(&self, path: &str) -> Option<String> {
+        let keyed = |prefix: &str, map: &BTreeMap<String, String>| {
+            let key = path
+                .strip_prefix(prefix)?
+                .strip_prefix("['")?
+                .strip_suffix("']")?;
+            Some(map.get(key).cloned().unwrap_or_default())
+        };
+        Some(match path {
+            "metadata.name" => self.name.to_owned(),
+            "metadata.namespace" => self.namespace.to_owned(),
+            "metadata.uid" => self.uid.to_owned(),
+            "spec.nodeName" => self.node_name.to_owned(),
+            "spec.serviceAccountName" => self.service_account.to_owned(),
+            // Host-network pods have the node's address.
+            "status.hostIP" | "status.podIP" | "status.hostIPs" | "status.podIPs" => {
+                self.host_ip.to_owned()
+            }
+            _ => {
+                return keyed("metadata.labels", self.labels)
+                    .or_else(|| keyed("metadata.annotations", self.annotations))
+            }
+        })
+    }
+}
+
+/// The kubelet's `$(VAR)` expansion: known variables are replaced, `$$` is a literal `$`,
+/// anything else is left as written.
+pub fn expand(input: &str, vars: &HashMap<String, String>) -> String {
+    let mut out = String::with_capacity(input.len());
+    let mut rest = input;
+    while let Some(i) = rest.find('$') {
+        out.push_str(&rest[..i]);
+        let after = &rest[i + 1..];
+        if let Some(tail) = after.strip_prefix('$') {
+            out.push('$');
+            rest = tail;
+        } else if let Some(body) = after.strip_prefix('(') {
+            match body.find(')') {
+                Some(end) => {
+                    let name = &body[..end];
+                    match vars.get(name) {
+                        Some(v) => out.push_str(v),
+                        None => {
+                            out.push_str("$(");
+                            out.push_str(name);
+                            out.push(')');
+                        }
+                    }
+                    rest = &body[end + 1..];
+                }
+                None => {
+                    out.push_str("$(");
+                    rest = body;
+                }
+            }
+        } else {
+            out.push('$');
+            rest = after;
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
+fn port<E: Fn(&str, String) -> PlanError>(
+    p: &IntOrString,
+    field: &str,
+    ports: &[(Option<String>, i32)],
+    err: &E,
+) -> Result<u16, PlanError> {
+    let n = match p {
+        IntOrString::Int(n) => *n,
+        IntOrString::String(name) => match name.parse::<i32>() {
+            Ok(n) => n,
+            Err(_) => ports
+                .iter()
+                .find(|(n, _)| n.as_deref() == Some(name.as_str()))
+                .map(|(_, p)| *p)
+                .ok_or_else(|| err(field, format!("no container port named {name:?}")))?,
+        },
+    };
+    u16::try_from(n)
+        .ok()
+        .filter(|n| *n > 0)
+        .ok_or_else(|| err(field, format!("{n} is not a port number")))
+}
+
+fn http_get<E: Fn(&str, String) -> PlanError>(
+    h: &HTTPGetAction,
+    field: &str,
+    ports: &[(Option<String>, i32)],
+    err: &E,
+) -> Result<Handler, PlanError> {
+    if let Some(s) = h.scheme.as_deref() {
+        if s != "HTTP" {
+            return Err(err(
+                &format!("{field}.httpGet.scheme"),
+                format!("{s:?}: only HTTP is supported"),
+            ));
+        }
+    }
+    let path = h.path.clone().unwrap_or_default();
+    Ok(Handler::HttpGet {
+        host: h.host.clone().filter(|h| !h.is_empty()),
+        port: port(&h.port, &format!("{field}.httpGet.port"), ports, err)?,
+        path: if path.starts_with('/') {
+            path
+        } else {
+            format!("/{path}")
+        },
+        headers: h
+            .http_headers
+            .clone()
+            .unwrap_or_default()
+            .into_iter()
+            .map(|h| (h.name, h.value))
+            .collect(),
+    })
+}
+
+fn tcp<E: Fn(&str, String) -> PlanError>(
+    t: &TCPSocketAction,
+    field: &str,
+    ports: &[(Option<String>, i32)],
+    err: &E,
+) -> Result<Handler, PlanError> {
+    Ok(Handler::TcpSocket {
+        host: t.host.clone().filter(|h| !h.is_empty()),
+        port: port(&t.port, &format!("{field}.tcpSocket.port"), ports, err)?,
+    })
+}
+
+fn lifecycle_handler<E: Fn(&str, String) -> PlanError>(
+    h: &LifecycleHandler,
+    field: &str,
+    ports: &[(Option<String>, i32)],
+    err: &E,
+) -> Result<Handler, PlanError> {
+    match (&h.exec, &h.http_get, &h.sleep) {
+        (Some(e), None, None) => exec(e.command.as_ref(), field, err),
+        (None, Some(g), None) => http_get(g, field, ports, err),
+        (None, None, Some(s)) if s.seconds >= 0 => Ok(Handler::Sleep(s.seconds)),
+        (None, None, Some(_)) => Err(err(
+            &format!("{field}.sleep.seconds"),
+            "must not be negative".into(),
+        )),
+        _ => Err(err(
+            field,
+            "exactly one of exec, httpGet or sleep is needed".into(),
+        )),
+    }
+}
+
+fn exec<E: Fn(&str, String) -> PlanError>(
+    cmd: Option<&Vec<String>>,
+    field: &str,
+    err: &E,
+) -> Result<Handler, PlanError> {
+    match cmd {
+        Some(c) if !c.is_empty() => Ok(Handler::Exec(c.clone())),
+        _ => Err(err(
+            &format!("{field}.exec.command"),
+            "an exec handler needs a command".into(),
+        )),
+    }
+}
+
+fn probe<E: Fn(&str, String) -> PlanError>(
+    p: &K8sProbe,
+    field: &str,
+    ports: &[(Option<String>, i32)],
+    err: &E,
+) -> Result<Probe, PlanError> {
+    let handler = match (&p.exec, &p.http_get, &p.tcp_socket) {
+        (Some(e), None, None) => exec(e.command.as_ref(), field, err)?,
+        (None, Some(g), None) => http_get(g, field, ports, err)?,
+        (None, None, Some(t)) => tcp(t, field, ports, err)?,
+        _ => {
+            return Err(err(
+                field,
+                "exactly one of exec, httpGet or tcpSocket is needed".into(),
+            ))
+        }
+    };
+    let at_least = |v: Option<i32>, default: i32, min: i32, name: &str| -> Result<i64, PlanError> {
+        let v = v.unwrap_or(default);
+        if v < min {
+            return Err(err(
+                &format!("{field}.{name}"),
+                format!("{v} is below {min}"),
+            ));
+        }
+        Ok(i64::from(v))
+    };
+    let thresholds = |v: Option<i32>, default: i32, name: &str| -> Result<u32, PlanError> {
+        u32::try_from(at_least(v, default, 1, name)?)
+            .map_err(|_| err(&format!("{field}.{name}"), "too large".into()))
+    };
+    Ok(Probe {
+        handler,
+        initial_delay_seconds: at_least(p.initial_delay_seconds, 0, 0, "initialDelaySeconds")?,
+        period_seconds: at_least(p.period_seconds, 10, 1, "periodSeconds")?,
+        timeout_seconds: at_least(p.timeout_seconds, 1, 1, "timeoutSeconds")?,
+        success_threshold: thresholds(p.success_threshold, 1, "successThreshold")?,
+        failure_threshold: thresholds(p.failure_threshold, 3, "failureThreshold")?,
+        termination_grace_seconds: p.termination_grace_period_seconds,
+    })
+}
+
+fn seccomp<E: Fn(&str, String) -> PlanError>(
+    t: Option<&str>,
+    field: &str,
+    err: &E,
+) -> Result<Option<Seccomp>, PlanError> {
+    match t {
+        None => Ok(None),
+        Some("RuntimeDefault") => Ok(Some(Seccomp::RuntimeDefault)),
+        Some("Unconfined") => Ok(Some(Seccomp::Unconfined)),
+        Some(other) => Err(err(
+            field,
+            format!("{other:?}: RuntimeDefault or Unconfined"),
+        )),
+    }
+}
+
+fn security<E: Fn(&str, String) -> PlanError>(
+    sc: Option<&SecurityContext>,
+    field: &str,
+    err: &E,
+) -> Result<Security, PlanError> {
+    let Some(sc) = sc else {
+        return Ok(Security::default());
+    };
+    if let Some(pm) = sc.proc_mount.as_deref() {
+        if pm != "Default" {
+            return Err(err(
+                &format!("{field}.procMount"),
+                format!("{pm:?}: only Default is supported"),
+            ));
+        }
+    }
+    let caps = sc.capabilities.clone().unwrap_or_default();
+    let privileged = sc.privileged.unwrap_or(false);
+    let no_new_privs = sc.allow_privilege_escalation == Some(false);
+    if privileged && no_new_privs {
+        return Err(err(
+            &format!("{field}.allowPrivilegeEscalation"),
+            "cannot be false for a privileged container".into(),
+        ));
+    }
+    Ok(Security {
+        run_as_user: sc.run_as_user,
+        run_as_group: sc.run_as_group,
+        run_as_non_root: sc.run_as_non_root.unwrap_or(false),
+        privileged,
+        add_capabilities: caps.add.unwrap_or_default(),
+        drop_capabilities: caps.drop.unwrap_or_default(),
+        read_only_root: sc.read_only_root_filesystem.unwrap_or(false),
+        no_new_privs,
+        seccomp: seccomp(
+            sc.seccomp_profile.as_ref().map(|p| p.type_.as_str()),
+            &format!("{field}.seccompProfile.type"),
+            err,
+        )?,
+    })
+}
+
+fn is_dns_subdomain(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 253
+        && s.split('.').all(|label| {
+            !label.is_empty()
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                && !label.starts_with('-')
+                && !label.ends_with('-')
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn place() -> Placement {
+        Placement {
+            uid: "7b0e6c9e-4c1e-4d63-9a43-2f6f3c1d9b10".into(),
+            node_name: "node-1".into(),
+            host_ip: "10.0.0.7".into(),
+            force_host_network: false,
+            name_suffix: "abcde".into(),
+        }
+    }
+
+    fn pod(containers: Value) -> Value {
+        json!({"apiVersion": "v1", "kind": "Pod",
+               "metadata": {"name": "web", "labels": {"app": "web"}, "annotations": {"a": "b"}},
+               "spec": {"hostNetwork": true, "containers": containers,
+                        "volumes": [{"name": "share", "hostPath": {"path": "/var/lib/exitorder", "type": "DirectoryOrCreate"}},
+                                    {"name": "scratch", "emptyDir": {}}]}})
+    }
+
+    #[test]
+    fn env_is_expanded_in_order_with_field_refs() {
+        let p = plan(
+            &pod(json!([{
+                "name": "proxy", "image": "busybox:1.36",
+                "command": ["sh", "-c", "echo $(GREETING) from $(POD_NAME) $$(literal) $(MISSING)"],
+                "env": [
+                    {"name": "POD_UID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}},
+                    {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+                    {"name": "NODE", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+                    {"name": "IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+                    {"name": "APP", "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['app']"}}},
+                    {"name": "GREETING", "value": "hello $(NODE)"},
+                ],
+                "volumeMounts": [{"name": "share", "mountPath": "/var/run/exitorder", "subPathExpr": "pods/$(POD_UID)/proxy"}],
+            }])),
+            &place(),
+        )
+        .unwrap();
+        let c = &p.containers[0];
+        let env: BTreeMap<_, _> = c.env.iter().cloned().collect();
+        assert_eq!(env["POD_UID"], place().uid);
+        assert_eq!(env["POD_NAME"], "web");
+        assert_eq!(env["NODE"], "node-1");
+        assert_eq!(env["IP"], "10.0.0.7");
+        assert_eq!(env["APP"], "web");
+        assert_eq!(env["GREETING"], "hello node-1");
+        assert_eq!(
+            c.command[2],
+            "echo hello node-1 from web $(literal) $(MISSING)"
+        );
+        assert_eq!(
+            c.mounts[0].sub_path.as_deref(),
+            Some(format!("pods/{}/proxy", place().uid).as_str())
+        );
+        assert_eq!(p.namespace, "default");
+        assert_eq!(p.grace_seconds, 30);
+        assert_eq!(p.restart_policy, RestartPolicy::Always);
+    }
+
+    #[test]
+    fn handlers_and_probes_resolve_named_ports() {
+        let p = plan(
+            &pod(json!([{
+                "name": "agent", "image": "x",
+                "ports": [{"name": "metrics", "containerPort": 9484}],
+                "readinessProbe": {"httpGet": {"path": "readyz", "port": "metrics"}, "periodSeconds": 2},
+                "livenessProbe": {"tcpSocket": {"port": 9484}, "failureThreshold": 1},
+                "lifecycle": {"preStop": {"sleep": {"seconds": 3}},
+                              "postStart": {"exec": {"command": ["true"]}}},
+            }])),
+            &place(),
+        )
+        .unwrap();
+        let c = &p.containers[0];
+        assert_eq!(
+            c.readiness.as_ref().unwrap().handler,
+            Handler::HttpGet {
+                host: None,
+                port: 9484,
+                path: "/readyz".into(),
+                headers: vec![]
+            }
+        );
+        assert_eq!(c.readiness.as_ref().unwrap().period_seconds, 2);
+        assert_eq!(c.liveness.as_ref().unwrap().failure_threshold, 1);
+        assert_eq!(c.pre_stop, Some(Handler::Sleep(3)));
+        assert_eq!(c.post_start, Some(Handler::Exec(vec!["true".into()])));
+        assert!(c.ports_json.as_deref().unwrap().contains("9484"));
+    }
+
+    #[test]
+    fn native_sidecars_and_init_containers() {
+        let mut v = pod(json!([{"name": "app", "image": "x"}]));
+        v["spec"]["initContainers"] = json!([
+            {"name": "setup", "image": "x"},
+            {"name": "istio-proxy", "image": "x", "restartPolicy": "Always"},
+        ]);
+        let p = plan(&v, &place()).unwrap();
+        assert_eq!(p.init[0].kind, Kind::Init);
+        assert_eq!(p.init[1].kind, Kind::Sidecar);
+        assert!(p.has_sidecars());
+        assert_eq!(
+            p.all().map(|c| c.name.as_str()).collect::<Vec<_>>(),
+            ["setup", "istio-proxy", "app"]
+        );
+    }
+
+    #[test]
+    fn problems_name_their_field() {
+        let cases = [
+            (
+                json!([{"name": "a", "image": "x", "volumeMounts": [{"name": "nope", "mountPath": "/x"}]}]),
+                "spec.containers[0].volumeMounts[0].name",
+            ),
+            (
+                json!([{"name": "a", "image": "x", "volumeMounts": [{"name": "share", "mountPath": "/x", "subPath": "../etc"}]}]),
+                "spec.containers[0].volumeMounts[0].subPath",
+            ),
+            (
+                json!([{"name": "a", "image": "x", "readinessProbe": {"httpGet": {"port": "web"}}}]),
+                "spec.containers[0].readinessProbe.httpGet.port",
+            ),
+            (
+                json!([{"name": "a", "image": "x", "env": [{"name": "X", "valueFrom": {"fieldRef": {"fieldPath": "status.phase"}}}]}]),
+                "spec.containers[0].env[0].valueFrom.fieldRef.fieldPath",
+            ),
+            (json!([{"name": "a"}]), "spec.containers[0].image"),
+            (
+                json!([{"name": "Bad_Name", "image": "x"}]),
+                "spec.containers[0].name",
+            ),
+            (
+                json!([{"name": "a", "image": "x"}, {"name": "a", "image": "x"}]),
+                "spec",
+            ),
+            (
+                json!([{"name": "a", "image": "x", "restartPolicy": "Always"}]),
+                "spec.containers[0].restartPolicy",
+            ),
+            (
+                json!([{"name": "a", "image": "x", "readinessProbe": {"httpGet": {"port": 80, "scheme": "HTTPS"}}}]),
+                "spec.containers[0].readinessProbe.httpGet.scheme",
+            ),
+            (
+                json!([{"name": "a", "image": "x", "securityContext": {"seccompProfile": {"type": "Localhost"}}}]),
+                "spec.containers[0].securityContext.seccompProfile.type",
+            ),
+        ];
+        for (containers, field) in cases {
+            let e = plan(&pod(containers.clone()), &place()).unwrap_err();
+            assert_eq!(e.field, field, "{containers}: {e}");
+        }
+    }
+
+    #[test]
+    fn pods_off_the_host_network_are_refused_unless_forced() {
+        let mut v = pod(json!([{"name": "a", "image": "x"}]));
+        v["spec"]["hostNetwork"] = json!(false);
+        let e = plan(&v, &place()).unwrap_err();
+        assert_eq!(e.field, "spec.hostNetwork");
+        assert!(e.problem.contains("no CNI"), "{e}");
+        let forced = Placement {
+            force_host_network: true,
+            ..place()
+        };
+        let p = plan(&v, &forced).unwrap();
+        assert!(p.notes.iter().any(|n| n.field == "spec.hostNetwork"));
+    }
+
+    #[test]
+    fn pod_security_is_the_default_of_each_container() {
+        let mut v = pod(json!([
+            {"name": "a", "image": "x"},
+            {"name": "b", "image": "x", "securityContext": {"runAsUser": 1000, "allowPrivilegeEscalation": false,
+             "capabilities": {"drop": ["ALL"], "add": ["NET_ADMIN"]}, "readOnlyRootFilesystem": true}},
+        ]));
+        v["spec"]["securityContext"] = json!({"runAsUser": 65534, "runAsGroup": 65534, "seccompProfile": {"type": "RuntimeDefault"}});
+        let p = plan(&v, &place()).unwrap();
+        assert_eq!(p.containers[0].security.run_as_user, Some(65534));
+        let b = &p.containers[1].security;
+        assert_eq!((b.run_as_user, b.run_as_group), (Some(1000), Some(65534)));
+        assert!(b.no_new_privs && b.read_only_root);
+        assert_eq!(b.drop_capabilities, ["ALL"]);
+        assert_eq!(b.seccomp, Some(Seccomp::RuntimeDefault));
+    }
+
+    #[test]
+    fn generate_name_and_a_given_uid() {
+        let v = json!({"metadata": {"generateName": "job-", "uid": "0b5c1f44-2a35-4b54-8f4f-3c8a3b4b5a01"},
+                       "spec": {"hostNetwork": true, "restartPolicy": "Never", "containers": [{"name": "a", "image": "x"}]}});
+        let p = plan(&v, &place()).unwrap();
+        assert_eq!(p.name, "job-abcde");
+        assert_eq!(p.uid, "0b5c1f44-2a35-4b54-8f4f-3c8a3b4b5a01");
+        assert_eq!(p.restart_policy, RestartPolicy::Never);
+        let daemonset = json!({"kind": "DaemonSet", "metadata": {"name": "x"}});
+        assert_eq!(plan(&daemonset, &place()).unwrap_err().field, "kind");
+    }
+
+    #[test]
+    fn expansion_rules() {
+        let vars: HashMap<String, String> = [("A".to_owned(), "1".to_owned())].into();
+        assert_eq!(expand("$(A)$(B)$$(A)$A$(", &vars), "1$(B)$(A)$A$(");
+        assert_eq!(expand("plain", &vars), "plain");
+    }
+}
