@@ -90,7 +90,12 @@ async fn expect_containerd_events(agent: &AgentProcess) {
 /// A test node. `None` when this machine cannot run containerd and this is not CI: the
 /// test then returns early, having said why.
 pub async fn node_or_skip() -> Option<Node> {
-    match Node::start(NodeOptions::default()).await {
+    node_with_or_skip(NodeOptions::default()).await
+}
+
+/// A test node started with `opts`; `None` as for [`node_or_skip`].
+pub async fn node_with_or_skip(opts: NodeOptions) -> Option<Node> {
+    match Node::start(opts).await {
         Ok(n) => Some(n),
         Err(e) => {
             if mandatory() {
