@@ -407,7 +407,7 @@ fn agent_options(rig: &Rig, env: Vec<(String, String)>) -> exitorder_testbed::Ag
     exitorder_testbed::AgentOptions {
         cri_socket: rig.served.socket.clone(),
         share_dir: rig.share.clone(),
-        // Any file serves: the agent only copies it into the share.
+        // Refused (dynamically linked): these tests are about the pod watch, not the share.
         entrypoint_binary: binary.clone(),
         binary,
         grace_reserve: Duration::from_secs(1),
@@ -480,4 +480,44 @@ async fn agent_binary_without_api_server_says_so_once() {
         })
         .count();
     assert_eq!(said, 1, "{}", agent.log_tail(20));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_logs_to_a_pipe_without_colour_codes() {
+    use std::io::{BufRead, BufReader};
+    let l = Linked::new(60, None);
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_exitorder"))
+        .args(["agent", "--cri-socket"])
+        .arg(&l.rig.served.socket)
+        .arg("--share-dir")
+        .arg(&l.rig.share)
+        .args(["--metrics-addr", "127.0.0.1:0"])
+        .env("EXITORDER_LOG_FORMAT", "plain")
+        .env_remove("NO_COLOR")
+        .env_remove("KUBECONFIG")
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("agent starts");
+    let stderr = child.stderr.take().expect("piped");
+    let lines = tokio::task::spawn_blocking(move || {
+        let mut seen = Vec::new();
+        for line in BufReader::new(stderr).lines() {
+            let Ok(line) = line else { break };
+            let done = line.contains("agent ready");
+            seen.push(line);
+            if done {
+                break;
+            }
+        }
+        seen
+    });
+    let lines = tokio::time::timeout(Duration::from_secs(20), lines)
+        .await
+        .expect("agent ready within 20 s")
+        .expect("reader");
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(lines.iter().any(|l| l.contains("agent ready")), "{lines:?}");
+    assert!(lines.iter().all(|l| !l.contains('\u{1b}')), "{lines:?}");
 }

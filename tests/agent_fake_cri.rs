@@ -247,6 +247,53 @@ fn parse_metrics(text: &str) -> Vec<(String, f64)> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dynamically_linked_entrypoint_is_refused_and_the_agent_stays_not_ready() {
+    // What `cargo build --release` gives: this test binary is linked the same way.
+    let dynamic = std::env::current_exe().unwrap();
+    let mut rig = Rig::new();
+    let (app, _) = two_level_pod(&rig, 60);
+    rig.start_agent_with(|cfg| cfg.entrypoint_binary = Some(dynamic.clone()));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let http = tokio::spawn(exitorder::metrics::serve(listener, rig.stats.clone()));
+    // Whatever else comes up, readiness keeps saying why, naming the file and the fix.
+    let (code, body) = http_get(addr, "/readyz").await;
+    assert_eq!(code, 503, "{body}");
+    assert!(body.contains(&dynamic.display().to_string()), "{body}");
+    assert!(
+        body.contains("dynamically linked") && body.contains("crt-static"),
+        "{body}"
+    );
+    assert!(!rig.share.join("bin/exitorder-entrypoint").exists());
+    // The agent still answers waits: an entrypoint installed earlier may be serving pods.
+    let f = rig.request_exit(APP_UID, "proxy");
+    stays_waiting(&f, Duration::from_millis(100)).await;
+    rig.cri().set_state(&app, ContainerState::ContainerExited);
+    assert!(allowed_within(&f, Duration::from_secs(2)).await);
+    assert_eq!(http_get(addr, "/readyz").await.0, 503);
+    http.abort();
+    rig.stop_agent().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_static_entrypoint_is_installed() {
+    let busybox = std::path::Path::new("/bin/busybox");
+    if !exitorder::elf::is_static_elf(busybox).unwrap_or(false) {
+        // Only where busybox-static is installed (every end-to-end machine).
+        return;
+    }
+    let mut rig = Rig::new();
+    rig.start_agent_with(|cfg| cfg.entrypoint_binary = Some(busybox.to_owned()));
+    let installed = rig.share.join("bin/exitorder-entrypoint");
+    assert_eq!(
+        std::fs::read(&installed).unwrap(),
+        std::fs::read(busybox).unwrap()
+    );
+    assert!(rig.stats.entrypoint_refused().is_none());
+    rig.stop_agent().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_and_health_endpoints() {
     let mut rig = Rig::new();
     let (app, _) = two_level_pod(&rig, 60);

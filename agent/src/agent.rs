@@ -12,7 +12,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use futures_util::StreamExt;
 use tokio::sync::mpsc;
-use tracing::{debug, info, warn, Instrument};
+use tracing::{debug, error, info, warn, Instrument};
 
 use crate::cluster::Cluster;
 use crate::decide::{self, Attempt, Deletion, PodFacts, Reason, Verdict};
@@ -162,13 +162,32 @@ impl Agent {
     pub fn start(cfg: Config, stats: Arc<Stats>) -> Result<Self, AgentError> {
         let share = Share::open(&cfg.share_dir)?;
         if let Some(src) = &cfg.entrypoint_binary {
-            let dst = share
-                .install_entrypoint(src)
-                .map_err(|source| AgentError::Install {
-                    path: src.clone(),
-                    source,
-                })?;
-            info!(from = %src.display(), to = %dst.display(), "entrypoint installed");
+            // Sidecar images (distroless, busybox, musl) run only a static binary for this
+            // node's architecture; anything else would fail in every preStop hook, silently
+            // leaving pods unordered. It is refused, and the agent stays not ready.
+            match crate::elf::check_static_executable(src) {
+                Ok(()) => {
+                    let dst =
+                        share
+                            .install_entrypoint(src)
+                            .map_err(|source| AgentError::Install {
+                                path: src.clone(),
+                                source,
+                            })?;
+                    info!(from = %src.display(), to = %dst.display(), "entrypoint installed");
+                }
+                Err(e) => {
+                    let why = format!(
+                        "entrypoint {} refused: {e}; sidecar images need a static build: \
+                         `cargo rustc -p exitorder-entrypoint --release --bin \
+                         exitorder-entrypoint -- -C target-feature=+crt-static` (as the \
+                         exitorder image has it), given with --entrypoint-binary",
+                        src.display()
+                    );
+                    error!(event = "entrypoint_refused", file = %src.display(), problem = %e, "{why}");
+                    stats.refuse_entrypoint(why);
+                }
+            }
         }
         let runtime = Runtime::connect(&cfg.cri_socket)?;
         let (tx, events) = mpsc::unbounded_channel();

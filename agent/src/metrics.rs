@@ -127,6 +127,13 @@ fn respond(stats: &Stats, req: &Request<Incoming>) -> Response<Full<Bytes>> {
             r
         }
         "/healthz" => text(StatusCode::OK, "ok\n".into()),
+        "/readyz" if stats.entrypoint_refused().is_some() => text(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!(
+                "not ready: {}\n",
+                stats.entrypoint_refused().unwrap_or_default()
+            ),
+        ),
         "/readyz" if stats.watching() && stats.runtime_ok() => {
             text(StatusCode::OK, "ready\n".into())
         }

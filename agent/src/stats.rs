@@ -62,6 +62,8 @@ pub struct Stats {
     api_errors: Mutex<BTreeMap<&'static str, u64>>,
     api_watch: Mutex<&'static str>,
     pod_events: Mutex<BTreeMap<&'static str, u64>>,
+    /// Why the entrypoint given could not be installed: the agent then stays not ready.
+    entrypoint_refused: Mutex<Option<String>>,
 }
 
 fn bump(counts: &Mutex<BTreeMap<&'static str, u64>>, key: &'static str) {
@@ -165,6 +167,17 @@ impl Stats {
 
     pub fn watching(&self) -> bool {
         self.watching.load(Ordering::Relaxed)
+    }
+
+    /// The entrypoint given cannot serve sidecars; readiness says so until a restart.
+    pub fn refuse_entrypoint(&self, why: String) {
+        if let Ok(mut r) = self.entrypoint_refused.lock() {
+            *r = Some(why);
+        }
+    }
+
+    pub fn entrypoint_refused(&self) -> Option<String> {
+        self.entrypoint_refused.lock().ok().and_then(|r| r.clone())
     }
 
     pub fn set_runtime_ok(&self, ok: bool) {

@@ -22,8 +22,14 @@ pub fn init_logging() -> Result<(), TelemetryError> {
         _ => EnvFilter::new("info"),
     };
     let format = std::env::var("EXITORDER_LOG_FORMAT").unwrap_or_default();
+    use std::io::IsTerminal;
+    let ansi = colours(
+        std::io::stderr().is_terminal(),
+        std::env::var("NO_COLOR").ok().as_deref(),
+    );
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(ansi)
         .with_writer(std::io::stderr);
     let res = match format.as_str() {
         "" | "plain" => builder.try_init(),
@@ -31,6 +37,12 @@ pub fn init_logging() -> Result<(), TelemetryError> {
         other => return Err(TelemetryError::Format(other.to_owned())),
     };
     res.map_err(|_| TelemetryError::AlreadySet)
+}
+
+/// Colour codes only for a person at a terminal: `kubectl logs` and log collectors read a
+/// pipe, where they are noise. `NO_COLOR` (any non-empty value) turns them off everywhere.
+pub fn colours(stderr_is_terminal: bool, no_color: Option<&str>) -> bool {
+    stderr_is_terminal && no_color.is_none_or(str::is_empty)
 }
 
 /// Completes on SIGTERM (what the kubelet sends) or SIGINT.
@@ -50,5 +62,18 @@ pub async fn shutdown_signal() {
         _ => {
             let _ = tokio::signal::ctrl_c().await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn colours_only_at_a_terminal() {
+        assert!(colours(true, None));
+        assert!(colours(true, Some("")));
+        assert!(!colours(true, Some("1")));
+        assert!(!colours(false, None));
     }
 }
