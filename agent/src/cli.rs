@@ -71,7 +71,7 @@ pub struct AgentArgs {
     #[arg(
         long,
         env = "EXITORDER_SHARE_DIR",
-        default_value = "/var/lib/exitorder"
+        default_value = exitorder_contract::share::DEFAULT_DIR
     )]
     pub share_dir: PathBuf,
     /// This node's name (from the downward API): the pod watch's `spec.nodeName` and the

@@ -7,17 +7,17 @@
 use std::collections::BTreeMap;
 
 /// Pod annotation (a JSON object `{"container": N}`), exitorder's own name.
-pub const ANNOTATION: &str = "exitorder.io/container-exit-priority";
+pub use exitorder_contract::annotation::PRIORITY as ANNOTATION;
 /// The same annotation under the OpenKruise proposal's name; used only when ours is absent.
-pub const ANNOTATION_KRUISE: &str = "kruise.io/container-exit-priority";
+pub use exitorder_contract::annotation::PRIORITY_KRUISE as ANNOTATION_KRUISE;
 /// Container env variable carrying one container's priority.
-pub const ENV: &str = "EXITORDER_EXIT_PRIORITY";
+pub use exitorder_contract::env::PRIORITY as ENV;
 /// The OpenKruise proposal's env name; ours wins when both are set.
-pub const ENV_KRUISE: &str = "KRUISE_EXIT_PRIORITY";
+pub use exitorder_contract::env::PRIORITY_KRUISE as ENV_KRUISE;
 
 /// Containers that opted-in pods order after everything else unless the pod names them: the
 /// mesh proxies whose early exit breaks in-flight requests.
-pub const PRESETS: &[(&str, u8)] = &[("linkerd-proxy", 1), ("istio-proxy", 1)];
+pub use exitorder_contract::PRESETS;
 
 /// Annotation values are user input; cap what we parse so a huge value costs nothing.
 const MAX_ANNOTATION_BYTES: usize = 64 * 1024;

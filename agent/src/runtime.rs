@@ -16,12 +16,12 @@ use crate::cri::{
 };
 use crate::decide::RunState;
 
-/// Label the kubelet puts on every sandbox and container with the pod's UID.
-pub const LABEL_POD_UID: &str = "io.kubernetes.pod.uid";
-/// Label the kubelet puts on every container with its name in the pod spec.
-pub const LABEL_CONTAINER_NAME: &str = "io.kubernetes.container.name";
 /// Container annotation where the kubelet records the pod's terminationGracePeriodSeconds.
-pub const ANNOTATION_GRACE: &str = "io.kubernetes.pod.terminationGracePeriod";
+pub use exitorder_contract::kubelet::ANNOTATION_GRACE;
+/// Label the kubelet puts on every container with its name in the pod spec.
+pub use exitorder_contract::kubelet::LABEL_CONTAINER_NAME;
+/// Label the kubelet puts on every sandbox and container with the pod's UID.
+pub use exitorder_contract::kubelet::LABEL_POD_UID;
 
 /// Per-call deadline: a runtime that hangs must not hold decisions (the deadline rule still
 /// runs, and the next tick retries).

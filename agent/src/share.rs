@@ -18,15 +18,15 @@ use std::time::SystemTime;
 
 use rustix::fs::{self as rfs, AtFlags, FileType, Mode, OFlags};
 
-/// Name of the file a waiting container creates and the agent answers.
-pub const EXIT_FILE: &str = "exit";
 /// Content the agent writes to let a container exit.
-pub const ALLOW: &str = "allow";
+pub use exitorder_contract::handshake::ALLOW;
+/// Name of the file a waiting container creates and the agent answers.
+pub use exitorder_contract::handshake::EXIT_FILE;
 /// What the entrypoint writes while it waits (an empty file is also taken as waiting: the
 /// agent may see the file between its creation and its first write).
-pub const WAIT: &str = "wait";
+pub use exitorder_contract::handshake::WAIT;
 /// File name of the installed entrypoint under `bin/`.
-pub const ENTRYPOINT_NAME: &str = "exitorder-entrypoint";
+pub use exitorder_contract::share::ENTRYPOINT as ENTRYPOINT_NAME;
 
 /// More than any valid content; the rest of a larger file is never read.
 const MAX_EXIT_BYTES: usize = 64;

@@ -14,12 +14,10 @@ use exitorder::runtime::{ANNOTATION_GRACE, LABEL_CONTAINER_NAME, LABEL_POD_UID};
 
 use super::plan::{ContainerPlan, Handler, PodPlan, Seccomp, Security};
 
-pub const LABEL_POD_NAME: &str = "io.kubernetes.pod.name";
-pub const LABEL_POD_NAMESPACE: &str = "io.kubernetes.pod.namespace";
-const ANNOTATION_HASH: &str = "io.kubernetes.container.hash";
-const ANNOTATION_RESTART_COUNT: &str = "io.kubernetes.container.restartCount";
-const ANNOTATION_PRESTOP: &str = "io.kubernetes.container.preStopHandler";
-const ANNOTATION_PORTS: &str = "io.kubernetes.container.ports";
+use exitorder_contract::kubelet::{
+    ANNOTATION_HASH, ANNOTATION_PORTS, ANNOTATION_PRESTOP, ANNOTATION_RESTART_COUNT,
+    LABEL_POD_NAME, LABEL_POD_NAMESPACE,
+};
 
 /// What the kubelet masks and makes read-only in /proc and /sys for unprivileged containers
 /// (procMount Default).

@@ -32,7 +32,7 @@ use serde_json::Value;
 
 /// Where the chart and the webhook put the share on a node; a pod's hostPath there is the
 /// test bed's share.
-pub const SHARE_PATH: &str = "/var/lib/exitorder";
+pub const SHARE_PATH: &str = exitorder_contract::share::DEFAULT_DIR;
 /// The test bed's node name (`spec.nodeName`, the agent's `NODE_NAME`).
 pub const NODE_NAME: &str = "testbed";
 

@@ -1,0 +1,82 @@
+//! The names exitorder's parts agree on, defined once: the agent, the entrypoint (`no_std`),
+//! the webhook and the test bed all read them from here. They are a contract with users too
+//! (annotations, env, mount paths): changing one breaks pods that rely on it.
+#![no_std]
+#![forbid(unsafe_code)]
+
+/// The host share and what is in it.
+pub mod share {
+    /// The share's default location on a node.
+    pub const DEFAULT_DIR: &str = "/var/lib/exitorder";
+    /// `pods/<pod-uid>/<container>/`: one directory per container.
+    pub const PODS_DIR: &str = "pods";
+    /// `bin/`: where the agent installs the entrypoint.
+    pub const BIN_DIR: &str = "bin";
+    /// The entrypoint's file name, in `bin/` and in the agent's image.
+    pub const ENTRYPOINT: &str = "exitorder-entrypoint";
+}
+
+/// The exit handshake in a container's directory.
+pub mod handshake {
+    /// The file a waiting preStop creates.
+    pub const EXIT_FILE: &str = "exit";
+    /// Its content while it waits.
+    pub const WAIT: &str = "wait";
+    /// Its content once the agent allows the exit.
+    pub const ALLOW: &str = "allow";
+}
+
+/// Where a sidecar sees the share.
+pub mod mount {
+    /// The container's own directory (`subPathExpr: pods/$(POD_UID)/<name>`).
+    pub const EXIT_DIR: &str = "/var/run/exitorder";
+    /// The share's `bin/`, read-only.
+    pub const BIN_DIR: &str = "/var/run/exitorder-bin";
+    /// The entrypoint as a sidecar runs it.
+    pub const ENTRYPOINT: &str = "/var/run/exitorder-bin/exitorder-entrypoint";
+}
+
+/// Pod annotations.
+pub mod annotation {
+    /// `{"container": N}`, N in 0..=255; larger exits later.
+    pub const PRIORITY: &str = "exitorder.io/container-exit-priority";
+    /// The OpenKruise proposal's name for [`PRIORITY`].
+    pub const PRIORITY_KRUISE: &str = "kruise.io/container-exit-priority";
+    /// `"true"`: the webhook injects the share, env and preStop.
+    pub const INJECT: &str = "exitorder.io/inject";
+    /// The OpenKruise proposal's name for [`INJECT`].
+    pub const INJECT_KRUISE: &str = "container-exit-priority.kruise.io/auto-inject-prestop";
+    /// `"true"`: main containers start only after every sidecar is ready.
+    pub const AWAIT_SIDECARS: &str = "exitorder.io/await-sidecars";
+    /// `"false"`: no Job sidecar shutdown.
+    pub const TERMINATE_ON_COMPLETION: &str = "exitorder.io/terminate-sidecars-on-completion";
+    /// `{"container": "URL"}`: the HTTP shutdown of a sidecar.
+    pub const SIDECAR_SHUTDOWN: &str = "exitorder.io/sidecar-shutdown";
+}
+
+/// Container env.
+pub mod env {
+    /// A container's own exit priority; the annotation wins.
+    pub const PRIORITY: &str = "EXITORDER_EXIT_PRIORITY";
+    /// The OpenKruise proposal's name for [`PRIORITY`].
+    pub const PRIORITY_KRUISE: &str = "KRUISE_EXIT_PRIORITY";
+    /// The pod's UID, from the downward API: what `subPathExpr` expands.
+    pub const POD_UID: &str = "POD_UID";
+}
+
+/// Sidecars every opted-in pod orders without being told: priority 1 unless named.
+pub const PRESETS: &[(&str, u8)] = &[("linkerd-proxy", 1), ("istio-proxy", 1)];
+
+/// The kubelet's CRI labels and annotations, how the agent finds pods in the runtime.
+pub mod kubelet {
+    pub const LABEL_POD_UID: &str = "io.kubernetes.pod.uid";
+    pub const LABEL_POD_NAME: &str = "io.kubernetes.pod.name";
+    pub const LABEL_POD_NAMESPACE: &str = "io.kubernetes.pod.namespace";
+    pub const LABEL_CONTAINER_NAME: &str = "io.kubernetes.container.name";
+    /// On each container: the pod's terminationGracePeriodSeconds.
+    pub const ANNOTATION_GRACE: &str = "io.kubernetes.pod.terminationGracePeriod";
+    pub const ANNOTATION_RESTART_COUNT: &str = "io.kubernetes.container.restartCount";
+    pub const ANNOTATION_HASH: &str = "io.kubernetes.container.hash";
+    pub const ANNOTATION_PRESTOP: &str = "io.kubernetes.container.preStopHandler";
+    pub const ANNOTATION_PORTS: &str = "io.kubernetes.container.ports";
+}
