@@ -6,6 +6,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "proto/runtime/v1/api.proto",
         "proto/containerd/services/events/v1/events.proto",
         "proto/containerd/events/task.proto",
+        "proto/containerd/events/container.proto",
     ];
     for f in &files {
         println!("cargo:rerun-if-changed={f}");

@@ -18,6 +18,7 @@ pub mod share;
 pub mod source;
 pub mod stats;
 pub mod telemetry;
+pub mod view;
 pub mod watch;
 
 /// Generated from proto/runtime/v1/api.proto: the CRI v1 subset exitorder calls.

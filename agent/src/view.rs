@@ -1,0 +1,650 @@
+//! The agent's picture of the node: its pods and their containers, built from one listing and
+//! kept current by the runtime's events, so that a decision reads memory and no runtime call
+//! stands between an exit event and `allow`.
+//!
+//! A plain data structure: changes go in ([`NodeView::apply`]), reads that must be made come
+//! out ([`Need`]); nothing here does I/O. Its rules make the order of what arrives irrelevant:
+//! - a container's state only moves forward (created, running, exited): an exit event that
+//!   arrives before the listing that still shows the container running wins (containerd
+//!   publishes the event before its CRI view changes), and a late start never revives it;
+//! - a removed container leaves a tombstone, so a late start or exit does not bring it back;
+//! - a listing replaces what it covers, but keeps what appeared after it was taken.
+
+use std::collections::{HashMap, HashSet};
+use std::time::{Duration, Instant};
+
+use crate::decide::RunState;
+use crate::priority::PriorityError;
+
+/// One container attempt as the runtime describes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ContainerInfo {
+    pub id: String,
+    pub pod_uid: String,
+    pub name: String,
+    pub attempt: u32,
+    /// Runtime creation time, Unix ns.
+    pub created_at: i64,
+    pub state: RunState,
+    /// The pod's grace period as the kubelet recorded it on the container.
+    pub grace: Option<Duration>,
+}
+
+/// A pod's sandbox as the runtime describes it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SandboxInfo {
+    pub pod_uid: String,
+    pub namespace: String,
+    pub name: String,
+    /// The pod's annotations, as the kubelet copied them to the sandbox.
+    pub annotations: HashMap<String, String>,
+    pub created_at: i64,
+}
+
+/// Everything the runtime lists, and when the listing was asked for (Unix ns, the runtime's
+/// clock): containers created after that are not expected in it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Listing {
+    pub asked_at_ns: i64,
+    pub sandboxes: Vec<SandboxInfo>,
+    pub containers: Vec<ContainerInfo>,
+}
+
+/// What is known of a container's own exit priority (its env).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EnvPriority {
+    /// Not read yet (a read is due).
+    Unread,
+    /// A read is in flight; the earlier ones failed `failures` times.
+    Reading { failures: u32 },
+    /// Read: the priority its env gives, if any, or why the env is malformed.
+    Known(Result<Option<u8>, PriorityError>),
+    /// The read failed `failures` times; the next is due at `retry_at`.
+    Failed { failures: u32, retry_at: Instant },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ContainerEntry {
+    pub info: ContainerInfo,
+    pub env: EnvPriority,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PodEntry {
+    pub sandbox: Option<SandboxInfo>,
+    pub containers: HashMap<String, ContainerEntry>,
+}
+
+impl PodEntry {
+    /// The pod's grace period, from its containers' kubelet annotation.
+    pub fn grace(&self) -> Option<Duration> {
+        self.containers.values().find_map(|c| c.info.grace)
+    }
+}
+
+/// What the runtime said happened.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Change {
+    /// A full listing.
+    Listed(Listing),
+    /// One pod's containers and sandbox, listed for a pod the view did not know.
+    PodListed { uid: String, listing: Listing },
+    /// A task started: a container is running (or a sandbox: the read will tell).
+    Started { id: String },
+    /// A container's own process exited.
+    Exited { id: String },
+    /// A container was removed from the runtime.
+    Removed { id: String },
+    /// The runtime described a container, with the env priority it carries.
+    Described {
+        info: ContainerInfo,
+        env: Result<Option<u8>, PriorityError>,
+    },
+    /// The runtime has no CRI container by this id (a sandbox's pause container, or gone).
+    NotAContainer { id: String },
+    /// Describing a container failed (`now`: when the answer came).
+    DescribeFailed { id: String, now: Instant },
+}
+
+/// A read the view needs.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Need {
+    /// Describe a container: its pod, name, attempt and env.
+    Describe(String),
+}
+
+/// How long a removed container's id is remembered, so late events cannot revive it.
+const TOMBSTONE_TTL: Duration = Duration::from_secs(300);
+/// Back-off of failed reads: from this, doubling, up to [`RETRY_MAX`].
+const RETRY_START: Duration = Duration::from_millis(200);
+const RETRY_MAX: Duration = Duration::from_secs(10);
+
+fn rank(s: RunState) -> u8 {
+    match s {
+        RunState::Created => 0,
+        RunState::Running | RunState::Unknown => 1,
+        RunState::Exited => 2,
+    }
+}
+
+/// The later of two states of the same container.
+fn forward(old: RunState, new: RunState) -> RunState {
+    if rank(new) >= rank(old) {
+        new
+    } else {
+        old
+    }
+}
+
+#[derive(Debug, Default)]
+pub struct NodeView {
+    pods: HashMap<String, PodEntry>,
+    /// Container id -> pod UID.
+    pod_of: HashMap<String, String>,
+    /// Containers seen in events but not described yet, with the state events gave them.
+    undescribed: HashMap<String, RunState>,
+    /// Undescribed ids whose description is in flight.
+    describing: HashSet<String>,
+    /// Removed container ids, and when.
+    removed: HashMap<String, Instant>,
+    /// Whether a listing has been applied since the view was made.
+    listed: bool,
+}
+
+impl NodeView {
+    pub fn new() -> Self {
+        NodeView::default()
+    }
+
+    pub fn pod(&self, uid: &str) -> Option<&PodEntry> {
+        self.pods.get(uid)
+    }
+
+    pub fn pods(&self) -> impl Iterator<Item = (&String, &PodEntry)> {
+        self.pods.iter()
+    }
+
+    /// Whether a listing has been applied: before one, the view knows nothing.
+    pub fn is_listed(&self) -> bool {
+        self.listed
+    }
+
+    /// Containers seen in events whose pod is not known yet: a pod's view may miss them.
+    pub fn undescribed(&self) -> usize {
+        self.undescribed.len()
+    }
+
+    pub fn container_count(&self) -> usize {
+        self.pod_of.len()
+    }
+
+    /// Applies a change; returns the pods it touched.
+    pub fn apply(&mut self, change: Change, now: Instant) -> HashSet<String> {
+        let mut touched = HashSet::new();
+        match change {
+            Change::Listed(l) => self.listed(l, None, &mut touched),
+            Change::PodListed { uid, listing } => self.listed(listing, Some(uid), &mut touched),
+            Change::Started { id } => self.event(id, RunState::Running, &mut touched),
+            Change::Exited { id } => self.event(id, RunState::Exited, &mut touched),
+            Change::Removed { id } => {
+                self.remove(&id, &mut touched);
+                self.removed.insert(id, now);
+            }
+            Change::Described { info, env } => {
+                let id = info.id.clone();
+                self.describing.remove(&id);
+                if self.removed.contains_key(&id) {
+                    return touched;
+                }
+                let event_state = self.undescribed.remove(&id);
+                let mut info = info;
+                if let Some(s) = event_state {
+                    info.state = forward(info.state, s);
+                }
+                self.upsert(info, &mut touched);
+                if let Some(c) = self.container_mut(&id) {
+                    c.env = EnvPriority::Known(env);
+                }
+            }
+            Change::NotAContainer { id } => {
+                self.describing.remove(&id);
+                self.undescribed.remove(&id);
+            }
+            Change::DescribeFailed { id, now } => {
+                self.describing.remove(&id);
+                if let Some(c) = self.container_mut(&id) {
+                    let failures = match c.env {
+                        EnvPriority::Failed { failures, .. }
+                        | EnvPriority::Reading { failures } => failures + 1,
+                        _ => 1,
+                    };
+                    c.env = EnvPriority::Failed {
+                        failures,
+                        retry_at: now + backoff(failures),
+                    };
+                    if let Some(uid) = self.pod_of.get(&id) {
+                        touched.insert(uid.clone());
+                    }
+                }
+                // An undescribed container is asked for again at the next `needs`.
+            }
+        }
+        self.removed
+            .retain(|_, at| now.saturating_duration_since(*at) < TOMBSTONE_TTL);
+        touched
+    }
+
+    /// The reads due now; each is marked in flight until its answer is applied.
+    pub fn needs(&mut self, now: Instant) -> Vec<Need> {
+        let mut out = Vec::new();
+        for id in self.undescribed.keys() {
+            if self.describing.insert(id.clone()) {
+                out.push(Need::Describe(id.clone()));
+            }
+        }
+        for pod in self.pods.values_mut() {
+            for (id, c) in &mut pod.containers {
+                let failures = match c.env {
+                    EnvPriority::Unread => 0,
+                    EnvPriority::Failed { failures, retry_at } if now >= retry_at => failures,
+                    _ => continue,
+                };
+                if self.describing.insert(id.clone()) {
+                    c.env = EnvPriority::Reading { failures };
+                    out.push(Need::Describe(id.clone()));
+                }
+            }
+        }
+        out
+    }
+
+    /// When the earliest failed read is due again.
+    pub fn next_retry(&self) -> Option<Instant> {
+        self.pods
+            .values()
+            .flat_map(|p| p.containers.values())
+            .filter_map(|c| match c.env {
+                EnvPriority::Failed { retry_at, .. } => Some(retry_at),
+                _ => None,
+            })
+            .min()
+    }
+
+    fn container_mut(&mut self, id: &str) -> Option<&mut ContainerEntry> {
+        let uid = self.pod_of.get(id)?;
+        self.pods.get_mut(uid)?.containers.get_mut(id)
+    }
+
+    fn event(&mut self, id: String, state: RunState, touched: &mut HashSet<String>) {
+        if self.removed.contains_key(&id) {
+            return;
+        }
+        if let Some(uid) = self.pod_of.get(&id).cloned() {
+            if let Some(c) = self
+                .pods
+                .get_mut(&uid)
+                .and_then(|p| p.containers.get_mut(&id))
+            {
+                c.info.state = forward(c.info.state, state);
+                touched.insert(uid);
+            }
+            return;
+        }
+        let s = self.undescribed.entry(id).or_insert(state);
+        *s = forward(*s, state);
+    }
+
+    fn upsert(&mut self, info: ContainerInfo, touched: &mut HashSet<String>) {
+        touched.insert(info.pod_uid.clone());
+        if let Some(old_uid) = self.pod_of.get(&info.id) {
+            if *old_uid != info.pod_uid {
+                let old_uid = old_uid.clone();
+                self.remove(&info.id, touched);
+                touched.insert(old_uid);
+            }
+        }
+        self.pod_of.insert(info.id.clone(), info.pod_uid.clone());
+        let pod = self.pods.entry(info.pod_uid.clone()).or_default();
+        match pod.containers.get_mut(&info.id) {
+            Some(c) => {
+                let state = forward(c.info.state, info.state);
+                c.info = info;
+                c.info.state = state;
+            }
+            None => {
+                pod.containers.insert(
+                    info.id.clone(),
+                    ContainerEntry {
+                        info,
+                        env: EnvPriority::Unread,
+                    },
+                );
+            }
+        }
+    }
+
+    fn remove(&mut self, id: &str, touched: &mut HashSet<String>) {
+        self.undescribed.remove(id);
+        if let Some(uid) = self.pod_of.remove(id) {
+            if let Some(p) = self.pods.get_mut(&uid) {
+                p.containers.remove(id);
+                if p.containers.is_empty() && p.sandbox.is_none() {
+                    self.pods.remove(&uid);
+                }
+            }
+            touched.insert(uid);
+        }
+    }
+
+    /// Applies a listing of the whole node (`only` = None) or of one pod.
+    fn listed(&mut self, l: Listing, only: Option<String>, touched: &mut HashSet<String>) {
+        if only.is_none() {
+            self.listed = true;
+        }
+        let listed_ids: HashSet<&str> = l.containers.iter().map(|c| c.id.as_str()).collect();
+        let listed_pods: HashSet<&str> = l
+            .sandboxes
+            .iter()
+            .map(|s| s.pod_uid.as_str())
+            .chain(l.containers.iter().map(|c| c.pod_uid.as_str()))
+            .collect();
+        // Gone from the runtime: what the listing covers and does not show, unless it was
+        // created after the listing was asked for.
+        let in_scope = |uid: &str| only.as_deref().is_none_or(|o| o == uid);
+        let gone: Vec<String> = self
+            .pods
+            .iter()
+            .filter(|(uid, _)| in_scope(uid))
+            .flat_map(|(_, p)| p.containers.values())
+            .filter(|c| !listed_ids.contains(c.info.id.as_str()))
+            .filter(|c| c.info.created_at <= l.asked_at_ns)
+            .map(|c| c.info.id.clone())
+            .collect();
+        for id in gone {
+            self.remove(&id, touched);
+        }
+        let stale_pods: Vec<String> = self
+            .pods
+            .keys()
+            .filter(|uid| in_scope(uid) && !listed_pods.contains(uid.as_str()))
+            .filter(|uid| self.pods.get(*uid).is_some_and(|p| p.containers.is_empty()))
+            .cloned()
+            .collect();
+        for uid in stale_pods {
+            self.pods.remove(&uid);
+            touched.insert(uid);
+        }
+        for sb in l.sandboxes {
+            touched.insert(sb.pod_uid.clone());
+            let pod = self.pods.entry(sb.pod_uid.clone()).or_default();
+            // A pod whose sandbox was recreated has several; the newest carries the current
+            // annotations.
+            if pod
+                .sandbox
+                .as_ref()
+                .is_none_or(|old| sb.created_at >= old.created_at)
+            {
+                pod.sandbox = Some(sb);
+            }
+        }
+        for c in l.containers {
+            if self.removed.contains_key(&c.id) {
+                continue;
+            }
+            let mut c = c;
+            if let Some(s) = self.undescribed.remove(&c.id) {
+                c.state = forward(c.state, s);
+            }
+            self.upsert(c, touched);
+        }
+    }
+}
+
+fn backoff(failures: u32) -> Duration {
+    let factor = 1u32
+        .checked_shl(failures.saturating_sub(1))
+        .unwrap_or(u32::MAX);
+    RETRY_START.saturating_mul(factor).min(RETRY_MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const UID: &str = "0f5c7a1e-8d2b-4c3e-9f00-123456789abc";
+
+    fn c(id: &str, name: &str, state: RunState, created_at: i64) -> ContainerInfo {
+        ContainerInfo {
+            id: id.into(),
+            pod_uid: UID.into(),
+            name: name.into(),
+            attempt: 0,
+            created_at,
+            state,
+            grace: Some(Duration::from_secs(30)),
+        }
+    }
+
+    fn sandbox() -> SandboxInfo {
+        SandboxInfo {
+            pod_uid: UID.into(),
+            namespace: "default".into(),
+            name: "web".into(),
+            annotations: HashMap::new(),
+            created_at: 1,
+        }
+    }
+
+    fn listing(asked_at_ns: i64, containers: Vec<ContainerInfo>) -> Change {
+        Change::Listed(Listing {
+            asked_at_ns,
+            sandboxes: vec![sandbox()],
+            containers,
+        })
+    }
+
+    fn state(v: &NodeView, id: &str) -> Option<RunState> {
+        v.pod(UID)?.containers.get(id).map(|c| c.info.state)
+    }
+
+    #[test]
+    fn an_exit_event_beats_a_stale_listing() {
+        let now = Instant::now();
+        let mut v = NodeView::new();
+        v.apply(
+            listing(10, vec![c("app", "app", RunState::Running, 5)]),
+            now,
+        );
+        v.apply(Change::Exited { id: "app".into() }, now);
+        // A listing taken before containerd's CRI side caught up still says running.
+        v.apply(
+            listing(20, vec![c("app", "app", RunState::Running, 5)]),
+            now,
+        );
+        assert_eq!(state(&v, "app"), Some(RunState::Exited));
+    }
+
+    #[test]
+    fn an_unknown_container_is_described_once_and_keeps_its_event_state() {
+        let now = Instant::now();
+        let mut v = NodeView::new();
+        v.apply(listing(10, vec![]), now);
+        v.apply(Change::Started { id: "new".into() }, now);
+        v.apply(Change::Exited { id: "new".into() }, now);
+        assert_eq!(v.undescribed(), 1);
+        assert_eq!(v.needs(now), vec![Need::Describe("new".into())]);
+        assert_eq!(v.needs(now), vec![], "asked once while in flight");
+        v.apply(
+            Change::Described {
+                info: c("new", "app", RunState::Running, 50),
+                env: Ok(None),
+            },
+            now,
+        );
+        assert_eq!(state(&v, "new"), Some(RunState::Exited));
+        assert_eq!(v.undescribed(), 0);
+        assert_eq!(
+            v.pod(UID).unwrap().containers["new"].env,
+            EnvPriority::Known(Ok(None))
+        );
+    }
+
+    #[test]
+    fn failed_reads_back_off_and_are_asked_again() {
+        let now = Instant::now();
+        let mut v = NodeView::new();
+        v.apply(
+            listing(10, vec![c("p", "proxy", RunState::Running, 5)]),
+            now,
+        );
+        assert_eq!(v.needs(now), vec![Need::Describe("p".into())]);
+        let touched = v.apply(
+            Change::DescribeFailed {
+                id: "p".into(),
+                now,
+            },
+            now,
+        );
+        assert!(touched.contains(UID));
+        assert_eq!(v.needs(now), vec![], "not before the back-off");
+        let retry = v.next_retry().expect("a retry is due");
+        assert_eq!(retry, now + RETRY_START);
+        assert_eq!(v.needs(retry), vec![Need::Describe("p".into())]);
+        v.apply(
+            Change::DescribeFailed {
+                id: "p".into(),
+                now: retry,
+            },
+            retry,
+        );
+        assert_eq!(v.next_retry(), Some(retry + RETRY_START * 2));
+    }
+
+    #[test]
+    fn removed_containers_stay_removed_and_listings_drop_the_gone() {
+        let now = Instant::now();
+        let mut v = NodeView::new();
+        v.apply(
+            listing(
+                10,
+                vec![
+                    c("a", "app", RunState::Running, 5),
+                    c("b", "proxy", RunState::Running, 6),
+                ],
+            ),
+            now,
+        );
+        v.apply(Change::Removed { id: "a".into() }, now);
+        v.apply(Change::Exited { id: "a".into() }, now);
+        assert_eq!(state(&v, "a"), None);
+        assert_eq!(v.undescribed(), 0, "a tombstone, not an unknown container");
+        // A later listing without b drops it, but keeps what was created after it was asked.
+        v.apply(Change::Started { id: "late".into() }, now);
+        v.apply(
+            Change::Described {
+                info: c("late", "app", RunState::Running, 30),
+                env: Ok(None),
+            },
+            now,
+        );
+        v.apply(listing(20, vec![]), now);
+        assert_eq!(state(&v, "b"), None);
+        assert_eq!(state(&v, "late"), Some(RunState::Running));
+    }
+
+    mod property {
+        use super::*;
+        use proptest::prelude::*;
+
+        /// One container's life: how far it got (1 started, 2 exited, 3 removed), and at
+        /// which step of it the runtime described it.
+        fn lives() -> impl Strategy<Value = Vec<(u8, u8, u8)>> {
+            prop::collection::vec((0u8..3, 1u8..=3, 0u8..3), 1..10)
+        }
+
+        fn state_at(step: u8) -> RunState {
+            match step {
+                0 => RunState::Created,
+                1 => RunState::Running,
+                _ => RunState::Exited,
+            }
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(2000))]
+            #[test]
+            fn events_in_any_order_give_the_view_a_listing_gives(
+                lives in lives(),
+                order in prop::collection::vec(any::<u32>(), 40),
+            ) {
+                let now = Instant::now();
+                let info = |i: usize, pod: u8, state: RunState| ContainerInfo {
+                    id: format!("c{i}"),
+                    pod_uid: format!("0f5c7a1e-8d2b-4c3e-9f00-00000000000{pod}"),
+                    name: format!("n{i}"),
+                    attempt: 0,
+                    created_at: 1,
+                    state,
+                    grace: None,
+                };
+                let mut events = Vec::new();
+                let mut truth = Vec::new();
+                for (i, (pod, reached, described)) in lives.iter().copied().enumerate() {
+                    let id = format!("c{i}");
+                    events.push(Change::Started { id: id.clone() });
+                    if reached >= 2 {
+                        events.push(Change::Exited { id: id.clone() });
+                    }
+                    if reached >= 3 {
+                        events.push(Change::Removed { id: id.clone() });
+                    } else {
+                        truth.push(info(i, pod, state_at(reached)));
+                    }
+                    // The description tells the state at some point of its life.
+                    events.push(Change::Described {
+                        info: info(i, pod, state_at(described.min(reached.min(2)))),
+                        env: Ok(None),
+                    });
+                }
+                // Any interleaving.
+                let mut keyed: Vec<(u32, Change)> = events
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, e)| (order[i % order.len()].wrapping_add(i as u32), e))
+                    .collect();
+                keyed.sort_by_key(|(k, _)| *k);
+                let mut by_events = NodeView::new();
+                by_events.apply(Change::Listed(Listing::default()), now);
+                for (_, e) in keyed {
+                    by_events.apply(e, now);
+                }
+                let mut by_listing = NodeView::new();
+                by_listing.apply(
+                    Change::Listed(Listing { asked_at_ns: 2, sandboxes: vec![], containers: truth }),
+                    now,
+                );
+                let flat = |v: &NodeView| {
+                    let mut all: Vec<(String, String, String, RunState)> = v
+                        .pods()
+                        .flat_map(|(uid, p)| {
+                            p.containers
+                                .values()
+                                .map(|c| (uid.clone(), c.info.id.clone(), c.info.name.clone(), c.info.state))
+                        })
+                        .collect();
+                    all.sort_by(|a, b| a.1.cmp(&b.1));
+                    all
+                };
+                prop_assert_eq!(flat(&by_events), flat(&by_listing));
+                prop_assert_eq!(by_events.undescribed(), 0);
+            }
+        }
+    }
+
+    #[test]
+    fn backoff_grows_to_its_cap() {
+        assert_eq!(backoff(1), RETRY_START);
+        assert_eq!(backoff(2), RETRY_START * 2);
+        assert_eq!(backoff(40), RETRY_MAX);
+    }
+}
