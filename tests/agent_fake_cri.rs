@@ -397,7 +397,7 @@ async fn source_becomes(stats: &Stats, source: &str) {
 /// runtime, so an allow proves the event got through.
 fn events_only(cfg: &mut Config) {
     cfg.poll_interval = Duration::from_secs(3600);
-    cfg.event_resync = Duration::from_secs(3600);
+    cfg.reconcile_interval = Duration::from_secs(3600);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -484,5 +484,126 @@ async fn restarted_agent_dates_the_deadline_from_the_exit_file() {
         "released after {took:?}"
     );
     allows_reach(&rig.stats, Reason::Deadline, 1).await;
+    rig.stop_agent().await;
+}
+
+/// Bug: a sidecar whose priority comes only from its env was released at once (reason
+/// "ordered") when its env could not be read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_env_read_keeps_the_wait_ordered() {
+    let mut rig = Rig::new();
+    rig.cri().add_pod(APP_UID, &[]);
+    let app = rig.cri().add_container(APP_UID, "app", 0, 60);
+    let shipper = rig.cri().add_container(APP_UID, "log-shipper", 0, 60);
+    rig.cri().set_env(&shipper, "EXITORDER_EXIT_PRIORITY", "2");
+    rig.cri().fail_status_of(&shipper, true);
+    rig.start_agent();
+    let f = rig.request_exit(APP_UID, "log-shipper");
+    stays_waiting(&f, Duration::from_millis(500)).await;
+    // Readable again: the priority is known, and the wait is held for the app.
+    rig.cri().fail_status_of(&shipper, false);
+    stays_waiting(&f, Duration::from_millis(500)).await;
+    rig.cri().set_state(&app, ContainerState::ContainerExited);
+    assert!(allowed_within(&f, Duration::from_secs(3)).await);
+    allows_reach(&rig.stats, Reason::Ordered, 1).await;
+    rig.stop_agent().await;
+}
+
+/// A failed env read is retried with back-off, not on every decision round.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_env_reads_back_off() {
+    let mut rig = Rig::new();
+    rig.cri().add_pod(APP_UID, &[]);
+    rig.cri().add_container(APP_UID, "app", 0, 60);
+    let shipper = rig.cri().add_container(APP_UID, "log-shipper", 0, 60);
+    rig.cri().fail_status_of(&shipper, true);
+    // Polling every 10 ms: the old loop asked once per round, about a hundred times a second.
+    rig.start_agent();
+    let f = rig.request_exit(APP_UID, "log-shipper");
+    stays_waiting(&f, Duration::from_millis(1000)).await;
+    let calls = rig.cri().state.lock().unwrap().status_calls;
+    assert!(calls <= 10, "{calls} ContainerStatus calls in 1 s");
+    rig.stop_agent().await;
+}
+
+/// Bug: one failed runtime call cleared readiness, and only a later decision round set it
+/// again: an idle node stayed not ready.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readiness_follows_the_runtime_on_an_idle_node() {
+    let mut rig = Rig::new();
+    two_level_pod(&rig, 60);
+    rig.start_agent_with(|cfg| cfg.reconcile_interval = Duration::from_millis(100));
+    let until = |want: bool| {
+        let stats = rig.stats.clone();
+        async move {
+            let end = Instant::now() + Duration::from_secs(10);
+            while stats.runtime_ok() != want {
+                assert!(Instant::now() < end, "runtime_ok never became {want}");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+    };
+    until(true).await;
+    rig.cri().fail_with(Some(tonic::Code::Unavailable));
+    until(false).await;
+    rig.cri().fail_with(None);
+    // Nothing pending, no exit anywhere: readiness comes back on its own.
+    until(true).await;
+    assert_eq!(rig.stats.pending(), 0);
+    rig.stop_agent().await;
+}
+
+/// Bug: a container rewriting its exit file in a loop forced a runtime listing per write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_churning_exit_file_does_not_hammer_the_runtime() {
+    let mut rig = Rig::new();
+    two_level_pod(&rig, 60);
+    rig.start_agent_with(|cfg| cfg.poll_interval = Duration::from_millis(50));
+    let f = rig.request_exit(APP_UID, "proxy");
+    stays_waiting(&f, Duration::from_millis(200)).await;
+    let before = rig.cri().list_calls();
+    let started = Instant::now();
+    for _ in 0..300 {
+        let _ = std::fs::remove_file(&f);
+        std::fs::write(&f, "wait\n").unwrap();
+    }
+    stays_waiting(&f, Duration::from_millis(200)).await;
+    let took = started.elapsed();
+    let calls = rig.cri().list_calls() - before;
+    // One listing per poll interval at most (plus the reconcile), whatever the writes.
+    let bound = 4 + 2 * (took.as_millis() / 50) as u64;
+    assert!(
+        calls <= bound,
+        "{calls} listings for 300 rewrites in {took:?} (bound {bound})"
+    );
+    assert!(rig.stats.exit_churns() > 0);
+    rig.stop_agent().await;
+}
+
+/// Bug: the agent remembered every exit on the node. Its view holds what the runtime has.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_follows_the_runtime_not_the_history() {
+    let mut rig = Rig::new();
+    two_level_pod(&rig, 60);
+    rig.start_agent_with(|cfg| cfg.reconcile_interval = Duration::from_millis(50));
+    for i in 0..500u32 {
+        let id = rig
+            .cri()
+            .add_container(APP_UID, &format!("job-{}", i % 7), i + 1, 60);
+        rig.cri().set_state(&id, ContainerState::ContainerExited);
+        rig.cri().remove(&id);
+    }
+    let end = Instant::now() + Duration::from_secs(5);
+    loop {
+        let (containers, pods) = rig.stats.view_size();
+        if containers == 2 && pods == 1 {
+            break;
+        }
+        assert!(
+            Instant::now() < end,
+            "view holds {containers} containers of {pods} pods"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     rig.stop_agent().await;
 }

@@ -108,6 +108,16 @@ pub struct AgentArgs {
 }
 
 impl AgentArgs {
+    /// The whole agent's configuration these flags describe.
+    pub fn app_config(&self) -> crate::app::AppConfig {
+        crate::app::AppConfig {
+            agent: self.config(),
+            metrics_addr: self.metrics_addr,
+            node_name: self.node_name.clone(),
+            shutdown_timeout: self.shutdown_timeout,
+        }
+    }
+
     /// The agent configuration these flags describe.
     pub fn config(&self) -> agent::Config {
         let mut cfg = agent::Config::new(self.share_dir.clone(), socket_path(&self.cri_socket));
@@ -189,6 +199,16 @@ mod tests {
             };
             assert_eq!(a.exit_source, want, "{arg}");
         }
+    }
+
+    #[test]
+    fn one_default_poll_interval() {
+        let cli = Cli::try_parse_from(["exitorder", "agent"]).unwrap();
+        let Command::Agent(a) = cli.command else {
+            panic!("parsed as another command");
+        };
+        assert_eq!(a.poll_interval, agent::DEFAULT_POLL_INTERVAL);
+        assert_eq!(a.config().poll_interval, agent::DEFAULT_POLL_INTERVAL);
     }
 
     #[test]

@@ -32,6 +32,10 @@ pub struct Attempt {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PodFacts {
     pub attempts: Vec<Attempt>,
+    /// Containers whose exit priority is not known yet (their env was not read, or reading
+    /// it failed): until it is, no wait of the pod is released by order, only by the
+    /// deadline, since any of them might be one a wait must wait for.
+    pub unknown: Vec<String>,
     pub deletion: Deletion,
     /// When waiting must end regardless of order: the grace deadline minus the reserve the
     /// sidecar needs to drain before the kubelet's SIGKILL.
@@ -175,7 +179,12 @@ pub fn decide(pod: Option<&PodFacts>, waiting: &str, since: Instant, now: Instan
         // its answer.
         settled_at = (now < at).then_some(at);
     }
-    let blocked_by = blockers(&newest, me.priority);
+    let mut blocked_by = blockers(&newest, me.priority);
+    blocked_by.extend(
+        pod.unknown
+            .iter()
+            .map(|name| format!("{name} (exit priority not known yet)")),
+    );
     if blocked_by.is_empty() {
         return Verdict::Allow(Reason::Ordered);
     }
@@ -207,6 +216,7 @@ mod tests {
     fn pod(attempts: Vec<Attempt>, deadline: Option<Instant>) -> PodFacts {
         PodFacts {
             attempts,
+            unknown: Vec::new(),
             deletion: Deletion::Deleting,
             deadline,
         }
@@ -305,6 +315,47 @@ mod tests {
             vec![c("app", 0, Exited, 0), c("proxy", 0, Running, 1)],
             Some(now),
         );
+        assert_eq!(decide(Some(&p), "proxy", now, now), allow(Reason::Ordered));
+    }
+
+    #[test]
+    fn an_unknown_priority_holds_the_wait_until_known_or_the_deadline() {
+        let now = Instant::now();
+        let deadline = now + Duration::from_secs(5);
+        // Everything else exited: by order alone the proxy would go, but the priority of
+        // `shipper` (from an env that could not be read) might be lower than the proxy's.
+        let mut p = pod(
+            vec![
+                c("app", 0, Exited, 0),
+                c("proxy", 0, Running, 1),
+                c("shipper", 0, Running, 0),
+            ],
+            Some(deadline),
+        );
+        p.attempts[2].state = Running;
+        p.unknown = vec!["shipper".into()];
+        assert_eq!(
+            decide(Some(&p), "proxy", now, now),
+            Verdict::Wait {
+                blocked_by: vec![
+                    "shipper".into(),
+                    "shipper (exit priority not known yet)".into()
+                ],
+                until: Some(deadline)
+            }
+        );
+        assert_eq!(
+            decide(Some(&p), "proxy", now, deadline),
+            allow(Reason::Deadline)
+        );
+        // Its own priority unknown: held just the same.
+        p.attempts[2].state = Exited;
+        p.unknown = vec!["proxy".into()];
+        assert!(matches!(
+            decide(Some(&p), "proxy", now, now),
+            Verdict::Wait { .. }
+        ));
+        p.unknown.clear();
         assert_eq!(decide(Some(&p), "proxy", now, now), allow(Reason::Ordered));
     }
 

@@ -5,13 +5,19 @@
 //! lower-priority container of the pod has exited (or the grace deadline comes).
 
 pub mod agent;
+pub mod app;
 pub mod cli;
 pub mod cluster;
+pub mod config;
 pub mod decide;
+mod decisions;
 pub mod elf;
+pub mod facts;
+mod gc;
 pub mod metrics;
 pub mod podwatch;
 pub mod priority;
+pub mod reader;
 pub mod recorder;
 pub mod runtime;
 pub mod share;
@@ -19,6 +25,7 @@ pub mod source;
 pub mod stats;
 pub mod telemetry;
 pub mod view;
+pub mod waits;
 pub mod watch;
 
 /// Generated from proto/runtime/v1/api.proto: the CRI v1 subset exitorder calls.

@@ -105,6 +105,26 @@ pub fn render(stats: &Stats) -> String {
          # TYPE exitorder_share_errors_total counter\nexitorder_share_errors_total {}",
         stats.share_errors()
     );
+    let _ = writeln!(
+        out,
+        "# HELP exitorder_share_rejected_total Share entries refused: links, bad names, files that are not regular, unexpected content.\n\
+         # TYPE exitorder_share_rejected_total counter\nexitorder_share_rejected_total {}",
+        stats.share_rejections()
+    );
+    let _ = writeln!(
+        out,
+        "# HELP exitorder_exit_file_churn_total Waits that came back within the churn window; their decisions were coalesced.\n\
+         # TYPE exitorder_exit_file_churn_total counter\nexitorder_exit_file_churn_total {}",
+        stats.exit_churns()
+    );
+    let (containers, pods) = stats.view_size();
+    let _ = writeln!(
+        out,
+        "# HELP exitorder_view_containers Containers the agent's node view holds.\n\
+         # TYPE exitorder_view_containers gauge\nexitorder_view_containers {containers}\n\
+         # HELP exitorder_view_pods Pods the agent's node view holds.\n\
+         # TYPE exitorder_view_pods gauge\nexitorder_view_pods {pods}"
+    );
     out
 }
 

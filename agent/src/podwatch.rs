@@ -165,6 +165,24 @@ impl PodView {
         tombstones.get(uid).map(|(p, _)| p.clone())
     }
 
+    /// The pod with this UID, when its names are not known (the runtime has not described
+    /// it yet): a scan of this node's pods.
+    pub fn get_by_uid(&self, uid: &str) -> Option<ApiPod> {
+        if !self.is_current() {
+            return None;
+        }
+        let found = self
+            .store
+            .state()
+            .iter()
+            .find(|p| p.metadata.uid.as_deref() == Some(uid))
+            .and_then(|p| ApiPod::from_pod(p));
+        found.or_else(|| {
+            let tombstones = self.shared.tombstones.lock().ok()?;
+            tombstones.get(uid).map(|(p, _)| p.clone())
+        })
+    }
+
     /// Asks for a confirming read; never waits.
     pub fn confirm(&self, req: ConfirmRequest) {
         let _ = self.confirm.send(req);

@@ -11,10 +11,11 @@ use tonic::transport::{Channel, Endpoint};
 
 use crate::cri::runtime_service_client::RuntimeServiceClient;
 use crate::cri::{
-    ContainerState, ContainerStatusRequest, ListContainersRequest, ListPodSandboxRequest,
-    VersionRequest, VersionResponse,
+    ContainerFilter, ContainerState, ContainerStatusRequest, ListContainersRequest,
+    ListPodSandboxRequest, PodSandboxFilter, VersionRequest, VersionResponse,
 };
 use crate::decide::RunState;
+use crate::view::{ContainerInfo, Listing, SandboxInfo};
 
 /// Container annotation where the kubelet records the pod's terminationGracePeriodSeconds.
 pub use exitorder_contract::kubelet::ANNOTATION_GRACE;
@@ -91,44 +92,6 @@ pub fn unix_channel(path: &Path) -> Result<Channel, RuntimeError> {
         .connect_with_connector_lazy(connector))
 }
 
-/// One container attempt, as the runtime lists it.
-#[derive(Debug, Clone, PartialEq)]
-pub struct RtContainer {
-    pub id: String,
-    pub name: String,
-    pub attempt: u32,
-    pub state: RunState,
-    pub created_at: i64,
-    pub annotations: HashMap<String, String>,
-}
-
-/// A pod as the runtime knows it.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct RtPod {
-    /// Annotations of the newest sandbox: the kubelet copies the pod's annotations there.
-    pub annotations: HashMap<String, String>,
-    /// The pod's namespace and name, from the newest sandbox's metadata: how the API server's
-    /// view of the pod is found, and what Kubernetes Events are attached to.
-    pub namespace: String,
-    pub name: String,
-    sandbox_created_at: i64,
-    pub containers: Vec<RtContainer>,
-}
-
-impl RtPod {
-    /// The pod's terminationGracePeriodSeconds as the kubelet recorded it on its containers.
-    pub fn grace_period(&self) -> Option<Duration> {
-        self.containers
-            .iter()
-            .filter_map(|c| c.annotations.get(ANNOTATION_GRACE))
-            .find_map(|v| v.trim().parse::<u64>().ok())
-            .map(Duration::from_secs)
-    }
-}
-
-/// Every pod the runtime knows, by UID.
-pub type Snapshot = HashMap<String, RtPod>;
-
 fn run_state(raw: i32) -> RunState {
     match ContainerState::try_from(raw) {
         Ok(ContainerState::ContainerCreated) => RunState::Created,
@@ -136,6 +99,49 @@ fn run_state(raw: i32) -> RunState {
         Ok(ContainerState::ContainerExited) => RunState::Exited,
         Ok(ContainerState::ContainerUnknown) | Err(_) => RunState::Unknown,
     }
+}
+
+/// The pod's grace period as the kubelet wrote it on a container.
+fn grace(annotations: &HashMap<String, String>) -> Option<Duration> {
+    annotations
+        .get(ANNOTATION_GRACE)
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .map(Duration::from_secs)
+}
+
+/// A container the kubelet made: its pod's UID and its name are in its labels. Others
+/// (made by something else on the node) are not the agent's business.
+fn container_info(
+    id: String,
+    labels: &HashMap<String, String>,
+    annotations: &HashMap<String, String>,
+    attempt: u32,
+    created_at: i64,
+    state: i32,
+) -> Option<ContainerInfo> {
+    Some(ContainerInfo {
+        pod_uid: labels.get(LABEL_POD_UID)?.clone(),
+        name: labels.get(LABEL_CONTAINER_NAME)?.clone(),
+        id,
+        attempt,
+        created_at,
+        state: run_state(state),
+        grace: grace(annotations),
+    })
+}
+
+/// A container as the verbose status describes it: who it is, and its env.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Described {
+    pub info: ContainerInfo,
+    pub env: Vec<(String, String)>,
+}
+
+/// Now, Unix ns: when a listing was asked for.
+fn now_ns() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
 }
 
 #[derive(Clone)]
@@ -179,62 +185,77 @@ impl Runtime {
             .into_inner())
     }
 
-    /// Lists every sandbox and container once and groups them by pod UID. Two calls whatever
-    /// the number of pods, so deciding for many pods at once stays cheap.
-    pub async fn snapshot(&self) -> Result<Snapshot, RuntimeError> {
+    /// Every sandbox and container of the node (`pod`: of one pod only). Two calls whatever
+    /// the number of pods.
+    pub async fn list(&self, pod: Option<&str>) -> Result<Listing, RuntimeError> {
+        let asked_at_ns = now_ns();
+        let selector: HashMap<String, String> = pod
+            .map(|uid| (LABEL_POD_UID.to_owned(), uid.to_owned()))
+            .into_iter()
+            .collect();
         let mut client = self.client.clone();
         let sandboxes = client
-            .list_pod_sandbox(Self::request(ListPodSandboxRequest { filter: None }))
+            .list_pod_sandbox(Self::request(ListPodSandboxRequest {
+                filter: pod.map(|_| PodSandboxFilter {
+                    label_selector: selector.clone(),
+                    ..Default::default()
+                }),
+            }))
             .await
             .map_err(RuntimeError::call("ListPodSandbox"))?
             .into_inner()
             .items;
         let containers = client
-            .list_containers(Self::request(ListContainersRequest { filter: None }))
+            .list_containers(Self::request(ListContainersRequest {
+                filter: pod.map(|_| ContainerFilter {
+                    label_selector: selector.clone(),
+                    ..Default::default()
+                }),
+            }))
             .await
             .map_err(RuntimeError::call("ListContainers"))?
             .into_inner()
             .containers;
-        let mut pods: Snapshot = HashMap::new();
-        for sb in sandboxes {
-            let Some(uid) = sb.labels.get(LABEL_POD_UID) else {
-                continue;
-            };
-            let pod = pods.entry(uid.clone()).or_default();
-            // A pod whose sandbox was recreated has several; the newest carries the current
-            // annotations.
-            if pod.annotations.is_empty() || sb.created_at >= pod.sandbox_created_at {
-                pod.sandbox_created_at = sb.created_at;
-                pod.annotations = sb.annotations;
-                if let Some(m) = sb.metadata {
-                    pod.namespace = m.namespace;
-                    pod.name = m.name;
-                }
-            }
-        }
-        for c in containers {
-            let (Some(uid), Some(name)) = (
-                c.labels.get(LABEL_POD_UID).cloned(),
-                c.labels.get(LABEL_CONTAINER_NAME).cloned(),
-            ) else {
-                continue;
-            };
-            // A container without a sandbox listed is still the pod's: keep it.
-            pods.entry(uid).or_default().containers.push(RtContainer {
-                attempt: c.metadata.as_ref().map_or(0, |m| m.attempt),
-                state: run_state(c.state),
-                created_at: c.created_at,
-                annotations: c.annotations,
-                id: c.id,
-                name,
-            });
-        }
-        Ok(pods)
+        Ok(Listing {
+            asked_at_ns,
+            sandboxes: sandboxes
+                .into_iter()
+                .filter_map(|sb| {
+                    let uid = sb.labels.get(LABEL_POD_UID)?.clone();
+                    let (namespace, name) = sb
+                        .metadata
+                        .map(|m| (m.namespace, m.name))
+                        .unwrap_or_default();
+                    Some(SandboxInfo {
+                        pod_uid: uid,
+                        namespace,
+                        name,
+                        annotations: sb.annotations,
+                        created_at: sb.created_at,
+                    })
+                })
+                .collect(),
+            containers: containers
+                .into_iter()
+                .filter_map(|c| {
+                    let attempt = c.metadata.as_ref().map_or(0, |m| m.attempt);
+                    container_info(
+                        c.id,
+                        &c.labels,
+                        &c.annotations,
+                        attempt,
+                        c.created_at,
+                        c.state,
+                    )
+                })
+                .collect(),
+        })
     }
 
-    /// The container's env as created (from the verbose status: the CRI has no other call
-    /// that returns a container's env).
-    pub async fn container_env(&self, id: &str) -> Result<Vec<(String, String)>, RuntimeError> {
+    /// One container, from its verbose status (the CRI has no other call that returns a
+    /// container's env). `None` when the runtime has no CRI container by that id: a
+    /// sandbox's pause container, or one already removed.
+    pub async fn describe(&self, id: &str) -> Result<Option<Described>, RuntimeError> {
         let resp = self
             .client
             .clone()
@@ -242,16 +263,34 @@ impl Runtime {
                 container_id: id.to_owned(),
                 verbose: true,
             }))
-            .await
-            .map_err(RuntimeError::call("ContainerStatus"))?
-            .into_inner();
-        let Some(info) = resp.info.get("info") else {
-            return Ok(Vec::new());
+            .await;
+        let resp = match resp {
+            Ok(r) => r.into_inner(),
+            Err(s) if s.code() == tonic::Code::NotFound => return Ok(None),
+            Err(s) => return Err(RuntimeError::call("ContainerStatus")(s)),
         };
-        env_from_info(info).map_err(|reason| RuntimeError::BadInfo {
-            id: id.to_owned(),
-            reason,
-        })
+        let Some(st) = resp.status else {
+            return Ok(None);
+        };
+        let attempt = st.metadata.as_ref().map_or(0, |m| m.attempt);
+        let Some(info) = container_info(
+            id.to_owned(),
+            &st.labels,
+            &st.annotations,
+            attempt,
+            st.created_at,
+            st.state,
+        ) else {
+            return Ok(None);
+        };
+        let env = match resp.info.get("info") {
+            Some(text) => env_from_info(text).map_err(|reason| RuntimeError::BadInfo {
+                id: id.to_owned(),
+                reason,
+            })?,
+            None => Vec::new(),
+        };
+        Ok(Some(Described { info, env }))
     }
 }
 
@@ -339,17 +378,21 @@ mod tests {
     }
 
     #[test]
-    fn grace_from_container_annotation() {
-        let mut pod = RtPod::default();
-        assert_eq!(pod.grace_period(), None);
-        pod.containers.push(RtContainer {
-            id: "c".into(),
-            name: "app".into(),
-            attempt: 0,
-            state: RunState::Running,
-            created_at: 0,
-            annotations: [(ANNOTATION_GRACE.to_owned(), "45".to_owned())].into(),
-        });
-        assert_eq!(pod.grace_period(), Some(Duration::from_secs(45)));
+    fn kubelet_containers_only_with_their_grace() {
+        let labels: HashMap<String, String> = [
+            (LABEL_POD_UID.to_owned(), "u".to_owned()),
+            (LABEL_CONTAINER_NAME.to_owned(), "app".to_owned()),
+        ]
+        .into();
+        let annotations: HashMap<String, String> =
+            [(ANNOTATION_GRACE.to_owned(), "45".to_owned())].into();
+        let c = container_info("c".into(), &labels, &annotations, 2, 7, 1).unwrap();
+        assert_eq!(
+            (c.pod_uid.as_str(), c.name.as_str(), c.attempt),
+            ("u", "app", 2)
+        );
+        assert_eq!(c.state, RunState::Running);
+        assert_eq!(c.grace, Some(Duration::from_secs(45)));
+        assert!(container_info("c".into(), &HashMap::new(), &annotations, 0, 0, 1).is_none());
     }
 }

@@ -32,6 +32,7 @@ pub use exitorder_contract::share::ENTRYPOINT as ENTRYPOINT_NAME;
 const MAX_EXIT_BYTES: usize = 64;
 /// Deepest directory level the removal of a pod's tree descends to; a container could nest
 /// directories without end, and a deeper tree is left for an operator rather than recursed.
+/// Directories open at once while a pod's tree is removed.
 const MAX_REMOVE_DEPTH: usize = 8;
 
 #[derive(Debug, thiserror::Error)]
@@ -47,8 +48,6 @@ pub enum ShareError {
     BadName { kind: &'static str, name: String },
     #[error("{path} is not a regular file")]
     NotAFile { path: PathBuf },
-    #[error("{path} is nested deeper than {MAX_REMOVE_DEPTH} levels; left in place")]
-    TooDeep { path: PathBuf },
 }
 
 impl ShareError {
@@ -188,7 +187,11 @@ fn dir_flags() -> OFlags {
     OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC
 }
 
-fn open_dir_at<Fd: AsFd>(dir: Fd, name: &str, path: &Path) -> Result<OwnedFd, ShareError> {
+fn open_dir_at<Fd: AsFd, N: rustix::path::Arg>(
+    dir: Fd,
+    name: N,
+    path: &Path,
+) -> Result<OwnedFd, ShareError> {
     rfs::openat(dir, name, dir_flags(), Mode::empty())
         .map_err(|e| ShareError::io("open directory", path, e))
 }
@@ -432,7 +435,7 @@ impl Share {
             Err(rustix::io::Errno::NOENT) => return Ok(false),
             Err(e) => return Err(ShareError::io("stat", path, e)),
         }
-        remove_tree_at(&self.pods, pod.as_str(), &path, 0)?;
+        remove_tree_at(&self.pods, pod.as_str(), &path)?;
         Ok(true)
     }
 
@@ -521,42 +524,72 @@ fn entries(dir: &OwnedFd, path: &Path) -> Result<Vec<OsString>, ShareError> {
     Ok(out)
 }
 
-fn remove_tree_at(
-    parent: &OwnedFd,
-    name: &str,
-    path: &Path,
-    depth: usize,
-) -> Result<(), ShareError> {
-    if depth > MAX_REMOVE_DEPTH {
-        return Err(ShareError::TooDeep {
-            path: path.to_owned(),
-        });
-    }
-    let dir = open_dir_at(parent, name, path)?;
-    for child in entries(&dir, path)? {
-        let child_path = path.join(&child);
-        let st = match rfs::statat(&dir, child.as_os_str(), AtFlags::SYMLINK_NOFOLLOW) {
-            Ok(st) => st,
-            Err(rustix::io::Errno::NOENT) => continue,
-            Err(e) => return Err(ShareError::io("stat", child_path, e)),
-        };
-        if FileType::from_raw_mode(st.st_mode) == FileType::Directory {
-            let child_name = child.to_str().ok_or_else(|| ShareError::BadName {
-                kind: "path",
-                name: child_path.display().to_string(),
-            })?;
-            remove_tree_at(&dir, child_name, &child_path, depth + 1)?;
-        } else {
-            match rfs::unlinkat(&dir, child.as_os_str(), AtFlags::empty()) {
-                Ok(()) | Err(rustix::io::Errno::NOENT) => {}
-                Err(e) => return Err(ShareError::io("remove", child_path, e)),
-            }
+/// Removes directory `name` under `parent` and everything in it, whatever it holds: names
+/// that are not UTF-8, and trees of any depth. Below [`MAX_REMOVE_DEPTH`] levels a directory
+/// is moved up to the top of the tree being removed (a rename within it) and taken apart
+/// from there on a later pass, so at most that many directories are open at once however
+/// deep a container nested its own. Links are removed, never followed.
+fn remove_tree_at(parent: &OwnedFd, name: &str, path: &Path) -> Result<(), ShareError> {
+    let top = open_dir_at(parent, name, path)?;
+    let mut moved = 0u64;
+    loop {
+        let mut deferred = false;
+        clear_dir(&top, &top, path, 0, &mut moved, &mut deferred)?;
+        if !deferred {
+            break;
         }
     }
     match rfs::unlinkat(parent, name, AtFlags::REMOVEDIR) {
         Ok(()) | Err(rustix::io::Errno::NOENT) => Ok(()),
         Err(e) => Err(ShareError::io("remove directory", path, e)),
     }
+}
+
+/// Removes what `dir` holds; directories deeper than the limit are moved to `top` and
+/// `deferred` is set.
+fn clear_dir(
+    dir: &OwnedFd,
+    top: &OwnedFd,
+    path: &Path,
+    depth: usize,
+    moved: &mut u64,
+    deferred: &mut bool,
+) -> Result<(), ShareError> {
+    for child in entries(dir, path)? {
+        let child_path = path.join(&child);
+        let st = match rfs::statat(dir, child.as_os_str(), AtFlags::SYMLINK_NOFOLLOW) {
+            Ok(st) => st,
+            Err(rustix::io::Errno::NOENT) => continue,
+            Err(e) => return Err(ShareError::io("stat", child_path, e)),
+        };
+        if FileType::from_raw_mode(st.st_mode) != FileType::Directory {
+            match rfs::unlinkat(dir, child.as_os_str(), AtFlags::empty()) {
+                Ok(()) | Err(rustix::io::Errno::NOENT) => {}
+                Err(e) => return Err(ShareError::io("remove", child_path, e)),
+            }
+            continue;
+        }
+        if depth + 1 >= MAX_REMOVE_DEPTH {
+            *moved += 1;
+            let up = format!(".exitorder-removing-{moved}");
+            match rfs::renameat(dir, child.as_os_str(), top, up.as_str()) {
+                Ok(()) => *deferred = true,
+                Err(rustix::io::Errno::NOENT) => {}
+                Err(e) => return Err(ShareError::io("move up", child_path, e)),
+            }
+            continue;
+        }
+        let sub = open_dir_at(dir, child.as_os_str(), &child_path)?;
+        clear_dir(&sub, top, &child_path, depth + 1, moved, deferred)?;
+        match rfs::unlinkat(dir, child.as_os_str(), AtFlags::REMOVEDIR) {
+            Ok(()) | Err(rustix::io::Errno::NOENT) => {}
+            // Something was moved up into it meanwhile (only the top receives moves, so
+            // this is the top's own child): a later pass takes it.
+            Err(rustix::io::Errno::NOTEMPTY) => *deferred = true,
+            Err(e) => return Err(ShareError::io("remove directory", child_path, e)),
+        }
+    }
+    Ok(())
 }
 
 fn utf8<'a>(s: &'a OsStr, kind: &'static str) -> Result<&'a str, ShareError> {
@@ -712,6 +745,31 @@ mod tests {
         )
         .unwrap();
         assert!(matches!(s.read_exit(&k), Err(ShareError::NotAFile { .. })));
+    }
+
+    #[test]
+    fn remove_pod_takes_any_name_and_any_depth() {
+        use std::os::unix::ffi::OsStrExt;
+        let (_t, s) = setup();
+        let k = key(UID, "proxy");
+        let dir = s.container_path(&k);
+        // What a container may plant in its own directory.
+        let mut deep = dir.clone();
+        for i in 0..200 {
+            deep = deep.join(format!("d{i}"));
+        }
+        std::fs::create_dir_all(&deep).unwrap();
+        std::fs::write(deep.join("leaf"), "x").unwrap();
+        let odd = dir.join(std::ffi::OsStr::from_bytes(b"not-utf8-\xff\xfe"));
+        std::fs::create_dir_all(odd.join(std::ffi::OsStr::from_bytes(b"\xc3"))).unwrap();
+        std::fs::write(odd.join("f"), "x").unwrap();
+        symlink("/etc", dir.join("link-to-etc")).unwrap();
+        assert!(s.remove_pod(&k.pod).unwrap());
+        assert!(!s.pod_path(&k.pod).exists());
+        assert!(
+            std::path::Path::new("/etc/passwd").exists(),
+            "a link is removed, not followed"
+        );
     }
 
     #[test]

@@ -5,8 +5,10 @@
 //!   whose CRI event stream has a single subscriber: taking it would starve the kubelet;
 //! - otherwise nothing here: the agent polls `ListContainers` while an exit is pending.
 //!
-//! A stream that fails or ends is reconnected with backoff; every (re)connect makes the agent
-//! re-list and re-decide every pending pod, so an exit during the gap is never missed.
+//! Besides exits, the streams report container starts and removals, which keep the agent's
+//! node view current. A stream that fails or ends is reconnected with backoff; every
+//! (re)connect makes the agent re-list and re-decide every pending pod, so an exit during the
+//! gap is never missed.
 
 use std::time::Duration;
 
@@ -15,18 +17,24 @@ use tokio::sync::mpsc;
 use tonic::transport::Channel;
 use tracing::{debug, info, warn};
 
-use crate::containerd::events::TaskExit;
+use crate::containerd::events::{ContainerDelete, TaskExit, TaskStart};
 use crate::containerd::services::events::v1::events_client::EventsClient;
 use crate::containerd::services::events::v1::SubscribeRequest;
 use crate::cri::runtime_service_client::RuntimeServiceClient;
 use crate::cri::{ContainerEventType, GetEventsRequest, VersionRequest, VersionResponse};
+use crate::view::Change;
 
 const BACKOFF_START: Duration = Duration::from_millis(100);
 const BACKOFF_MAX: Duration = Duration::from_secs(5);
 /// How long a subscription must be in flight without failing to count as connected.
 const CONNECT_QUIET: Duration = Duration::from_millis(200);
-/// containerd's event filter: task exits of Kubernetes containers only.
-const CONTAINERD_FILTER: &str = r#"topic=="/tasks/exit",namespace=="k8s.io""#;
+/// containerd's event filters (any may match): task starts and exits and container removals
+/// of Kubernetes containers only.
+const CONTAINERD_FILTERS: [&str; 3] = [
+    r#"topic=="/tasks/start",namespace=="k8s.io""#,
+    r#"topic=="/tasks/exit",namespace=="k8s.io""#,
+    r#"topic=="/containers/delete",namespace=="k8s.io""#,
+];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SourceKind {
@@ -84,10 +92,10 @@ pub fn choose(v: &VersionResponse) -> SourceKind {
 pub enum SourceSignal {
     /// Subscribed: exits now arrive as events.
     Connected(SourceKind),
-    /// A container's own process exited (its CRI container id, when the event names it).
-    /// containerd publishes this before its CRI side marks the container exited, so the id
-    /// is what the decision trusts, not a fresh listing.
-    Exit(Option<String>),
+    /// A container started, exited or was removed. containerd publishes an exit before its
+    /// CRI side marks the container exited, so the event is what the view trusts, not a
+    /// fresh listing.
+    Change(Change),
     /// The stream is gone (why is logged where it ended); poll until `Connected` again, if
     /// ever.
     Down(SourceKind),
@@ -197,7 +205,7 @@ async fn containerd_stream(
 ) -> StreamEnd {
     let mut client = EventsClient::new(channel.clone());
     let req = SubscribeRequest {
-        filters: vec![CONTAINERD_FILTER.to_owned()],
+        filters: CONTAINERD_FILTERS.iter().map(|f| (*f).to_owned()).collect(),
     };
     // containerd sends the response headers only with the first event, so the call stays
     // pending on a quiet node; once it has been in flight for a moment without failing, the
@@ -224,21 +232,17 @@ async fn containerd_stream(
     loop {
         match stream.message().await {
             Ok(Some(env)) => {
-                if env.topic != "/tasks/exit" || env.namespace != "k8s.io" {
+                if env.namespace != "k8s.io" {
                     continue;
                 }
-                // Exec processes (the kubelet's probes, preStop hooks) exit too; only a
-                // container's own process ends the container.
-                let exit = env
+                let Some(change) = env
                     .event
                     .as_ref()
-                    .and_then(|any| TaskExit::decode(any.value.as_slice()).ok());
-                let signal = match exit {
-                    Some(e) if !e.id.is_empty() && e.id != e.container_id => continue,
-                    Some(e) => SourceSignal::Exit(Some(e.container_id)),
-                    None => SourceSignal::Exit(None),
+                    .and_then(|any| containerd_change(&env.topic, any.value.as_slice()))
+                else {
+                    continue;
                 };
-                if tx.send(signal).is_err() {
+                if tx.send(SourceSignal::Change(change)).is_err() {
                     return StreamEnd::Retry("agent stopped".into());
                 }
             }
@@ -276,9 +280,14 @@ async fn cri_stream(channel: &Channel, tx: &mpsc::UnboundedSender<SourceSignal>)
                     announced = true;
                     let _ = tx.send(SourceSignal::Connected(SourceKind::CriEvents));
                 }
-                if ev.container_event_type == ContainerEventType::ContainerStoppedEvent as i32
-                    && tx.send(SourceSignal::Exit(Some(ev.container_id))).is_err()
-                {
+                let id = ev.container_id;
+                let change = match ContainerEventType::try_from(ev.container_event_type) {
+                    Ok(ContainerEventType::ContainerStartedEvent) => Change::Started { id },
+                    Ok(ContainerEventType::ContainerStoppedEvent) => Change::Exited { id },
+                    Ok(ContainerEventType::ContainerDeletedEvent) => Change::Removed { id },
+                    _ => continue,
+                };
+                if tx.send(SourceSignal::Change(change)).is_err() {
                     return StreamEnd::Retry("agent stopped".into());
                 }
             }
@@ -288,9 +297,70 @@ async fn cri_stream(channel: &Channel, tx: &mpsc::UnboundedSender<SourceSignal>)
     }
 }
 
+/// The view's change for a containerd event; `None` for what does not change it (an exec
+/// process starting or exiting: the kubelet's probes and hooks).
+fn containerd_change(topic: &str, payload: &[u8]) -> Option<Change> {
+    match topic {
+        "/tasks/start" => {
+            let e = TaskStart::decode(payload).ok()?;
+            (!e.container_id.is_empty()).then_some(Change::Started { id: e.container_id })
+        }
+        "/tasks/exit" => {
+            let e = TaskExit::decode(payload).ok()?;
+            // Exec processes exit too; only a container's own process ends the container.
+            if e.container_id.is_empty() || (!e.id.is_empty() && e.id != e.container_id) {
+                return None;
+            }
+            Some(Change::Exited { id: e.container_id })
+        }
+        "/containers/delete" => {
+            let e = ContainerDelete::decode(payload).ok()?;
+            (!e.id.is_empty()).then_some(Change::Removed { id: e.id })
+        }
+        _ => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn containerd_events_become_view_changes() {
+        use prost::Message;
+        let exit = |id: &str, exec: &str| {
+            TaskExit {
+                container_id: id.into(),
+                id: exec.into(),
+                ..Default::default()
+            }
+            .encode_to_vec()
+        };
+        assert_eq!(
+            containerd_change("/tasks/exit", &exit("c1", "c1")),
+            Some(Change::Exited { id: "c1".into() })
+        );
+        assert_eq!(
+            containerd_change("/tasks/exit", &exit("c1", "exec-7")),
+            None
+        );
+        let start = TaskStart {
+            container_id: "c2".into(),
+            pid: 9,
+        }
+        .encode_to_vec();
+        assert_eq!(
+            containerd_change("/tasks/start", &start),
+            Some(Change::Started { id: "c2".into() })
+        );
+        let del = ContainerDelete { id: "c3".into() }.encode_to_vec();
+        assert_eq!(
+            containerd_change("/containers/delete", &del),
+            Some(Change::Removed { id: "c3".into() })
+        );
+        assert_eq!(containerd_change("/tasks/exit", b"\xff\xff"), None);
+        assert_eq!(containerd_change("/images/create", &del), None);
+    }
 
     fn v(name: &str, version: &str) -> VersionResponse {
         VersionResponse {

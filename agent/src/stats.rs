@@ -64,6 +64,10 @@ pub struct Stats {
     pod_events: Mutex<BTreeMap<&'static str, u64>>,
     /// Why the entrypoint given could not be installed: the agent then stays not ready.
     entrypoint_refused: Mutex<Option<String>>,
+    share_rejected: AtomicU64,
+    exit_churn: AtomicU64,
+    view_containers: AtomicU64,
+    view_pods: AtomicU64,
 }
 
 fn bump(counts: &Mutex<BTreeMap<&'static str, u64>>, key: &'static str) {
@@ -167,6 +171,39 @@ impl Stats {
 
     pub fn watching(&self) -> bool {
         self.watching.load(Ordering::Relaxed)
+    }
+
+    /// A share entry refused: a link, a name that is no pod UID or container name, a file
+    /// that is not a regular file, unexpected content.
+    pub fn share_rejected(&self) {
+        self.share_rejected.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn share_rejections(&self) -> u64 {
+        self.share_rejected.load(Ordering::Relaxed)
+    }
+
+    /// How many containers and pods the node view holds.
+    pub fn set_view_size(&self, containers: usize, pods: usize) {
+        self.view_containers
+            .store(containers as u64, Ordering::Relaxed);
+        self.view_pods.store(pods as u64, Ordering::Relaxed);
+    }
+
+    pub fn view_size(&self) -> (u64, u64) {
+        (
+            self.view_containers.load(Ordering::Relaxed),
+            self.view_pods.load(Ordering::Relaxed),
+        )
+    }
+
+    /// A wait that came back within the churn window (its decision was coalesced).
+    pub fn exit_churn(&self) {
+        self.exit_churn.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn exit_churns(&self) -> u64 {
+        self.exit_churn.load(Ordering::Relaxed)
     }
 
     /// The entrypoint given cannot serve sidecars; readiness says so until a restart.

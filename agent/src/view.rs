@@ -71,11 +71,32 @@ pub struct ContainerEntry {
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PodEntry {
+    /// The sandbox (the pod's annotations): from a listing. A pod first seen through a
+    /// container's start event has none until its own listing comes back.
     pub sandbox: Option<SandboxInfo>,
     pub containers: HashMap<String, ContainerEntry>,
+    /// The pod's listing is asked for (`None`), or due again after a failure (`Some(at)`).
+    sandbox_read: Option<SandboxRead>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SandboxRead {
+    Asked,
+    Failed { failures: u32, retry_at: Instant },
 }
 
 impl PodEntry {
+    pub fn new(sandbox: Option<SandboxInfo>, containers: Vec<ContainerEntry>) -> Self {
+        PodEntry {
+            sandbox,
+            containers: containers
+                .into_iter()
+                .map(|c| (c.info.id.clone(), c))
+                .collect(),
+            sandbox_read: None,
+        }
+    }
+
     /// The pod's grace period, from its containers' kubelet annotation.
     pub fn grace(&self) -> Option<Duration> {
         self.containers.values().find_map(|c| c.info.grace)
@@ -104,6 +125,8 @@ pub enum Change {
     NotAContainer { id: String },
     /// Describing a container failed (`now`: when the answer came).
     DescribeFailed { id: String, now: Instant },
+    /// Listing one pod for its sandbox failed.
+    SandboxFailed { uid: String, now: Instant },
 }
 
 /// A read the view needs.
@@ -111,6 +134,8 @@ pub enum Change {
 pub enum Need {
     /// Describe a container: its pod, name, attempt and env.
     Describe(String),
+    /// List one pod: its sandbox (the pod's annotations) and containers.
+    Sandbox(String),
 }
 
 /// How long a removed container's id is remembered, so late events cannot revive it.
@@ -178,6 +203,10 @@ impl NodeView {
         self.pod_of.len()
     }
 
+    pub fn pod_count(&self) -> usize {
+        self.pods.len()
+    }
+
     /// Applies a change; returns the pods it touched.
     pub fn apply(&mut self, change: Change, now: Instant) -> HashSet<String> {
         let mut touched = HashSet::new();
@@ -204,6 +233,19 @@ impl NodeView {
                 self.upsert(info, &mut touched);
                 if let Some(c) = self.container_mut(&id) {
                     c.env = EnvPriority::Known(env);
+                }
+            }
+            Change::SandboxFailed { uid, now } => {
+                if let Some(p) = self.pods.get_mut(&uid) {
+                    let failures = match p.sandbox_read {
+                        Some(SandboxRead::Failed { failures, .. }) => failures + 1,
+                        _ => 1,
+                    };
+                    p.sandbox_read = Some(SandboxRead::Failed {
+                        failures,
+                        retry_at: now + backoff(failures),
+                    });
+                    touched.insert(uid);
                 }
             }
             Change::NotAContainer { id } => {
@@ -242,7 +284,17 @@ impl NodeView {
                 out.push(Need::Describe(id.clone()));
             }
         }
-        for pod in self.pods.values_mut() {
+        for (uid, pod) in &mut self.pods {
+            let due = match pod.sandbox_read {
+                _ if pod.sandbox.is_some() => false,
+                None => true,
+                Some(SandboxRead::Asked) => false,
+                Some(SandboxRead::Failed { retry_at, .. }) => now >= retry_at,
+            };
+            if due {
+                pod.sandbox_read = Some(SandboxRead::Asked);
+                out.push(Need::Sandbox(uid.clone()));
+            }
             for (id, c) in &mut pod.containers {
                 let failures = match c.env {
                     EnvPriority::Unread => 0,
@@ -260,14 +312,19 @@ impl NodeView {
 
     /// When the earliest failed read is due again.
     pub fn next_retry(&self) -> Option<Instant> {
-        self.pods
+        let envs = self
+            .pods
             .values()
             .flat_map(|p| p.containers.values())
             .filter_map(|c| match c.env {
                 EnvPriority::Failed { retry_at, .. } => Some(retry_at),
                 _ => None,
-            })
-            .min()
+            });
+        let sandboxes = self.pods.values().filter_map(|p| match p.sandbox_read {
+            Some(SandboxRead::Failed { retry_at, .. }) if p.sandbox.is_none() => Some(retry_at),
+            _ => None,
+        });
+        envs.chain(sandboxes).min()
     }
 
     fn container_mut(&mut self, id: &str) -> Option<&mut ContainerEntry> {
@@ -373,6 +430,13 @@ impl NodeView {
         for uid in stale_pods {
             self.pods.remove(&uid);
             touched.insert(uid);
+        }
+        if let Some(uid) = &only {
+            if let Some(p) = self.pods.get_mut(uid) {
+                // Answered: a pod without a sandbox now is asked about again only by the
+                // next full listing.
+                p.sandbox_read = Some(SandboxRead::Asked);
+            }
         }
         for sb in l.sandboxes {
             touched.insert(sb.pod_uid.clone());
@@ -639,6 +703,45 @@ mod tests {
                 prop_assert_eq!(by_events.undescribed(), 0);
             }
         }
+    }
+
+    #[test]
+    fn a_pod_seen_through_events_has_its_sandbox_listed() {
+        let now = Instant::now();
+        let mut v = NodeView::new();
+        v.apply(Change::Listed(Listing::default()), now);
+        v.apply(
+            Change::Described {
+                info: c("app", "app", RunState::Running, 5),
+                env: Ok(None),
+            },
+            now,
+        );
+        assert!(v.pod(UID).unwrap().sandbox.is_none());
+        assert_eq!(v.needs(now), vec![Need::Sandbox(UID.into())]);
+        assert_eq!(v.needs(now), vec![]);
+        v.apply(
+            Change::SandboxFailed {
+                uid: UID.into(),
+                now,
+            },
+            now,
+        );
+        let retry = v.next_retry().unwrap();
+        assert_eq!(v.needs(retry), vec![Need::Sandbox(UID.into())]);
+        v.apply(
+            Change::PodListed {
+                uid: UID.into(),
+                listing: Listing {
+                    asked_at_ns: 1,
+                    sandboxes: vec![sandbox()],
+                    containers: vec![c("app", "app", RunState::Running, 5)],
+                },
+            },
+            retry,
+        );
+        assert_eq!(v.pod(UID).unwrap().sandbox.as_ref().unwrap().name, "web");
+        assert_eq!(v.needs(retry), vec![]);
     }
 
     #[test]

@@ -46,6 +46,8 @@ pub struct State {
     pub containers: Vec<FakeContainer>,
     /// When set, every call fails with this code.
     pub fail_with: Option<tonic::Code>,
+    /// ContainerStatus of these container ids fails (Unavailable).
+    pub fail_status_of: std::collections::HashSet<String>,
     pub list_calls: u64,
     pub status_calls: u64,
     /// What Version answers (default "fake", so the agent polls).
@@ -184,6 +186,25 @@ impl FakeCri {
         self.state.lock().unwrap().subscriptions
     }
 
+    /// Makes ContainerStatus of `id` fail (or work again).
+    pub fn fail_status_of(&self, id: &str, fail: bool) {
+        let mut s = self.state.lock().unwrap();
+        if fail {
+            s.fail_status_of.insert(id.to_owned());
+        } else {
+            s.fail_status_of.remove(id);
+        }
+    }
+
+    /// Removes a container from the runtime.
+    pub fn remove(&self, id: &str) {
+        self.state.lock().unwrap().containers.retain(|c| c.id != id);
+    }
+
+    pub fn list_calls(&self) -> u64 {
+        self.state.lock().unwrap().list_calls
+    }
+
     pub fn fail_with(&self, code: Option<tonic::Code>) {
         self.state.lock().unwrap().fail_with = code;
     }
@@ -244,14 +265,20 @@ impl RuntimeService for FakeCri {
 
     async fn list_pod_sandbox(
         &self,
-        _: Request<ListPodSandboxRequest>,
+        req: Request<ListPodSandboxRequest>,
     ) -> Result<Response<ListPodSandboxResponse>, Status> {
         self.check()?;
+        let selector = req
+            .into_inner()
+            .filter
+            .map(|f| f.label_selector)
+            .unwrap_or_default();
         let mut s = self.state.lock().unwrap();
         s.list_calls += 1;
         let items = s
             .sandboxes
             .iter()
+            .filter(|sb| selector.get(LABEL_POD_UID).is_none_or(|u| *u == sb.uid))
             .map(|sb| PodSandbox {
                 id: sb.id.clone(),
                 created_at: sb.created_at,
@@ -271,11 +298,21 @@ impl RuntimeService for FakeCri {
 
     async fn list_containers(
         &self,
-        _: Request<ListContainersRequest>,
+        req: Request<ListContainersRequest>,
     ) -> Result<Response<ListContainersResponse>, Status> {
         self.check()?;
+        let selector = req
+            .into_inner()
+            .filter
+            .map(|f| f.label_selector)
+            .unwrap_or_default();
         let s = self.state.lock().unwrap();
-        let containers = s.containers.iter().map(Self::to_container).collect();
+        let containers = s
+            .containers
+            .iter()
+            .filter(|c| selector.get(LABEL_POD_UID).is_none_or(|u| *u == c.pod_uid))
+            .map(Self::to_container)
+            .collect();
         Ok(Response::new(ListContainersResponse { containers }))
     }
 
@@ -287,6 +324,9 @@ impl RuntimeService for FakeCri {
         let id = req.into_inner().container_id;
         let mut s = self.state.lock().unwrap();
         s.status_calls += 1;
+        if s.fail_status_of.contains(&id) {
+            return Err(Status::unavailable("fake ContainerStatus failure"));
+        }
         let c = s
             .containers
             .iter()
@@ -298,10 +338,15 @@ impl RuntimeService for FakeCri {
             .map(|(k, v)| serde_json::json!({"key": k, "value": v}))
             .collect();
         let info = serde_json::json!({"pid": 1, "config": {"envs": envs}}).to_string();
+        let listed = Self::to_container(c);
         Ok(Response::new(ContainerStatusResponse {
             status: Some(ContainerStatus {
                 id: c.id.clone(),
                 state: c.state as i32,
+                metadata: listed.metadata,
+                created_at: c.created_at,
+                labels: listed.labels,
+                annotations: listed.annotations,
                 ..Default::default()
             }),
             info: [("info".to_owned(), info)].into(),

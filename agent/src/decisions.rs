@@ -1,0 +1,315 @@
+//! Deciding the pending waits from the node view, and carrying the answers out: `allow`
+//! written, logged, counted, and told as Kubernetes Events.
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant, SystemTime};
+
+use tracing::{debug, info, warn};
+
+use crate::agent::Agent;
+use crate::decide::{self, Deletion, PodFacts, Reason, Verdict};
+use crate::facts::{self, Clock};
+use crate::podwatch::{ApiPod, ConfirmRequest, PodSignal};
+use crate::reader::Read;
+use crate::recorder::{ExitNotice, PodRef};
+use crate::share::{ExitKey, PodUid};
+
+/// How long after a failed confirming read the next may be asked.
+const CONFIRM_RETRY: Duration = Duration::from_secs(1);
+
+impl Agent {
+    /// Decides for every waiting container of the `dirty` pods, from memory.
+    pub(crate) fn evaluate(&mut self, dirty: BTreeSet<PodUid>) {
+        let now = Instant::now();
+        for pod in dirty {
+            if !self.waits.pending.contains_key(&pod) {
+                continue;
+            }
+            let facts = self.facts(&pod);
+            self.apply(&pod, facts, now);
+        }
+        self.stats.set_pending(self.waits.count());
+    }
+
+    /// The pod's namespace and name: from its sandbox, else from the API server.
+    fn names(&self, pod: &PodUid) -> Option<(String, String)> {
+        let sb = self
+            .view
+            .pod(pod.as_str())
+            .and_then(|p| p.sandbox.as_ref())
+            .filter(|sb| !sb.name.is_empty());
+        match sb {
+            Some(sb) => Some((sb.namespace.clone(), sb.name.clone())),
+            None => self
+                .api
+                .as_ref()?
+                .get_by_uid(pod.as_str())
+                .map(|a| (a.namespace, a.name)),
+        }
+    }
+
+    /// The API server's current view of a pending pod.
+    fn api_pod(&self, pod: &PodUid) -> Option<ApiPod> {
+        let api = self.api.as_ref()?;
+        let sb = self
+            .view
+            .pod(pod.as_str())
+            .and_then(|p| p.sandbox.as_ref())
+            .filter(|sb| !sb.name.is_empty());
+        match sb {
+            Some(sb) => api.get(&sb.namespace, &sb.name, pod.as_str()),
+            None => api.get_by_uid(pod.as_str()),
+        }
+    }
+
+    /// The facts a decision takes; `None` when the runtime has no such pod (fail open).
+    fn facts(&mut self, pod: &PodUid) -> Option<PodFacts> {
+        let api = self.api_pod(pod);
+        let (deletion, clock) = self.deletion_and_clock(pod, api.as_ref())?;
+        let p = self.waits.pending.get(pod)?;
+        let (checking, checked) = (p.checking, p.checked);
+        let waiting: Vec<String> = p.waiting.keys().map(|c| c.as_str().to_owned()).collect();
+        let waiting: Vec<&str> = waiting.iter().map(String::as_str).collect();
+        // Without the runtime, or before its first listing, nothing is known of container
+        // states: only the deadline (or a confirmed "staying") releases.
+        if !self.runtime_ok || !self.view.is_listed() {
+            return Some(facts::without_runtime(&waiting, deletion, &clock));
+        }
+        let known = self.view.pod(pod.as_str());
+        let complete = known.is_some_and(|v| {
+            waiting
+                .iter()
+                .all(|w| v.containers.values().any(|c| c.info.name == *w))
+        });
+        if !complete {
+            // A pod (or a container) the view does not know yet: read it once, off the
+            // decision path, and decide with its answer. Only a runtime that, asked, does
+            // not know the pod makes the wait fail open.
+            if checked {
+                // Asked: the runtime does not have the pod (fail open), or has it without the
+                // waiting container (the decision fails that one open).
+                known?;
+            } else {
+                if !checking {
+                    self.reader.ask(Read::ListPod(pod.as_str().to_owned()));
+                    if let Some(p) = self.waits.pending.get_mut(pod) {
+                        p.checking = true;
+                    }
+                }
+                return Some(facts::without_runtime(&waiting, deletion, &clock));
+            }
+        }
+        let v = self.view.pod(pod.as_str())?;
+        let api_annotations = api.as_ref().map(|a| &a.annotations);
+        let named = facts::pod_priorities(v, api_annotations);
+        let mut ordered = facts::order(v, named);
+        if api_annotations.is_none() && v.sandbox.is_none() && ordered.malformed.is_none() {
+            // The pod's annotations (its sandbox) are being read: any priority may change.
+            ordered.unknown.push("the pod's annotations".to_owned());
+        }
+        if let Some(e) = &ordered.malformed {
+            let e = e.clone();
+            self.warn_once(pod, &e);
+        }
+        if self.view.undescribed() > 0 && ordered.malformed.is_none() {
+            // A container that just started is being read: it may be this pod's.
+            ordered.unknown.push("a container being read".to_owned());
+        }
+        Some(facts::assemble(ordered, deletion, &clock))
+    }
+
+    /// Whether the pod is going away, and its grace clock: the grace period (the deletion's
+    /// own when the API server gave one, else the kubelet's container annotation) counted
+    /// from the pod's first exit file. The kubelet starts its grace clock when it starts
+    /// killing the pod, which is when it runs the preStop hooks, not at the API server's
+    /// deletionTimestamp: a kubelet that sees the deletion late (a node back from NotReady)
+    /// still gives the full grace period.
+    fn deletion_and_clock(&self, pod: &PodUid, api: Option<&ApiPod>) -> Option<(Deletion, Clock)> {
+        let p = self.waits.pending.get(pod)?;
+        let deletion = match api {
+            Some(a) if a.is_staying() && !p.confirm.denied => Deletion::NotDeleting {
+                settle: self.cfg.api_settle,
+                confirmed: p.confirm.staying_at,
+            },
+            // Going away, or not known to the API server's view: ordered, as in runtime-only
+            // mode.
+            _ => Deletion::Deleting,
+        };
+        let clock = Clock {
+            first_seen: p.first_seen,
+            api_grace: api.and_then(ApiPod::grace),
+            runtime_grace: self.view.pod(pod.as_str()).and_then(|v| v.grace()),
+            reserve: self.cfg.grace_reserve,
+        };
+        Some((deletion, clock))
+    }
+
+    fn warn_once(&mut self, pod: &PodUid, e: &crate::priority::PriorityError) {
+        if self.warned.insert((pod.clone(), e.to_string())) {
+            warn!(pod = %pod, error = %e, "bad exit priority; pod treated as unordered");
+        }
+    }
+
+    pub(crate) fn on_pod_signal(&mut self, sig: PodSignal, dirty: &mut BTreeSet<PodUid>) {
+        match sig {
+            PodSignal::Changed(uid) => {
+                if let Ok(pod) = PodUid::parse(&uid) {
+                    if self.waits.pending.contains_key(&pod) {
+                        dirty.insert(pod);
+                    }
+                }
+            }
+            PodSignal::Resync => dirty.extend(self.waits.pending.keys().cloned()),
+            PodSignal::Confirmed {
+                uid,
+                asked_at,
+                staying,
+            } => {
+                let Ok(pod) = PodUid::parse(&uid) else {
+                    return;
+                };
+                let Some(p) = self.waits.pending.get_mut(&pod) else {
+                    return;
+                };
+                p.confirm.asked = false;
+                match staying {
+                    Some(true) => {
+                        p.confirm.staying_at = p.confirm.staying_at.max(Some(asked_at));
+                    }
+                    Some(false) => {
+                        info!(pod = %pod, "the API server says the pod is going away; exits stay ordered");
+                        p.confirm.denied = true;
+                    }
+                    None => p.confirm.retry_at = Some(Instant::now() + CONFIRM_RETRY),
+                }
+                dirty.insert(pod);
+            }
+        }
+    }
+
+    fn apply(&mut self, pod: &PodUid, facts: Option<PodFacts>, now: Instant) {
+        let names = self.names(pod);
+        let Some(p) = self.waits.pending.get_mut(pod) else {
+            return;
+        };
+        let staying = facts
+            .as_ref()
+            .is_some_and(|f| matches!(f.deletion, Deletion::NotDeleting { .. }));
+        let mut wake: Option<Instant> = None;
+        let mut allowed = Vec::new();
+        let mut unconfirmed = false;
+        for (name, waiter) in p.waiting.iter_mut() {
+            match decide::decide(facts.as_ref(), name.as_str(), waiter.since, now) {
+                Verdict::Allow(reason) => allowed.push((name.clone(), reason, waiter.announced)),
+                Verdict::Wait { blocked_by, until } => {
+                    wake = [wake, until].into_iter().flatten().min();
+                    if staying {
+                        // Not held for order: waiting for the settle time or the API
+                        // server's confirmation, a restart's short pause.
+                        unconfirmed |= p.confirm.staying_at.is_none_or(|c| c < waiter.since);
+                    } else if !waiter.announced {
+                        waiter.announced = true;
+                        info!(event = "held", pod = %pod, container = %name, waiting_for = ?blocked_by, "exit held");
+                    }
+                }
+            }
+        }
+        p.wake = wake;
+        let ask = unconfirmed && !p.confirm.asked && p.confirm.retry_at.is_none_or(|t| now >= t);
+        if ask {
+            if let (Some(api), Some((namespace, name))) = (&self.api, &names) {
+                p.confirm.asked = true;
+                api.confirm(ConfirmRequest {
+                    uid: pod.as_str().to_owned(),
+                    namespace: namespace.clone(),
+                    name: name.clone(),
+                    asked_at: now,
+                });
+            }
+        }
+        for (container, reason, held) in allowed {
+            // A deadline allow always tells; any other only when the exit was held.
+            let still_running = match (&facts, reason) {
+                (Some(f), Reason::Deadline) => decide::still_running(f, container.as_str())
+                    .into_iter()
+                    .filter(|n| !n.is_empty())
+                    .collect(),
+                _ => Vec::new(),
+            };
+            let key = ExitKey {
+                pod: pod.clone(),
+                container,
+            };
+            let tell = (held || reason == Reason::Deadline).then_some(still_running);
+            self.allow(&key, reason, tell, names.clone());
+        }
+    }
+
+    /// Writes `allow`; `tell` (what still ran) asks for a Kubernetes Event about it.
+    fn allow(
+        &mut self,
+        key: &ExitKey,
+        reason: Reason,
+        tell: Option<Vec<String>>,
+        names: Option<(String, String)>,
+    ) {
+        let Some(since) = self
+            .waits
+            .pending
+            .get(&key.pod)
+            .and_then(|p| p.waiting.get(&key.container))
+            .map(|w| w.since)
+        else {
+            return;
+        };
+        let waited = since.elapsed();
+        match self.share.write_allow(key) {
+            Ok(()) => {
+                self.stats.allowed(reason, waited);
+                info!(
+                    event = "allow",
+                    pod = %key.pod,
+                    container = %key.container,
+                    reason = %reason,
+                    waited_ms = waited.as_millis() as u64,
+                    "exit allowed"
+                );
+                if let (Some(still_running), Some(names)) = (tell, names) {
+                    self.tell(key, reason, waited, still_running, names);
+                }
+            }
+            Err(e) if e.is_not_found() => debug!(container = %key, "container directory gone"),
+            Err(e) => {
+                self.stats.share_error();
+                warn!(container = %key, error = %e, "cannot write allow");
+            }
+        }
+        self.waits.drop_waiter(key);
+    }
+
+    /// Queues a Kubernetes Event about an allow, when there is an API server.
+    fn tell(
+        &self,
+        key: &ExitKey,
+        reason: Reason,
+        waited: Duration,
+        still_running: Vec<String>,
+        (namespace, name): (String, String),
+    ) {
+        let Some(sink) = &self.pod_events else {
+            return;
+        };
+        sink.emit(ExitNotice {
+            pod: PodRef {
+                namespace,
+                name,
+                uid: key.pod.as_str().to_owned(),
+            },
+            container: key.container.as_str().to_owned(),
+            reason,
+            waited,
+            still_running,
+            at: SystemTime::now(),
+        });
+    }
+}

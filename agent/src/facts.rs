@@ -1,0 +1,321 @@
+//! What a decision knows about a pod, assembled from the node view, the API server's view
+//! (when current) and the pod's pending waits. Pure: tested by tables, like the decision.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use crate::decide::{self, Attempt, Deletion, PodFacts};
+use crate::priority::{self, PodPriorities, PriorityError};
+use crate::view::{ContainerEntry, EnvPriority, PodEntry};
+
+/// Kubernetes' default terminationGracePeriodSeconds, used when nothing says otherwise.
+pub const DEFAULT_GRACE: Duration = Duration::from_secs(30);
+
+/// A pod's containers with their priorities resolved.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ordered {
+    pub attempts: Vec<Attempt>,
+    /// Newest attempts whose priority is not known yet.
+    pub unknown: Vec<String>,
+    /// Why the pod is unordered, when its priorities are malformed.
+    pub malformed: Option<PriorityError>,
+}
+
+/// The pod's priority annotation: the API server's copy when there is one (the pod's current
+/// annotations), else the sandbox's (those it was created with).
+pub fn pod_priorities(
+    pod: &PodEntry,
+    api_annotations: Option<&std::collections::BTreeMap<String, String>>,
+) -> Result<Option<PodPriorities>, PriorityError> {
+    match api_annotations {
+        Some(a) => priority::from_annotations(a.iter().map(|(k, v)| (k.as_str(), v.as_str()))),
+        None => priority::from_annotations(
+            pod.sandbox
+                .iter()
+                .flat_map(|s| s.annotations.iter())
+                .map(|(k, v)| (k.as_str(), v.as_str())),
+        ),
+    }
+}
+
+/// The newest attempt of each container name.
+fn newest(pod: &PodEntry) -> HashMap<&str, &ContainerEntry> {
+    let mut out: HashMap<&str, &ContainerEntry> = HashMap::new();
+    for c in pod.containers.values() {
+        let key = (c.info.attempt, c.info.created_at);
+        match out.get(c.info.name.as_str()) {
+            Some(n) if (n.info.attempt, n.info.created_at) >= key => {}
+            _ => {
+                out.insert(c.info.name.as_str(), c);
+            }
+        }
+    }
+    out
+}
+
+/// Each container's priority: the annotation names it, else its env, else a preset. A
+/// malformed annotation or env makes the whole pod unordered (every container 0): bad input
+/// never holds a pod. A newest attempt whose env is not known yet, and that the annotation
+/// does not name, has an unknown priority.
+pub fn order(pod: &PodEntry, named: Result<Option<PodPriorities>, PriorityError>) -> Ordered {
+    let (named, mut malformed) = match named {
+        Ok(n) => (n, None),
+        Err(e) => (None, Some(e)),
+    };
+    let newest = newest(pod);
+    let mut unknown = Vec::new();
+    let mut attempts = Vec::with_capacity(pod.containers.len());
+    for c in pod.containers.values() {
+        let is_newest = newest
+            .get(c.info.name.as_str())
+            .is_some_and(|n| n.info.id == c.info.id);
+        let is_named = named.as_ref().is_some_and(|n| n.contains_key(&c.info.name));
+        let env = if is_newest && !is_named {
+            match &c.env {
+                EnvPriority::Known(Ok(v)) => *v,
+                EnvPriority::Known(Err(e)) => {
+                    malformed.get_or_insert_with(|| e.clone());
+                    None
+                }
+                EnvPriority::Unread | EnvPriority::Reading { .. } | EnvPriority::Failed { .. } => {
+                    unknown.push(c.info.name.clone());
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        attempts.push(Attempt {
+            name: c.info.name.clone(),
+            attempt: c.info.attempt,
+            created_at: c.info.created_at,
+            state: c.info.state,
+            priority: priority::resolve(&c.info.name, named.as_ref(), env),
+        });
+    }
+    if malformed.is_some() {
+        for a in &mut attempts {
+            a.priority = 0;
+        }
+        unknown.clear();
+    }
+    // A stable order, whatever the map's: decisions and logs must not depend on it.
+    attempts.sort_by(|a, b| {
+        (&a.name, a.attempt, a.created_at).cmp(&(&b.name, b.attempt, b.created_at))
+    });
+    unknown.sort();
+    Ordered {
+        attempts,
+        unknown,
+        malformed,
+    }
+}
+
+/// What decides whether a pod is going away and when its waits end regardless of order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Clock {
+    /// When the pod's first exit file appeared: the kubelet starts its grace clock when it
+    /// starts killing the pod, which is when it runs the preStop hooks.
+    pub first_seen: Instant,
+    /// The grace period the API server gives (the deletion's own, else the spec's).
+    pub api_grace: Option<Duration>,
+    /// The grace period the kubelet wrote on the pod's containers.
+    pub runtime_grace: Option<Duration>,
+    pub reserve: Duration,
+}
+
+impl Clock {
+    /// The grace deadline minus the reserve the sidecar needs to drain before SIGKILL.
+    pub fn deadline(&self) -> Instant {
+        let grace = self
+            .api_grace
+            .or(self.runtime_grace)
+            .unwrap_or(DEFAULT_GRACE);
+        self.first_seen + grace.saturating_sub(self.reserve)
+    }
+}
+
+/// The facts a decision takes.
+pub fn assemble(ordered: Ordered, deletion: Deletion, clock: &Clock) -> PodFacts {
+    PodFacts {
+        attempts: ordered.attempts,
+        unknown: ordered.unknown,
+        deletion,
+        deadline: Some(clock.deadline()),
+    }
+}
+
+/// Facts when the runtime does not answer: nothing is known of container states, so only the
+/// deadline (or a confirmed "staying") can release a wait; a runtime outage never holds a
+/// pod past its grace period, and never releases it out of order.
+pub fn without_runtime(waiting: &[&str], deletion: Deletion, clock: &Clock) -> PodFacts {
+    let attempts = waiting
+        .iter()
+        .map(|name| Attempt {
+            name: (*name).to_owned(),
+            attempt: 0,
+            created_at: 0,
+            state: decide::RunState::Running,
+            priority: 1,
+        })
+        .chain(std::iter::once(Attempt {
+            // Stands for "containers we cannot see", so waits are held until the deadline.
+            name: String::new(),
+            attempt: 0,
+            created_at: 0,
+            state: decide::RunState::Unknown,
+            priority: 0,
+        }))
+        .collect();
+    PodFacts {
+        attempts,
+        unknown: Vec::new(),
+        deletion,
+        deadline: Some(clock.deadline()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::decide::RunState::{Exited, Running};
+    use crate::view::{ContainerInfo, SandboxInfo};
+
+    fn entry(
+        id: &str,
+        name: &str,
+        attempt: u32,
+        state: decide::RunState,
+        env: EnvPriority,
+    ) -> ContainerEntry {
+        ContainerEntry {
+            info: ContainerInfo {
+                id: id.into(),
+                pod_uid: "u".into(),
+                name: name.into(),
+                attempt,
+                created_at: i64::from(attempt),
+                state,
+                grace: None,
+            },
+            env,
+        }
+    }
+
+    fn pod(annotation: Option<&str>, containers: Vec<ContainerEntry>) -> PodEntry {
+        let sandbox = SandboxInfo {
+            annotations: annotation
+                .map(|a| [(priority::ANNOTATION.to_owned(), a.to_owned())].into())
+                .unwrap_or_default(),
+            ..Default::default()
+        };
+        PodEntry::new(Some(sandbox), containers)
+    }
+
+    fn prios(o: &Ordered) -> Vec<(String, u32, u8)> {
+        o.attempts
+            .iter()
+            .map(|a| (a.name.clone(), a.attempt, a.priority))
+            .collect()
+    }
+
+    fn known(v: Option<u8>) -> EnvPriority {
+        EnvPriority::Known(Ok(v))
+    }
+
+    /// What, the annotation, the containers, the priorities wanted, the unknown wanted.
+    type Case = (
+        &'static str,
+        Option<&'static str>,
+        Vec<ContainerEntry>,
+        Vec<(&'static str, u32, u8)>,
+        Vec<&'static str>,
+    );
+
+    #[test]
+    fn priorities_table() {
+        let now = Instant::now();
+        let failed = EnvPriority::Failed {
+            failures: 1,
+            retry_at: now,
+        };
+        #[rustfmt::skip]
+        let table: Vec<Case> = vec![
+            ("annotation names the proxy; the app's env is not needed... but read",
+             Some(r#"{"proxy": 1}"#),
+             vec![entry("a", "app", 0, Running, known(None)), entry("p", "proxy", 0, Running, EnvPriority::Unread)],
+             vec![("app", 0, 0), ("proxy", 0, 1)], vec![]),
+            ("an unread env of an unnamed container is unknown",
+             Some(r#"{"proxy": 1}"#),
+             vec![entry("a", "app", 0, Running, EnvPriority::Unread), entry("p", "proxy", 0, Running, known(None))],
+             vec![("app", 0, 0), ("proxy", 0, 1)], vec!["app"]),
+            ("a failed env read is unknown, never priority 0",
+             None,
+             vec![entry("a", "app", 0, Exited, known(None)), entry("s", "shipper", 0, Running, failed.clone()), entry("p", "proxy", 0, Running, known(Some(1)))],
+             vec![("app", 0, 0), ("proxy", 0, 1), ("shipper", 0, 0)], vec!["shipper"]),
+            ("env priorities without an annotation",
+             None,
+             vec![entry("a", "app", 0, Running, known(None)), entry("l", "logs", 0, Running, known(Some(2)))],
+             vec![("app", 0, 0), ("logs", 0, 2)], vec![]),
+            ("presets without anything",
+             None,
+             vec![entry("a", "app", 0, Running, known(None)), entry("l", "linkerd-proxy", 0, Running, known(None))],
+             vec![("app", 0, 0), ("linkerd-proxy", 0, 1)], vec![]),
+            ("older attempts need no env",
+             None,
+             vec![entry("a0", "app", 0, Exited, EnvPriority::Unread), entry("a1", "app", 1, Running, known(None))],
+             vec![("app", 0, 0), ("app", 1, 0)], vec![]),
+            ("a malformed annotation makes the pod unordered, nothing unknown",
+             Some("not json"),
+             vec![entry("a", "app", 0, Running, EnvPriority::Unread), entry("p", "proxy", 0, Running, known(Some(3)))],
+             vec![("app", 0, 0), ("proxy", 0, 0)], vec![]),
+            ("a malformed env makes the pod unordered",
+             None,
+             vec![entry("a", "app", 0, Running, known(None)), entry("p", "proxy", 0, Running, EnvPriority::Known(Err(PriorityError::BadEnv { name: "X".into(), value: "y".into() })))],
+             vec![("app", 0, 0), ("proxy", 0, 0)], vec![]),
+        ];
+        for (what, annotation, containers, want, unknown) in table {
+            let p = pod(annotation, containers);
+            let o = order(&p, pod_priorities(&p, None));
+            let want: Vec<(String, u32, u8)> = want
+                .into_iter()
+                .map(|(n, a, p)| (n.to_owned(), a, p))
+                .collect();
+            assert_eq!(prios(&o), want, "{what}");
+            assert_eq!(o.unknown, unknown, "{what}");
+        }
+    }
+
+    #[test]
+    fn the_api_servers_annotations_win_over_the_sandboxs() {
+        let p = pod(
+            Some(r#"{"proxy": 1}"#),
+            vec![entry("p", "proxy", 0, Running, EnvPriority::Unread)],
+        );
+        let api: std::collections::BTreeMap<String, String> = [(
+            priority::ANNOTATION.to_owned(),
+            r#"{"proxy": 4}"#.to_owned(),
+        )]
+        .into();
+        let o = order(&p, pod_priorities(&p, Some(&api)));
+        assert_eq!(prios(&o), vec![("proxy".to_owned(), 0, 4)]);
+    }
+
+    #[test]
+    fn deadline_from_the_best_grace_known() {
+        let t = Instant::now();
+        let mut c = Clock {
+            first_seen: t,
+            api_grace: None,
+            runtime_grace: None,
+            reserve: Duration::from_secs(5),
+        };
+        assert_eq!(c.deadline(), t + Duration::from_secs(25));
+        c.runtime_grace = Some(Duration::from_secs(60));
+        assert_eq!(c.deadline(), t + Duration::from_secs(55));
+        c.api_grace = Some(Duration::from_secs(10));
+        assert_eq!(c.deadline(), t + Duration::from_secs(5));
+        c.api_grace = Some(Duration::from_secs(2));
+        assert_eq!(c.deadline(), t);
+    }
+}

@@ -1,0 +1,218 @@
+//! Runtime reads, off the decision path: the decision loop asks, this task calls the runtime
+//! and answers with changes for the node view. A runtime that answers in seconds (a saturated
+//! node) slows the view's refresh, never a decision.
+//!
+//! Listings run one at a time (a request made while one runs is served by one more after
+//! it); container descriptions run up to [`DESCRIBE_CONCURRENCY`] at once. While the runtime
+//! is failing, it is asked for its Version every [`HEALTH_RETRY`] so readiness follows it.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::{mpsc, Semaphore};
+use tokio::task::JoinSet;
+use tracing::{debug, Instrument};
+
+use crate::priority;
+use crate::runtime::{Runtime, RuntimeError};
+use crate::view::{Change, Need};
+
+/// Container descriptions in flight at once.
+pub const DESCRIBE_CONCURRENCY: usize = 16;
+/// How often a failing runtime is asked whether it answers again.
+const HEALTH_RETRY: Duration = Duration::from_secs(2);
+
+/// What the decision loop asks for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Read {
+    /// Everything on the node.
+    List,
+    /// One pod the view does not know.
+    ListPod(String),
+    /// What the view needs.
+    Need(Need),
+}
+
+/// What the reader answers.
+#[derive(Debug)]
+pub enum Reply {
+    /// A change for the view.
+    Change(Change),
+    /// A listing of one pod is done (its change, if any, came before).
+    PodChecked(String),
+    /// A call failed.
+    Failed { read: Read, error: RuntimeError },
+    /// Whether the runtime answers now (after a failure, and when it answers again).
+    Health(bool),
+}
+
+/// The handle the loop asks through.
+#[derive(Clone)]
+pub struct Reader {
+    tx: mpsc::UnboundedSender<Read>,
+}
+
+impl Reader {
+    pub fn ask(&self, read: Read) {
+        let _ = self.tx.send(read);
+    }
+}
+
+/// Starts the reader task; it ends when every [`Reader`] is dropped.
+pub fn start(runtime: Runtime) -> (Reader, mpsc::UnboundedReceiver<Reply>, ReaderTask) {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let (reply_tx, replies) = mpsc::unbounded_channel();
+    (
+        Reader { tx },
+        replies,
+        ReaderTask {
+            runtime,
+            rx,
+            replies: reply_tx,
+        },
+    )
+}
+
+pub struct ReaderTask {
+    runtime: Runtime,
+    rx: mpsc::UnboundedReceiver<Read>,
+    replies: mpsc::UnboundedSender<Reply>,
+}
+
+impl ReaderTask {
+    pub async fn run(mut self) {
+        let permits = Arc::new(Semaphore::new(DESCRIBE_CONCURRENCY));
+        let mut calls: JoinSet<(Read, Result<Vec<Reply>, RuntimeError>)> = JoinSet::new();
+        let mut listing = false;
+        let mut list_again = false;
+        let mut healthy = true;
+        let mut health = tokio::time::interval(HEALTH_RETRY);
+        health.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                read = self.rx.recv() => {
+                    let Some(read) = read else { break };
+                    if read == Read::List {
+                        if listing {
+                            list_again = true;
+                            continue;
+                        }
+                        listing = true;
+                    }
+                    self.spawn(&mut calls, read, &permits);
+                }
+                Some(done) = calls.join_next() => {
+                    let Ok((read, result)) = done else { continue };
+                    if read == Read::List {
+                        listing = false;
+                        if std::mem::take(&mut list_again) {
+                            listing = true;
+                            self.spawn(&mut calls, Read::List, &permits);
+                        }
+                    }
+                    match result {
+                        Ok(replies) => {
+                            if !healthy {
+                                healthy = true;
+                                let _ = self.replies.send(Reply::Health(true));
+                            }
+                            for r in replies {
+                                let _ = self.replies.send(r);
+                            }
+                        }
+                        Err(error) => {
+                            // A container that just went away answers NotFound, which is not
+                            // a failure (describe says None); anything else is the runtime's.
+                            if healthy {
+                                healthy = false;
+                                let _ = self.replies.send(Reply::Health(false));
+                            }
+                            // The view backs off before asking again.
+                            let retry = match &read {
+                                Read::Need(Need::Describe(id)) => Some(Change::DescribeFailed {
+                                    id: id.clone(),
+                                    now: Instant::now(),
+                                }),
+                                Read::Need(Need::Sandbox(uid)) => Some(Change::SandboxFailed {
+                                    uid: uid.clone(),
+                                    now: Instant::now(),
+                                }),
+                                _ => None,
+                            };
+                            if let Some(change) = retry {
+                                let _ = self.replies.send(Reply::Change(change));
+                            }
+                            let _ = self.replies.send(Reply::Failed { read, error });
+                        }
+                    }
+                }
+                _ = health.tick(), if !healthy => {
+                    match self.runtime.version().await {
+                        Ok(_) => {
+                            healthy = true;
+                            let _ = self.replies.send(Reply::Health(true));
+                        }
+                        Err(e) => debug!(error = %e, "runtime still not answering"),
+                    }
+                }
+            }
+        }
+        calls.shutdown().await;
+    }
+
+    fn spawn(
+        &self,
+        calls: &mut JoinSet<(Read, Result<Vec<Reply>, RuntimeError>)>,
+        read: Read,
+        permits: &Arc<Semaphore>,
+    ) {
+        let runtime = self.runtime.clone();
+        let permits = Arc::clone(permits);
+        let span = tracing::debug_span!("runtime_read", read = ?read);
+        calls.spawn(
+            async move {
+                let result = match &read {
+                    Read::List => runtime
+                        .list(None)
+                        .await
+                        .map(|l| vec![Reply::Change(Change::Listed(l))]),
+                    Read::ListPod(uid) => runtime.list(Some(uid)).await.map(|listing| {
+                        vec![
+                            Reply::Change(Change::PodListed {
+                                uid: uid.clone(),
+                                listing,
+                            }),
+                            Reply::PodChecked(uid.clone()),
+                        ]
+                    }),
+                    Read::Need(Need::Sandbox(uid)) => {
+                        runtime.list(Some(uid)).await.map(|listing| {
+                            vec![Reply::Change(Change::PodListed {
+                                uid: uid.clone(),
+                                listing,
+                            })]
+                        })
+                    }
+                    Read::Need(Need::Describe(id)) => {
+                        // The semaphore is never closed; an error would only mean "go on".
+                        let _permit = permits.acquire_owned().await;
+                        match runtime.describe(id).await {
+                            Ok(Some(d)) => Ok(vec![Reply::Change(Change::Described {
+                                env: priority::from_env(
+                                    d.env.iter().map(|(k, v)| (k.as_str(), v.as_str())),
+                                ),
+                                info: d.info,
+                            })]),
+                            Ok(None) => Ok(vec![Reply::Change(Change::NotAContainer {
+                                id: id.clone(),
+                            })]),
+                            Err(e) => Err(e),
+                        }
+                    }
+                };
+                (read, result)
+            }
+            .instrument(span),
+        );
+    }
+}

@@ -1,0 +1,279 @@
+//! The waits in the share: which containers' preStop hooks wait for an answer, found through
+//! inotify (and a rescan when events were lost), and the share's directories kept watched.
+//!
+//! A container rewriting its `exit` file in a loop must not make the agent re-decide (or read
+//! the runtime) per write: a wait that is already known is not news, and a wait that keeps
+//! coming back is coalesced (at most one decision per [`CHURN_WINDOW`]) and counted.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tracing::{debug, warn};
+
+use crate::share::{ContainerName, ExitKey, ExitState, PodUid, Share, ShareEntry};
+use crate::stats::Stats;
+use crate::watch::{FsEvent, ShareWatcher};
+
+/// A wait that reappears sooner than this after its last decision is decided at the end of
+/// the window, not at once.
+pub const CHURN_WINDOW: Duration = Duration::from_millis(100);
+
+pub struct Waiter {
+    pub since: Instant,
+    /// Whether the hold was already logged, so a long wait logs once.
+    pub announced: bool,
+}
+
+/// The API server's own word on whether a pod the watch shows staying is staying.
+#[derive(Default)]
+pub struct Confirmation {
+    /// When the latest read that said "staying" was asked.
+    pub staying_at: Option<Instant>,
+    /// A read said the pod is not staying: ordered from now on, whatever the watch says.
+    pub denied: bool,
+    /// A read is in flight.
+    pub asked: bool,
+    /// After a failed read, not before this.
+    pub retry_at: Option<Instant>,
+}
+
+pub struct PendingPod {
+    /// When the pod's first exit file appeared: the start of the grace period (the kubelet
+    /// runs every preStop at once when it starts killing the pod).
+    pub first_seen: Instant,
+    pub waiting: BTreeMap<ContainerName, Waiter>,
+    /// When the waits of this pod must be decided again without any event (a deadline, the
+    /// end of a settle time, a coalesced churn), as of the last decision.
+    pub wake: Option<Instant>,
+    pub confirm: Confirmation,
+    /// Asking the runtime about this pod, which the view did not know (or not whole).
+    pub checking: bool,
+    /// The runtime was asked about it: what the view has now is what the runtime has.
+    pub checked: bool,
+}
+
+#[derive(Default)]
+pub struct Waits {
+    pub pending: BTreeMap<PodUid, PendingPod>,
+    /// When each container's wait last appeared, to coalesce churn.
+    last_seen: HashMap<ExitKey, Instant>,
+}
+
+impl Waits {
+    pub fn count(&self) -> usize {
+        self.pending.values().map(|p| p.waiting.len()).sum()
+    }
+
+    pub fn get(&self, pod: &PodUid) -> Option<&PendingPod> {
+        self.pending.get(pod)
+    }
+
+    pub fn drop_waiter(&mut self, key: &ExitKey) {
+        if let Some(p) = self.pending.get_mut(&key.pod) {
+            p.waiting.remove(&key.container);
+            if p.waiting.is_empty() {
+                self.pending.remove(&key.pod);
+            }
+        }
+    }
+
+    /// Forgets churn history older than the window.
+    pub fn prune(&mut self, now: Instant) {
+        self.last_seen
+            .retain(|_, at| now.saturating_duration_since(*at) < CHURN_WINDOW * 10);
+    }
+}
+
+/// The share, its watcher and the waits found in it.
+pub struct ShareSync<'a> {
+    pub share: &'a Share,
+    pub watcher: &'a mut ShareWatcher,
+    pub waits: &'a mut Waits,
+    pub stats: &'a Arc<Stats>,
+}
+
+impl ShareSync<'_> {
+    pub fn on_event(&mut self, ev: FsEvent, dirty: &mut BTreeSet<PodUid>) {
+        match ev {
+            FsEvent::Changed(paths) => {
+                for path in paths {
+                    match self.share.classify(&path) {
+                        Ok(Some(ShareEntry::Pod(pod))) => self.sync_pod(&pod, dirty),
+                        Ok(Some(ShareEntry::Container(key))) => self.sync_container(&key, dirty),
+                        Ok(Some(ShareEntry::ExitFile(key))) => self.sync_exit(&key, dirty),
+                        Ok(None) => {}
+                        Err(e) => {
+                            self.stats.share_rejected();
+                            debug!(error = %e, "ignoring share entry");
+                        }
+                    }
+                }
+            }
+            FsEvent::Rescan => {
+                warn!("file events were lost; rescanning the share");
+                self.rescan(dirty);
+                dirty.extend(self.waits.pending.keys().cloned());
+            }
+            FsEvent::Error(e) => {
+                self.stats.share_error();
+                warn!(error = %e, "share watch error");
+            }
+        }
+    }
+
+    /// Walks the whole share: watches every pod and container directory and picks up every
+    /// exit file waiting.
+    pub fn rescan(&mut self, dirty: &mut BTreeSet<PodUid>) {
+        match self.share.pods() {
+            Ok(pods) => {
+                for pod in pods {
+                    self.sync_pod(&pod, dirty);
+                }
+            }
+            Err(e) => {
+                self.stats.share_error();
+                warn!(error = %e, "cannot list the share");
+            }
+        }
+        // Waits whose pod directory vanished.
+        let gone: Vec<PodUid> = self
+            .waits
+            .pending
+            .keys()
+            .filter(|p| !self.share.pod_path(p).exists())
+            .cloned()
+            .collect();
+        for pod in gone {
+            self.sync_pod(&pod, dirty);
+        }
+    }
+
+    fn sync_pod(&mut self, pod: &PodUid, dirty: &mut BTreeSet<PodUid>) {
+        let path = self.share.pod_path(pod);
+        if !path.is_dir() {
+            self.watcher.forget(&path);
+        } else {
+            // Watch before listing: the kubelet creates container directories right after
+            // the pod's, and one created between a listing and the watch would go unseen.
+            if let Err(e) = self.watcher.watch(&path) {
+                self.stats.share_error();
+                warn!(error = %e, "cannot watch pod directory");
+            }
+            match self.share.containers_in(pod) {
+                Ok(keys) => {
+                    for key in keys {
+                        self.sync_container(&key, dirty);
+                    }
+                }
+                Err(e) => {
+                    self.stats.share_error();
+                    warn!(pod = %pod, error = %e, "cannot list pod directory");
+                }
+            }
+        }
+        // Waits recorded for containers whose directory is gone are re-read (and dropped).
+        let known: Vec<ExitKey> = self
+            .waits
+            .pending
+            .get(pod)
+            .map(|p| {
+                p.waiting
+                    .keys()
+                    .map(|c| ExitKey {
+                        pod: pod.clone(),
+                        container: c.clone(),
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        for key in known {
+            self.sync_exit(&key, dirty);
+        }
+    }
+
+    fn sync_container(&mut self, key: &ExitKey, dirty: &mut BTreeSet<PodUid>) {
+        match self.share.prepare_container_dir(key) {
+            Ok(()) => {
+                if let Err(e) = self.watcher.watch(&self.share.container_path(key)) {
+                    self.stats.share_error();
+                    warn!(container = %key, error = %e, "cannot watch container directory");
+                }
+            }
+            Err(e) if e.is_not_found() => self.watcher.forget(&self.share.container_path(key)),
+            Err(e) => {
+                self.stats.share_rejected();
+                warn!(container = %key, error = %e, "skipping container directory");
+            }
+        }
+        self.sync_exit(key, dirty);
+    }
+
+    fn sync_exit(&mut self, key: &ExitKey, dirty: &mut BTreeSet<PodUid>) {
+        let state = match self.share.read_exit(key) {
+            Ok(s) => s,
+            Err(e) => {
+                self.stats.share_rejected();
+                warn!(container = %key, error = %e, "skipping unreadable exit file");
+                ExitState::Absent
+            }
+        };
+        match state {
+            ExitState::Waiting => {
+                let waits = &mut *self.waits;
+                if waits
+                    .pending
+                    .get(&key.pod)
+                    .is_some_and(|p| p.waiting.contains_key(&key.container))
+                {
+                    return;
+                }
+                let now = Instant::now();
+                let since = self
+                    .share
+                    .exit_age(key)
+                    .and_then(|age| now.checked_sub(age))
+                    .unwrap_or(now);
+                let churning = waits
+                    .last_seen
+                    .insert(key.clone(), now)
+                    .is_some_and(|at| now.saturating_duration_since(at) < CHURN_WINDOW);
+                let pod = waits
+                    .pending
+                    .entry(key.pod.clone())
+                    .or_insert_with(|| PendingPod {
+                        first_seen: since,
+                        waiting: BTreeMap::new(),
+                        wake: None,
+                        confirm: Confirmation::default(),
+                        checking: false,
+                        checked: false,
+                    });
+                pod.first_seen = pod.first_seen.min(since);
+                pod.waiting.insert(
+                    key.container.clone(),
+                    Waiter {
+                        since,
+                        announced: false,
+                    },
+                );
+                debug!(container = %key, "exit file waiting");
+                if churning {
+                    // Decided at the end of the window, with whatever came meanwhile.
+                    self.stats.exit_churn();
+                    let at = now + CHURN_WINDOW;
+                    pod.wake = Some(pod.wake.map_or(at, |w| w.min(at)));
+                } else {
+                    dirty.insert(key.pod.clone());
+                }
+            }
+            ExitState::Unexpected(text) => {
+                self.stats.share_rejected();
+                warn!(container = %key, content = %text, "exit file has unexpected content; ignored");
+                self.waits.drop_waiter(key);
+            }
+            ExitState::Allowed | ExitState::Absent => self.waits.drop_waiter(key),
+        }
+        self.stats.set_pending(self.waits.count());
+    }
+}
