@@ -1,11 +1,20 @@
 //! Command-line parsing into a typed [`Command`].
 //!
 //! Two spellings lead to the same wait:
-//! - `wait [--dir DIR] [--timeout DURATION] [-- CMD ARGS...]`, the native form;
+//! - `wait [--dir DIR] [--timeout DURATION] [-- CMD ARGS... | --http-get URL
+//!   | --sleep DURATION]`, the native form;
 //! - `-wait-container-exit [-entrypoint CMD] [-- ARGS...]`, the form of the
 //!   OpenKruise SidecarExitPriority proposal, parsed with Go `flag` package
 //!   rules (one or two dashes, `-flag=value`, flags end at the first
 //!   non-flag argument) so pod specs written for it keep working.
+//!
+//! Two more subcommands speak HTTP to the pod's own loopback:
+//! - `shutdown --post URL [--timeout DURATION]`, a mesh proxy's shutdown;
+//! - `await --http-get URL [--timeout DURATION]`, a postStart hook that
+//!   holds the next container back until a sidecar is ready.
+//!
+//! URLs are checked here (see [`crate::url`]), so a bad one is a usage
+//! error before anything waits or connects.
 
 use alloc::ffi::CString;
 use alloc::format;
@@ -15,6 +24,7 @@ use core::ffi::CStr;
 use core::fmt;
 use core::time::Duration;
 
+use crate::url::{self, Url};
 use crate::{duration, sys};
 
 /// Directory the agent shares with the container when nothing else is said.
@@ -27,26 +37,50 @@ pub const ENV_DIR: &str = "EXITORDER_DIR";
 /// Overrides [`DEFAULT_TIMEOUT`]; `--timeout` overrides it in turn.
 pub const ENV_TIMEOUT: &str = "EXITORDER_WAIT_TIMEOUT";
 
+/// How long `shutdown` keeps retrying and `await` keeps polling, and the
+/// bound of `wait --http-get`'s request.
+pub const DEFAULT_HTTP_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Exit status when an HTTP request failed or `await` timed out.
+pub const EX_FAILED: u8 = 1;
 /// Exit status for bad usage (`EX_USAGE` from sysexits.h).
 pub const EX_USAGE: u8 = 64;
 
 pub const USAGE: &str = "\
-usage: exitorder-entrypoint wait [--dir DIR] [--timeout DURATION] [-- CMD [ARGS...]]
+usage: exitorder-entrypoint wait [--dir DIR] [--timeout DURATION]
+                                 [-- CMD [ARGS...] | --http-get URL | --sleep DURATION]
        exitorder-entrypoint -wait-container-exit [-entrypoint CMD] [-- ARGS...]
+       exitorder-entrypoint shutdown --post URL [--timeout DURATION]
+       exitorder-entrypoint await --http-get URL [--timeout DURATION]
 
-Waits until the exitorder agent on this node allows this container to exit,
-then runs CMD with ARGS in its place (or exits 0 without CMD). Meant for a
-sidecar's preStop hook. If the agent does not answer, it proceeds anyway.
+wait: waits until the exitorder agent on this node allows this container to
+exit, then runs CMD with ARGS in its place, or GETs URL (exit 0 on any
+answer), or sleeps, or exits 0. Meant for a sidecar's preStop hook. If the
+agent does not answer, it proceeds anyway.
+shutdown: POSTs an empty body to URL (a mesh proxy's shutdown endpoint),
+retrying refused connections; exit 0 on a 2xx answer.
+await: GETs URL until it answers 2xx (a postStart hook that holds the next
+container back until this one is ready).
+URLs: http:// to 127.x.y.z, localhost or [::1] only.
 
 options:
   --dir DIR            directory shared with the agent
                        (env EXITORDER_DIR, default /var/run/exitorder)
-  --timeout DURATION   proceed without permission after DURATION
+  --timeout DURATION   wait: proceed without permission after DURATION
                        (env EXITORDER_WAIT_TIMEOUT, default 25s);
+                       shutdown, await: give up after DURATION (default 2m);
                        DURATION is 500ms, 30s, 2m, 1h or plain seconds
+  --http-get URL       wait: GET URL after the wait, as an httpGet hook would;
+                       await: the URL to poll
+  --sleep DURATION     wait: sleep after the wait, as a sleep hook would
+  --post URL           shutdown: the URL to POST to
   -entrypoint CMD      (with -wait-container-exit) command to run after the
                        wait; without it, the arguments after -- are the command
   -h, --help           show this help
+
+exit status: 0 done; 1 the HTTP request failed (or await timed out);
+64 usage; 126 CMD cannot run; 127 CMD not found; 128+N signal N while
+waiting; otherwise CMD's own.
 ";
 
 /// What the invocation asks for.
@@ -56,8 +90,12 @@ options:
 pub enum Command {
     /// Print usage on stdout and exit 0.
     Help,
-    /// Wait for exit permission, then run the wrapped command.
+    /// Wait for exit permission, then do what the hook did before.
     Wait(WaitArgs),
+    /// POST to a shutdown endpoint.
+    Shutdown(HttpArgs),
+    /// Poll a readiness endpoint until it answers 2xx.
+    Await(HttpArgs),
 }
 
 /// Arguments of the wait, with environment and defaults already applied.
@@ -68,7 +106,28 @@ pub enum Command {
 pub struct WaitArgs {
     pub dir: CString,
     pub timeout: Duration,
-    pub then: Option<Exec>,
+    pub then: Then,
+}
+
+/// What `wait` does once the wait is over: the sidecar's original preStop
+/// hook, in exec form.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Then {
+    /// Exit 0.
+    Nothing,
+    /// Replace this process with a command (an `exec` hook).
+    Exec(Exec),
+    /// GET the URL (an `httpGet` hook).
+    HttpGet(Url),
+    /// Sleep (a `sleep` hook).
+    Sleep(Duration),
+}
+
+/// Arguments of `shutdown` and `await`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HttpArgs {
+    pub url: Url,
+    pub timeout: Duration,
 }
 
 /// The command that replaces this process once the wait is over.
@@ -123,8 +182,11 @@ where
     let Some(first) = args.next() else {
         return Err(usage_error("missing subcommand"));
     };
-    if first.as_bytes() == b"wait" {
-        return parse_wait(args, env);
+    match first.as_bytes() {
+        b"wait" => return parse_wait(args, env),
+        b"shutdown" => return parse_http(args, "post", Command::Shutdown),
+        b"await" => return parse_http(args, "http-get", Command::Await),
+        _ => {}
     }
     let kind = Flag::split(&first).map(|flag| match flag.name {
         "h" | "help" if flag.value.is_none() => Leading::Help,
@@ -208,6 +270,8 @@ fn parse_wait(mut args: impl Iterator<Item = CString>, env: &Env) -> Result<Comm
     let mut dir = None;
     let mut timeout = None;
     let mut command = Vec::new();
+    let mut http_get = None;
+    let mut sleep = None;
     while let Some(arg) = args.next() {
         if arg.as_bytes() == b"--" {
             command.extend(args.by_ref());
@@ -225,11 +289,74 @@ fn parse_wait(mut args: impl Iterator<Item = CString>, env: &Env) -> Result<Comm
                     "--timeout",
                 )?)
             }
+            "http-get" => {
+                let url = url_value(flag.value("--http-get", &mut args)?, "--http-get")?;
+                once(&mut http_get, url, "--http-get")?;
+            }
+            "sleep" => {
+                let duration = timeout_value(flag.value("--sleep", &mut args)?, "--sleep")?;
+                once(&mut sleep, duration, "--sleep")?;
+            }
             _ => return Err(unexpected(&arg)),
         }
     }
-    let then = command_from(None, command);
+    let then = match (command_from(None, command), http_get, sleep) {
+        (None, None, None) => Then::Nothing,
+        (Some(exec), None, None) => Then::Exec(exec),
+        (None, Some(url), None) => Then::HttpGet(url),
+        (None, None, Some(duration)) => Then::Sleep(duration),
+        _ => {
+            return Err(usage_error(
+                "wait takes only one of -- CMD, --http-get URL and --sleep DURATION",
+            ))
+        }
+    };
     finish(dir, timeout, then, env)
+}
+
+/// `shutdown --post URL` and `await --http-get URL`, each with `--timeout`.
+fn parse_http(
+    mut args: impl Iterator<Item = CString>,
+    url_flag: &str,
+    command: fn(HttpArgs) -> Command,
+) -> Result<Command, UsageError> {
+    let shown_url_flag = format!("--{url_flag}");
+    let mut url = None;
+    let mut timeout = None;
+    while let Some(arg) = args.next() {
+        let flag = Flag::split(&arg)
+            .filter(|flag| flag.dashes == 2 || flag.name == "h")
+            .ok_or_else(|| unexpected_argument(&arg))?;
+        match flag.name {
+            "h" | "help" if flag.value.is_none() => return Ok(Command::Help),
+            "timeout" => {
+                timeout = Some(timeout_value(
+                    flag.value("--timeout", &mut args)?,
+                    "--timeout",
+                )?)
+            }
+            name if name == url_flag => {
+                let value = url_value(flag.value(&shown_url_flag, &mut args)?, &shown_url_flag)?;
+                once(&mut url, value, &shown_url_flag)?;
+            }
+            _ => return Err(unexpected_argument(&arg)),
+        }
+    }
+    let url = url.ok_or_else(|| usage_error(format!("{shown_url_flag} URL is required")))?;
+    Ok(command(HttpArgs {
+        url,
+        timeout: timeout.unwrap_or(DEFAULT_HTTP_TIMEOUT),
+    }))
+}
+
+/// Sets a flag's value, refusing a second one: two URLs or two sleeps are
+/// more likely a mistake than a wish for the last.
+fn once<T>(slot: &mut Option<T>, value: T, shown: &str) -> Result<(), UsageError> {
+    if slot.is_some() {
+        return Err(usage_error(format!("{shown} given twice")));
+    }
+    *slot = Some(value);
+    Ok(())
 }
 
 fn parse_kruise(mut args: impl Iterator<Item = CString>, env: &Env) -> Result<Command, UsageError> {
@@ -271,7 +398,7 @@ fn parse_kruise(mut args: impl Iterator<Item = CString>, env: &Env) -> Result<Co
             "-wait-container-exit is required (running a command without the wait is not supported)",
         ));
     }
-    let then = command_from(entrypoint, positional);
+    let then = command_from(entrypoint, positional).map_or(Then::Nothing, Then::Exec);
     finish(dir, timeout, then, env)
 }
 
@@ -286,6 +413,17 @@ fn go_bool(value: Option<&CStr>, shown: &str) -> Result<bool, UsageError> {
             "{shown} takes true or false, not {:?}",
             String::from_utf8_lossy(value.to_bytes())
         ))),
+    }
+}
+
+/// For subcommands that run no command: a positional argument is just
+/// unexpected.
+fn unexpected_argument(arg: &CStr) -> UsageError {
+    let shown = String::from_utf8_lossy(arg.to_bytes());
+    if Flag::split(arg).is_some() {
+        usage_error(format!("unknown flag {shown}"))
+    } else {
+        usage_error(format!("unexpected argument {shown:?}"))
     }
 }
 
@@ -305,6 +443,10 @@ fn dir_value(value: CString, shown: &str) -> Result<CString, UsageError> {
         return Err(usage_error(format!("{shown} needs a non-empty path")));
     }
     Ok(value)
+}
+
+fn url_value(value: CString, shown: &str) -> Result<Url, UsageError> {
+    url::parse(&value).map_err(|err| usage_error(format!("{shown}: {err}")))
 }
 
 fn timeout_value(value: CString, shown: &str) -> Result<Duration, UsageError> {
@@ -330,7 +472,7 @@ fn command_from(program: Option<CString>, mut rest: Vec<CString>) -> Option<Exec
 fn finish(
     dir: Option<CString>,
     timeout: Option<Duration>,
-    then: Option<Exec>,
+    then: Then,
     env: &Env,
 ) -> Result<Command, UsageError> {
     let dir = dir
@@ -374,8 +516,8 @@ mod tests {
         }
     }
 
-    fn exec(program: &str, args: &[&str]) -> Option<Exec> {
-        Some(Exec {
+    fn exec(program: &str, args: &[&str]) -> Then {
+        Then::Exec(Exec {
             program: c(program),
             args: os(args),
         })
@@ -388,7 +530,7 @@ mod tests {
             WaitArgs {
                 dir: c("/var/run/exitorder"),
                 timeout: Duration::from_secs(25),
-                then: None,
+                then: Then::Nothing,
             }
         );
     }
@@ -416,7 +558,7 @@ mod tests {
         ]);
         assert_eq!(parsed.timeout, Duration::from_secs(3));
         assert_eq!(parsed.then, exec("sh", &["-c", "exit 7", "--dir"]));
-        assert_eq!(wait(&["wait", "--"]).then, None);
+        assert_eq!(wait(&["wait", "--"]).then, Then::Nothing);
     }
 
     #[test]
@@ -548,8 +690,8 @@ mod tests {
             wait(&["-wait-container-exit", "--", "sh", "-c", "exit 3"]).then,
             exec("sh", &["-c", "exit 3"])
         );
-        assert_eq!(wait(&["-wait-container-exit"]).then, None);
-        assert_eq!(wait(&["-wait-container-exit", "--"]).then, None);
+        assert_eq!(wait(&["-wait-container-exit"]).then, Then::Nothing);
+        assert_eq!(wait(&["-wait-container-exit", "--"]).then, Then::Nothing);
         assert_eq!(
             wait(&["-wait-container-exit", "-entrypoint", "/bin/true"]).then,
             exec("/bin/true", &[])
@@ -616,10 +758,169 @@ mod tests {
         }
     }
 
+    fn url(text: &str) -> Url {
+        url::parse(&c(text)).expect("valid URL")
+    }
+
     #[test]
-    fn usage_does_not_advertise_unbuilt_subcommands() {
-        assert!(USAGE.contains("wait [--dir DIR]"));
-        assert!(!USAGE.contains("await"));
-        assert!(!USAGE.contains("shutdown"));
+    fn wait_then_http_get_or_sleep() {
+        let parsed = wait(&[
+            "wait",
+            "--timeout",
+            "5s",
+            "--http-get",
+            "http://127.0.0.1:8080/stop",
+        ]);
+        assert_eq!(parsed.timeout, Duration::from_secs(5));
+        assert_eq!(
+            parsed.then,
+            Then::HttpGet(url("http://127.0.0.1:8080/stop"))
+        );
+        assert_eq!(
+            wait(&["wait", "--http-get=http://localhost/x?y=1", "--dir", "/d"]).then,
+            Then::HttpGet(url("http://localhost/x?y=1"))
+        );
+        assert_eq!(
+            wait(&["wait", "--sleep", "5"]).then,
+            Then::Sleep(Duration::from_secs(5))
+        );
+        assert_eq!(
+            wait(&["wait", "--sleep=500ms"]).then,
+            Then::Sleep(Duration::from_millis(500))
+        );
+        // An empty command after -- is no command.
+        assert_eq!(
+            wait(&["wait", "--sleep", "1", "--"]).then,
+            Then::Sleep(Duration::from_secs(1))
+        );
+    }
+
+    #[test]
+    fn shutdown_and_await() {
+        let env = Env {
+            dir: None,
+            timeout: Some(c("5s")),
+        };
+        assert_eq!(
+            parse_with(
+                &["shutdown", "--post", "http://127.0.0.1:4191/shutdown"],
+                &env
+            ),
+            Ok(Command::Shutdown(HttpArgs {
+                url: url("http://127.0.0.1:4191/shutdown"),
+                // EXITORDER_WAIT_TIMEOUT is the wait's alone.
+                timeout: DEFAULT_HTTP_TIMEOUT,
+            }))
+        );
+        assert_eq!(
+            parse_with(
+                &[
+                    "await",
+                    "--timeout=30s",
+                    "--http-get",
+                    "http://[::1]:15021/healthz/ready"
+                ],
+                &env
+            ),
+            Ok(Command::Await(HttpArgs {
+                url: url("http://[::1]:15021/healthz/ready"),
+                timeout: Duration::from_secs(30),
+            }))
+        );
+        assert_eq!(parse_with(&["await", "-h"], &env), Ok(Command::Help));
+        assert_eq!(parse_with(&["shutdown", "--help"], &env), Ok(Command::Help));
+    }
+
+    #[test]
+    fn http_usage_errors() {
+        for (args, needle) in [
+            (&["shutdown"][..], "--post URL is required"),
+            (&["shutdown", "--timeout", "1s"], "--post URL is required"),
+            (
+                &["shutdown", "--http-get", "http://127.0.0.1/"],
+                "unknown flag --http-get",
+            ),
+            (&["shutdown", "--post"], "--post needs a value"),
+            (
+                &["shutdown", "-post", "http://127.0.0.1/"],
+                "unknown flag -post",
+            ),
+            (&["shutdown", "http://127.0.0.1/"], "unexpected argument"),
+            (
+                &["shutdown", "--post", "http://10.0.0.1/"],
+                "not a loopback address",
+            ),
+            (
+                &[
+                    "shutdown",
+                    "--post",
+                    "http://127.0.0.1/",
+                    "--post",
+                    "http://127.0.0.1/",
+                ],
+                "--post given twice",
+            ),
+            (&["await"], "--http-get URL is required"),
+            (
+                &["await", "--post", "http://127.0.0.1/"],
+                "unknown flag --post",
+            ),
+            (
+                &["await", "--http-get", "https://127.0.0.1/"],
+                "https is not supported",
+            ),
+            (
+                &["await", "--http-get", "http://127.0.0.1/", "--timeout", "x"],
+                "invalid duration",
+            ),
+            (
+                &["await", "--http-get", "http://127.0.0.1/", "--", "x"],
+                "unexpected argument",
+            ),
+            (
+                &["wait", "--http-get", "localhost:80"],
+                "--http-get: invalid URL",
+            ),
+            (&["wait", "--sleep", "1.5s"], "--sleep: invalid duration"),
+            (&["wait", "--sleep"], "--sleep needs a value"),
+            (
+                &["wait", "--sleep", "1", "--sleep", "2"],
+                "--sleep given twice",
+            ),
+            (
+                &["wait", "--http-get", "http://127.0.0.1/", "--sleep", "1"],
+                "only one of",
+            ),
+            (&["wait", "--sleep", "1", "--", "sh"], "only one of"),
+            (
+                &["wait", "--http-get", "http://127.0.0.1/", "--", "sh"],
+                "only one of",
+            ),
+            (
+                &["-wait-container-exit", "--sleep", "1"],
+                "unknown flag --sleep",
+            ),
+        ] {
+            let message = error(args);
+            assert!(
+                message.contains(needle),
+                "{args:?}: {message:?} lacks {needle:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn usage_advertises_every_subcommand() {
+        for text in [
+            "wait [--dir DIR]",
+            "--http-get URL",
+            "--sleep DURATION",
+            "-wait-container-exit",
+            "shutdown --post URL",
+            "await --http-get URL",
+            "exit status",
+        ] {
+            assert!(USAGE.contains(text), "{text}");
+        }
     }
 }

@@ -1,42 +1,77 @@
-//! The `wait` subcommand: ask for exit permission, wait for it, then hand
-//! over to the wrapped command.
+//! The `wait` subcommand: ask for exit permission, wait for it, then do
+//! what the sidecar's preStop hook did before: run the wrapped command, GET
+//! a URL, or sleep.
 //!
 //! Every failure here fails open. The hook runs inside the pod's grace
 //! period, so an agent that is down, a missing mount or a read-only
 //! directory must cost at most the timeout, never the whole grace period
 //! and a SIGKILL of the sidecar.
+//!
+//! SIGTERM, SIGINT and SIGHUP while waiting (the kubelet sends none to an
+//! exec hook, but a runtime may stop the exec) end the wait at once: the
+//! `exit` file is removed, so a restarted container does not find a stale
+//! request, and the process exits 128 + the signal's number, as a shell
+//! reports a process killed by it, without running the command. SIGKILL
+//! cannot be caught: it leaves `exit` behind, which the agent answers like
+//! any other request (`unknown` once the container is gone) and removes
+//! with the pod's directory, and which the next `wait` in a restarted
+//! container replaces before it asks.
 
-use crate::cli::WaitArgs;
+use core::ffi::c_int;
+
+use crate::cli::{Then, WaitArgs};
 use crate::duration;
+use crate::endpoint;
 use crate::exec;
 use crate::log;
 use crate::log::Lossy;
-use crate::sys::Instant;
+use crate::sys::{self, Instant, SignalFd};
 use crate::wait::{ExitRequest, Outcome};
 
-/// Runs the wait and then the wrapped command; returns only when there is no
-/// command or it could not be started, with the exit status to use.
+/// The signals that end a wait early, after removing `exit`.
+const SIGNALS: [c_int; 3] = [libc::SIGTERM, libc::SIGINT, libc::SIGHUP];
+
+/// Runs the wait and then what follows it; returns only when there is no
+/// command to run in this process's place or it could not be started, with
+/// the exit status to use.
 pub fn run(args: &WaitArgs) -> u8 {
-    wait_for_permission(args);
+    if let Some(signal) = wait_for_permission(args) {
+        return signal_status(signal);
+    }
     match &args.then {
-        Some(command) => exec::replace_process(command),
-        None => 0,
+        Then::Nothing => 0,
+        Then::Exec(command) => exec::replace_process(command),
+        Then::HttpGet(url) => endpoint::hook_get(url),
+        Then::Sleep(duration) => {
+            sys::sleep_until(Instant::now().saturating_add(*duration));
+            0
+        }
     }
 }
 
-fn wait_for_permission(args: &WaitArgs) {
+/// Waits; `Some(signal)` when a signal ended the wait.
+fn wait_for_permission(args: &WaitArgs) -> Option<c_int> {
     let started = Instant::now();
     let dir = Lossy(args.dir.to_bytes());
     let timeout = duration::show(args.timeout);
+    // Before the request exists, so a signal can never find it unguarded.
+    let signals = match SignalFd::open(&SIGNALS) {
+        Ok(signals) => Some(signals),
+        Err(err) => {
+            log!("cannot catch SIGTERM ({err}); a kill while waiting would leave {dir}/exit");
+            None
+        }
+    };
     let request = match ExitRequest::post(&args.dir) {
         Ok(request) => request,
         Err(err) => {
             log!("{err}; proceeding without exit permission");
-            return;
+            return None;
         }
     };
     log!("waiting up to {timeout} for exit permission in {dir}");
-    match request.wait(args.timeout) {
+    let mut signalled = None;
+    match request.wait(args.timeout, signals.as_ref()) {
         Ok(Outcome::Allowed) => {
             log!("exit allowed after {}ms", started.elapsed().as_millis());
         }
@@ -47,9 +82,37 @@ fn wait_for_permission(args: &WaitArgs) {
         Ok(Outcome::DirectoryGone) => {
             log!("{dir} was removed or unmounted while waiting; proceeding");
         }
+        Ok(Outcome::ExitFileGone) => log!(
+            "{dir}/exit was removed by someone else while waiting \
+             (the agent never removes it); proceeding"
+        ),
+        Ok(Outcome::Signalled(signal)) => {
+            log!(
+                "{} while waiting for exit permission; withdrawing the request and exiting",
+                signal_name(signal)
+            );
+            signalled = Some(signal);
+        }
         Err(err) => log!("waiting for exit permission in {dir} failed: {err}; proceeding"),
     }
     if let Err(err) = request.withdraw() {
         log!("cannot remove {dir}/exit: {err}");
+    }
+    // Only now are the signals let through again: one that came after the
+    // wait ended takes its default action, with `exit` already gone.
+    drop(signals);
+    signalled
+}
+
+fn signal_status(signal: c_int) -> u8 {
+    u8::try_from(signal).map_or(u8::MAX, |signal| signal.saturating_add(128))
+}
+
+fn signal_name(signal: c_int) -> &'static str {
+    match signal {
+        libc::SIGTERM => "SIGTERM",
+        libc::SIGINT => "SIGINT",
+        libc::SIGHUP => "SIGHUP",
+        _ => "a signal",
     }
 }

@@ -3,13 +3,14 @@
 //!
 //! The binary is built without Rust's std to stay small (see main.rs), so
 //! what std would provide lives here: owned descriptors, OS errors shown the
-//! way std shows them, a monotonic clock, the process set-up std does before
-//! `main`, and exec. Each call into the C library sits in a small function of
-//! its own, next to the reason it is sound.
+//! way std shows them, a monotonic clock and sleeping, poll, TCP sockets,
+//! signals read from a signalfd, the process set-up std does before `main`,
+//! and exec. Each call into the C library sits in a small function of its
+//! own, next to the reason it is sound.
 
 use alloc::ffi::CString;
 use alloc::vec::Vec;
-use core::ffi::{c_char, c_int, CStr};
+use core::ffi::{c_char, c_int, c_short, CStr};
 use core::fmt;
 use core::time::Duration;
 
@@ -176,22 +177,69 @@ pub fn inotify_events(mut bytes: &[u8]) -> impl Iterator<Item = InotifyEvent<'_>
     })
 }
 
+/// `poll` interest: data to read, or the peer closed.
+pub const READABLE: c_short = libc::POLLIN;
+/// `poll` interest: room to write, or a non-blocking connect finished.
+pub const WRITABLE: c_short = libc::POLLOUT;
+
+/// Waits up to `timeout` until one of `fds` is ready for its interest
+/// ([`READABLE`], [`WRITABLE`]); returns what happened to each (`revents`,
+/// where errors and hang-ups show as `POLLERR`/`POLLHUP`), all zero when the
+/// time ran out first.
+pub fn poll<const N: usize>(
+    fds: [(&Fd, c_short); N],
+    timeout: Duration,
+) -> Result<[c_short; N], OsError> {
+    let mut pollfds = fds.map(|(fd, events)| libc::pollfd {
+        fd: fd.raw(),
+        events,
+        revents: 0,
+    });
+    let timeout = timespec(timeout);
+    let count = libc::nfds_t::try_from(N).map_err(|_| OsError(libc::EINVAL))?;
+    // SAFETY: the pollfd array and the timespec live on the stack for the
+    // whole call and count is the array's length; a null sigmask leaves the
+    // signal mask alone.
+    let ready = unsafe { libc::ppoll(pollfds.as_mut_ptr(), count, &timeout, core::ptr::null()) };
+    check(ready)?;
+    Ok(pollfds.map(|pollfd| pollfd.revents))
+}
+
 /// Waits up to `timeout` for `fd` to become readable: `Ok(false)` when the
 /// time ran out first.
 pub fn poll_readable(fd: &Fd, timeout: Duration) -> Result<bool, OsError> {
-    let mut pollfd = libc::pollfd {
-        fd: fd.raw(),
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    let timeout = libc::timespec {
-        tv_sec: libc::time_t::try_from(timeout.as_secs()).unwrap_or(libc::time_t::MAX),
-        tv_nsec: timeout.subsec_nanos().into(),
-    };
-    // SAFETY: one pollfd and the timespec live on the stack for the whole
-    // call; a null sigmask leaves the signal mask alone.
-    let ready = unsafe { libc::ppoll(&mut pollfd, 1, &timeout, core::ptr::null()) };
-    check(ready).map(|ready| ready > 0)
+    poll([(fd, READABLE)], timeout).map(|[revents]| revents != 0)
+}
+
+fn timespec(duration: Duration) -> libc::timespec {
+    libc::timespec {
+        tv_sec: libc::time_t::try_from(duration.as_secs()).unwrap_or(libc::time_t::MAX),
+        tv_nsec: duration.subsec_nanos().into(),
+    }
+}
+
+/// Sleeps until the monotonic clock reads `until` (at once if it already
+/// has), whatever signals interrupt it.
+pub fn sleep_until(until: Instant) {
+    let until = timespec(until.0);
+    loop {
+        // SAFETY: clock_nanosleep reads one timespec we own; with
+        // TIMER_ABSTIME the remainder pointer may be null.
+        let err = unsafe {
+            libc::clock_nanosleep(
+                libc::CLOCK_MONOTONIC,
+                libc::TIMER_ABSTIME,
+                &until,
+                core::ptr::null_mut(),
+            )
+        };
+        // 0 when the time came; EINTR: a signal, sleep on. Anything else
+        // (EINVAL for a time the kernel cannot represent) would repeat
+        // forever, so stop rather than spin.
+        if err != libc::EINTR {
+            return;
+        }
+    }
 }
 
 /// A reading of the monotonic clock, as `std::time::Instant` is.
@@ -216,6 +264,12 @@ impl Instant {
         self.0.checked_add(duration).map(Instant)
     }
 
+    /// `self + duration`, or the end of time when that does not fit: a
+    /// deadline too far away to represent is as good as none.
+    pub fn saturating_add(self, duration: Duration) -> Self {
+        Instant(self.0.saturating_add(duration))
+    }
+
     pub fn saturating_duration_since(self, earlier: Instant) -> Duration {
         self.0.saturating_sub(earlier.0)
     }
@@ -223,6 +277,189 @@ impl Instant {
     pub fn elapsed(self) -> Duration {
         Instant::now().saturating_duration_since(self)
     }
+}
+
+/// Signals taken over from their default action (which ends the process)
+/// while they are blocked and read from a signalfd instead, so the process
+/// can clean up before it exits. Dropping it unblocks them again: one that
+/// arrived and was not read then takes its default action at once.
+#[derive(Debug)]
+pub struct SignalFd {
+    fd: Fd,
+    previous: libc::sigset_t,
+}
+
+impl SignalFd {
+    /// Blocks `signals` and opens a signalfd that reports them.
+    pub fn open(signals: &[c_int]) -> Result<Self, OsError> {
+        let mut set = empty_sigset();
+        for &signal in signals {
+            // SAFETY: set was initialised by sigemptyset.
+            check(unsafe { libc::sigaddset(&mut set, signal) })?;
+        }
+        let mut previous = empty_sigset();
+        // SAFETY: both sets are initialised and live on the stack; the
+        // process has one thread, so the process and thread masks are one.
+        check(unsafe { libc::sigprocmask(libc::SIG_BLOCK, &set, &mut previous) })?;
+        // SAFETY: set is initialised; -1 asks for a new descriptor, owned by
+        // nobody else.
+        match check(unsafe { libc::signalfd(-1, &set, libc::SFD_NONBLOCK | libc::SFD_CLOEXEC) }) {
+            Ok(fd) => Ok(SignalFd {
+                fd: Fd(fd),
+                previous,
+            }),
+            Err(err) => {
+                restore_sigmask(&previous);
+                Err(err)
+            }
+        }
+    }
+
+    /// The descriptor to poll for [`READABLE`].
+    pub fn fd(&self) -> &Fd {
+        &self.fd
+    }
+
+    /// The next signal that arrived, if any.
+    pub fn take(&self) -> Result<Option<c_int>, OsError> {
+        // sizeof(struct signalfd_siginfo); ssi_signo (u32) comes first.
+        let mut info = [0u8; 128];
+        loop {
+            return match read(&self.fd, &mut info) {
+                Ok(len) if len >= 4 => {
+                    let signo = u32::from_ne_bytes([info[0], info[1], info[2], info[3]]);
+                    Ok(c_int::try_from(signo).ok())
+                }
+                Ok(_) | Err(OsError(libc::EAGAIN)) => Ok(None),
+                Err(OsError(libc::EINTR)) => continue,
+                Err(err) => Err(err),
+            };
+        }
+    }
+}
+
+impl Drop for SignalFd {
+    fn drop(&mut self) {
+        restore_sigmask(&self.previous);
+    }
+}
+
+fn empty_sigset() -> libc::sigset_t {
+    let mut set = core::mem::MaybeUninit::<libc::sigset_t>::uninit();
+    // SAFETY: sigemptyset initialises the whole set and cannot fail for a
+    // valid pointer, which this is.
+    unsafe {
+        libc::sigemptyset(set.as_mut_ptr());
+        set.assume_init()
+    }
+}
+
+fn restore_sigmask(previous: &libc::sigset_t) {
+    // SAFETY: previous is an initialised set; the old mask is not wanted.
+    // It cannot fail with a valid `how` and pointers.
+    unsafe { libc::sigprocmask(libc::SIG_SETMASK, previous, core::ptr::null_mut()) };
+}
+
+/// An IP address to connect to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IpAddr {
+    V4([u8; 4]),
+    V6([u8; 16]),
+}
+
+/// A new non-blocking TCP socket for `addr`'s family.
+pub fn tcp_socket(addr: IpAddr) -> Result<Fd, OsError> {
+    let family = match addr {
+        IpAddr::V4(_) => libc::AF_INET,
+        IpAddr::V6(_) => libc::AF_INET6,
+    };
+    let kind = libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC;
+    // SAFETY: plain system call; the new descriptor is owned by nobody else.
+    check(unsafe { libc::socket(family, kind, 0) }).map(Fd)
+}
+
+/// Starts connecting a socket from [`tcp_socket`] to `addr:port`: `true`
+/// when it is connected already; if not, it is once [`poll`] reports it
+/// [`WRITABLE`] and [`socket_error`] says `None`.
+pub fn connect_start(socket: &Fd, addr: IpAddr, port: u16) -> Result<bool, OsError> {
+    let result = match addr {
+        IpAddr::V4(octets) => {
+            let sockaddr = libc::sockaddr_in {
+                sin_family: libc::AF_INET as libc::sa_family_t,
+                sin_port: port.to_be(),
+                sin_addr: libc::in_addr {
+                    s_addr: u32::from_ne_bytes(octets),
+                },
+                sin_zero: [0; 8],
+            };
+            connect(socket, &sockaddr)
+        }
+        IpAddr::V6(octets) => {
+            let sockaddr = libc::sockaddr_in6 {
+                sin6_family: libc::AF_INET6 as libc::sa_family_t,
+                sin6_port: port.to_be(),
+                sin6_flowinfo: 0,
+                sin6_addr: libc::in6_addr { s6_addr: octets },
+                sin6_scope_id: 0,
+            };
+            connect(socket, &sockaddr)
+        }
+    };
+    match result {
+        Ok(()) => Ok(true),
+        // EINTR: the connection goes on in the background, as EINPROGRESS.
+        Err(OsError(libc::EINPROGRESS | libc::EINTR)) => Ok(false),
+        Err(err) => Err(err),
+    }
+}
+
+/// connect(2) to a `sockaddr_in` or `sockaddr_in6`.
+fn connect<T: SockAddr>(socket: &Fd, sockaddr: &T) -> Result<(), OsError> {
+    let len =
+        libc::socklen_t::try_from(core::mem::size_of::<T>()).map_err(|_| OsError(libc::EINVAL))?;
+    // SAFETY: sockaddr is a complete sockaddr_in/sockaddr_in6 (SockAddr is
+    // implemented for those only), whose family field matches its type, and
+    // len is its size.
+    check(unsafe { libc::connect(socket.raw(), (sockaddr as *const T).cast(), len) }).map(drop)
+}
+
+/// The socket address structures [`connect`] may be given.
+trait SockAddr {}
+impl SockAddr for libc::sockaddr_in {}
+impl SockAddr for libc::sockaddr_in6 {}
+
+/// The pending error of a socket (`SO_ERROR`), which also clears it: for a
+/// non-blocking connect, `None` once it succeeded.
+pub fn socket_error(socket: &Fd) -> Result<Option<OsError>, OsError> {
+    let mut error: c_int = 0;
+    let mut len = libc::socklen_t::try_from(core::mem::size_of::<c_int>())
+        .map_err(|_| OsError(libc::EINVAL))?;
+    // SAFETY: getsockopt writes at most len bytes into error, an int we own,
+    // and updates len.
+    check(unsafe {
+        libc::getsockopt(
+            socket.raw(),
+            libc::SOL_SOCKET,
+            libc::SO_ERROR,
+            (&mut error as *mut c_int).cast(),
+            &mut len,
+        )
+    })?;
+    Ok((error != 0).then_some(OsError(error)))
+}
+
+/// send(2) without SIGPIPE; returns how much was sent.
+pub fn send(socket: &Fd, bytes: &[u8]) -> Result<usize, OsError> {
+    // SAFETY: the kernel reads at most bytes.len() bytes from the slice.
+    let sent = unsafe {
+        libc::send(
+            socket.raw(),
+            bytes.as_ptr().cast(),
+            bytes.len(),
+            libc::MSG_NOSIGNAL,
+        )
+    };
+    usize::try_from(sent).map_err(|_| OsError::last())
 }
 
 /// The arguments the C runtime passed to `main`, program name included.

@@ -9,15 +9,23 @@
 //! comes out of the pod's grace period, and a poll interval would be added to
 //! every pod's shutdown. inotify sees writes made on the host side of the
 //! bind mount because watches are on the inode, not on the mount.
+//!
+//! Nobody but this process creates or removes `exit`, and the agent only
+//! ever replaces it (rename). If it disappears while waiting, someone else
+//! removed it, and the wait ends as [`Outcome::ExitFileGone`]: recreating
+//! the request could lose an `allow` the agent wrote just before the
+//! removal, and holding on would make the wait depend on the timeout alone,
+//! so the caller proceeds. A file renamed over `exit` by anyone is read like
+//! the agent's answer: `allow` ends the wait, anything else does not.
 
 use alloc::ffi::CString;
 use alloc::vec::Vec;
-use core::ffi::CStr;
+use core::ffi::{c_int, CStr};
 use core::fmt;
 use core::time::Duration;
 
 use crate::log::Lossy;
-use crate::sys::{self, Fd, Instant, OsError};
+use crate::sys::{self, Fd, Instant, OsError, SignalFd};
 
 /// Name of the request/answer file inside the directory.
 pub const EXIT_FILE: &str = "exit";
@@ -46,6 +54,10 @@ pub enum Outcome {
     /// The directory was removed, moved or unmounted, so no answer can
     /// arrive at the path the agent knows.
     DirectoryGone,
+    /// `exit` was removed (or moved away) by someone else.
+    ExitFileGone,
+    /// This signal arrived (through the [`SignalFd`] given to the wait).
+    Signalled(c_int),
 }
 
 /// Setting up the request failed; the caller proceeds without permission.
@@ -110,6 +122,8 @@ impl ExitRequest {
             libc::IN_CLOSE_WRITE
                 | libc::IN_MOVED_TO
                 | libc::IN_CREATE
+                | libc::IN_DELETE
+                | libc::IN_MOVED_FROM
                 | libc::IN_DELETE_SELF
                 | libc::IN_MOVE_SELF
                 | libc::IN_ONLYDIR,
@@ -133,14 +147,14 @@ impl ExitRequest {
         Ok(ExitRequest { exit_file, inotify })
     }
 
-    /// Blocks until the agent allows the exit, `timeout` passes, or the
-    /// directory goes away.
-    pub fn wait(&self, timeout: Duration) -> Result<Outcome, OsError> {
+    /// Blocks until the agent allows the exit, `timeout` passes, `exit` or
+    /// the directory goes away, or one of `signals` arrives.
+    pub fn wait(&self, timeout: Duration, signals: Option<&SignalFd>) -> Result<Outcome, OsError> {
         let deadline = Instant::now().checked_add(timeout);
         // The answer may already have landed between creating the file and
         // now; its event is queued too, but checking first costs nothing.
-        if self.allowed() {
-            return Ok(Outcome::Allowed);
+        if let Some(outcome) = self.check_answer() {
+            return Ok(outcome);
         }
         let mut buffer = [0u8; EVENT_BUFFER];
         loop {
@@ -155,18 +169,44 @@ impl ExitRequest {
                 // A timeout too large for the clock is as good as none.
                 None => MAX_POLL,
             };
-            match sys::poll_readable(&self.inotify, slice) {
-                Ok(false) | Err(OsError(libc::EINTR)) => continue,
-                Ok(true) => {}
+            let ready = match signals {
+                Some(signals) => sys::poll(
+                    [
+                        (&self.inotify, sys::READABLE),
+                        (signals.fd(), sys::READABLE),
+                    ],
+                    slice,
+                )
+                .map(|[events, signal]| (events != 0, signal != 0)),
+                None => sys::poll_readable(&self.inotify, slice).map(|events| (events, false)),
+            };
+            let (events_ready, signal_ready) = match ready {
+                Ok(ready) => ready,
+                Err(OsError(libc::EINTR)) => continue,
                 Err(err) => return Err(err),
+            };
+            if let (true, Some(signals)) = (signal_ready, signals) {
+                if let Some(signal) = signals.take()? {
+                    return Ok(Outcome::Signalled(signal));
+                }
+            }
+            if !events_ready {
+                continue;
             }
 
             let events = self.drain_events(&mut buffer)?;
-            if events.recheck && self.allowed() {
-                return Ok(Outcome::Allowed);
-            }
-            if events.directory_gone {
-                return Ok(Outcome::DirectoryGone);
+            let answer = if events.recheck {
+                self.check_answer()
+            } else {
+                None
+            };
+            // An `allow` that landed counts whatever else happened; a
+            // directory that went away explains a missing `exit` better.
+            match (answer, events.directory_gone) {
+                (Some(Outcome::Allowed), _) => return Ok(Outcome::Allowed),
+                (_, true) => return Ok(Outcome::DirectoryGone),
+                (Some(outcome), false) => return Ok(outcome),
+                (None, false) => {}
             }
         }
     }
@@ -202,10 +242,16 @@ impl ExitRequest {
         }
     }
 
-    /// Whether `exit` currently holds the agent's `allow`. Any failure to
-    /// read it (mid-rename, odd file type) just means "not yet".
-    fn allowed(&self) -> bool {
-        read_answer(&self.exit_file).is_ok_and(|answer| answer.trim_ascii() == ALLOW)
+    /// What `exit` says now: `Allowed` for the agent's `allow`,
+    /// `ExitFileGone` when there is no `exit` any more, `None` to keep
+    /// waiting. Any other failure to read it (mid-rename, odd file type)
+    /// just means "not yet".
+    fn check_answer(&self) -> Option<Outcome> {
+        match read_answer(&self.exit_file) {
+            Ok(answer) if answer.trim_ascii() == ALLOW => Some(Outcome::Allowed),
+            Err(OsError(libc::ENOENT)) => Some(Outcome::ExitFileGone),
+            Ok(_) | Err(_) => None,
+        }
     }
 }
 

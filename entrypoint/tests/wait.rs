@@ -1,139 +1,14 @@
 //! Runs the real binary against a temporary directory, playing the agent's
 //! part by hand: watch for `exit`, then rename an `allow` file over it.
 
+mod common;
+
 use std::fs;
-use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
-use std::thread::sleep;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-const BIN: &str = env!("CARGO_BIN_EXE_exitorder-entrypoint");
-/// Generous bound for things that should happen "at once", so a loaded CI
-/// machine does not make the tests flaky.
-const PROMPTLY: Duration = Duration::from_secs(5);
-/// How long a hook that should be blocked must stay blocked.
-const BLOCKED_FOR: Duration = Duration::from_millis(300);
-const STEP: Duration = Duration::from_millis(5);
-
-/// A running hook, killed if the test fails before it ends.
-struct Hook {
-    child: Option<Child>,
-}
-
-impl Hook {
-    fn spawn(args: &[&str]) -> Hook {
-        Self::spawn_with_env(args, &[])
-    }
-
-    fn spawn_with_env(args: &[&str], env: &[(&str, &str)]) -> Hook {
-        Self::spawn_command(Command::new(BIN).args(args), env)
-    }
-
-    /// Runs the hook under `umask 077`, as hardened images often do.
-    fn spawn_with_strict_umask(args: &[&str]) -> Hook {
-        Self::spawn_command(
-            Command::new("sh")
-                .args(["-c", "umask 077; exec \"$0\" \"$@\"", BIN])
-                .args(args),
-            &[],
-        )
-    }
-
-    fn spawn_command(command: &mut Command, env: &[(&str, &str)]) -> Hook {
-        command
-            .env_remove("EXITORDER_DIR")
-            .env_remove("EXITORDER_WAIT_TIMEOUT")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        for (name, value) in env {
-            command.env(name, value);
-        }
-        Hook {
-            child: Some(command.spawn().expect("spawn exitorder-entrypoint")),
-        }
-    }
-
-    fn child(&mut self) -> &mut Child {
-        self.child.as_mut().expect("hook already finished")
-    }
-
-    /// Fails if the hook exits within `period`.
-    fn assert_blocked_for(&mut self, period: Duration) {
-        let until = Instant::now() + period;
-        while Instant::now() < until {
-            if let Some(status) = self.child().try_wait().expect("try_wait") {
-                let output = self.collect();
-                panic!(
-                    "hook exited with {status} while it should be waiting; stderr: {}",
-                    String::from_utf8_lossy(&output.stderr)
-                );
-            }
-            sleep(STEP);
-        }
-    }
-
-    /// Waits for the hook to exit within `limit` and returns its output.
-    fn exit_within(mut self, limit: Duration) -> Output {
-        let until = Instant::now() + limit;
-        while self.child().try_wait().expect("try_wait").is_none() {
-            assert!(Instant::now() < until, "hook still running after {limit:?}");
-            sleep(STEP);
-        }
-        self.collect()
-    }
-
-    fn collect(&mut self) -> Output {
-        self.child
-            .take()
-            .expect("hook already finished")
-            .wait_with_output()
-            .expect("collect hook output")
-    }
-}
-
-impl Drop for Hook {
-    fn drop(&mut self) {
-        if let Some(child) = &mut self.child {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
-fn eventually(what: &str, mut condition: impl FnMut() -> bool) {
-    let until = Instant::now() + PROMPTLY;
-    while !condition() {
-        assert!(Instant::now() < until, "timed out waiting for {what}");
-        sleep(STEP);
-    }
-}
-
-fn exit_file(dir: &Path) -> PathBuf {
-    dir.join("exit")
-}
-
-fn wait_for_request(dir: &Path) {
-    eventually("the hook to create exit containing wait", || {
-        fs::read(exit_file(dir)).is_ok_and(|content| content == b"wait\n")
-    });
-}
-
-/// Answers the way the agent does: write a temp file, rename it over `exit`.
-fn answer(dir: &Path, content: &str) {
-    let temp = dir.join(".exit.tmp");
-    fs::write(&temp, content).expect("write answer");
-    fs::rename(&temp, exit_file(dir)).expect("rename answer over exit");
-}
-
-fn stderr(output: &Output) -> String {
-    String::from_utf8_lossy(&output.stderr).into_owned()
-}
-
-fn path(p: &Path) -> &str {
-    p.to_str().expect("temp paths are UTF-8")
-}
+use common::*;
 
 #[test]
 fn blocks_until_allowed_then_exits_promptly() {
@@ -296,6 +171,7 @@ fn timeout_proceeds_with_a_warning() {
         log.contains("exitorder-entrypoint: no exit permission after 300ms; proceeding"),
         "{log}"
     );
+    assert!(log.contains("is the exitorder agent running"), "{log}");
     assert!(!exit_file(dir.path()).exists(), "exit must be removed");
 }
 
@@ -358,7 +234,10 @@ fn command_that_cannot_run_exits_126_or_127() {
 
     for (command, code) in [
         (base.path().join("no-such-command"), 127),
+        // Looked up in PATH, as a shell would.
+        ("no-such-command-exitorder-test".into(), 127),
         (not_executable, 126),
+        (base.path().to_path_buf(), 126),
     ] {
         let hook = Hook::spawn(&["wait", "--dir", path(&missing_dir), "--", path(&command)]);
         let output = hook.exit_within(PROMPTLY);
@@ -415,4 +294,176 @@ fn help_goes_to_stdout() {
         );
         assert!(output.stderr.is_empty());
     }
+}
+
+fn running_as_root() -> bool {
+    fs::metadata("/proc/self").expect("stat /proc/self").uid() == 0
+}
+
+/// Runs the binary as `nobody` when the tests run as root, who may write
+/// into any directory whatever its mode.
+fn spawn_unprivileged(args: &[&str]) -> Hook {
+    use std::os::unix::process::CommandExt;
+    let mut command = Command::new(BIN);
+    command.args(args);
+    if running_as_root() {
+        command.uid(65534).gid(65534);
+    }
+    Hook::spawn_command(command)
+}
+
+#[test]
+fn read_only_directory_proceeds_at_once_saying_so() {
+    let base = tempfile::tempdir().expect("tempdir");
+    fs::set_permissions(base.path(), fs::Permissions::from_mode(0o755)).expect("chmod base");
+    let empty = base.path().join("empty");
+    let stale = base.path().join("stale");
+    for dir in [&empty, &stale] {
+        fs::create_dir(dir).expect("mkdir");
+    }
+    fs::write(exit_file(&stale), "allow\n").expect("plant stale answer");
+    for (dir, needle) in [
+        (&empty, "cannot create exit file in"),
+        (&stale, "cannot remove stale exit file in"),
+    ] {
+        fs::set_permissions(dir, fs::Permissions::from_mode(0o555)).expect("chmod read-only");
+        let started = Instant::now();
+        let hook = spawn_unprivileged(&[
+            "wait",
+            "--dir",
+            path(dir),
+            "--timeout",
+            "60s",
+            "--",
+            "sh",
+            "-c",
+            "exit 4",
+        ]);
+        let output = hook.exit_within(PROMPTLY);
+        assert_code(&output, 4);
+        let log = stderr(&output);
+        assert!(log.contains(needle), "{log}");
+        assert!(log.contains("proceeding without exit permission"), "{log}");
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "a read-only directory must not cost the timeout"
+        );
+        fs::set_permissions(dir, fs::Permissions::from_mode(0o755)).expect("chmod back");
+    }
+    assert!(!exit_file(&empty).exists());
+}
+
+#[test]
+fn exit_file_removed_by_someone_else_proceeds() {
+    for moved in [false, true] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut hook = Hook::spawn(&[
+            "wait",
+            "--dir",
+            path(dir.path()),
+            "--timeout",
+            "60s",
+            "--",
+            "sh",
+            "-c",
+            "exit 6",
+        ]);
+        wait_for_request(dir.path());
+        hook.assert_blocked_for(Duration::from_millis(100));
+
+        if moved {
+            fs::rename(exit_file(dir.path()), dir.path().join("elsewhere")).expect("move exit");
+        } else {
+            fs::remove_file(exit_file(dir.path())).expect("remove exit");
+        }
+        let output = hook.exit_within(PROMPTLY);
+        assert_code(&output, 6);
+        let log = stderr(&output);
+        assert!(log.contains("exit was removed by someone else"), "{log}");
+        assert!(log.contains("proceeding"), "{log}");
+        assert!(!exit_file(dir.path()).exists());
+    }
+}
+
+#[test]
+fn exit_replaced_by_another_file_counts_only_if_it_says_allow() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut hook = Hook::spawn(&["wait", "--dir", path(dir.path()), "--timeout", "60s"]);
+    wait_for_request(dir.path());
+    let replacement = dir.path().join("replacement");
+
+    for content in ["something else\n", ""] {
+        fs::write(&replacement, content).expect("write replacement");
+        fs::rename(&replacement, exit_file(dir.path())).expect("rename over exit");
+        hook.assert_blocked_for(BLOCKED_FOR);
+    }
+
+    fs::write(&replacement, "allow").expect("write replacement");
+    fs::rename(&replacement, exit_file(dir.path())).expect("rename over exit");
+    let output = hook.exit_within(PROMPTLY);
+    assert_code(&output, 0);
+    assert!(
+        stderr(&output).contains("exit allowed after"),
+        "{}",
+        stderr(&output)
+    );
+    assert!(!exit_file(dir.path()).exists());
+}
+
+#[test]
+fn signal_while_waiting_exits_128_plus_signal_and_withdraws_the_request() {
+    for (signal, code) in [("TERM", 143), ("INT", 130), ("HUP", 129)] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let marker = dir.path().join("ran");
+        let hook = Hook::spawn(&[
+            "wait",
+            "--dir",
+            path(dir.path()),
+            "--timeout",
+            "60s",
+            "--",
+            "sh",
+            "-c",
+            "touch \"$0\"",
+            path(&marker),
+        ]);
+        wait_for_request(dir.path());
+        send_signal(hook.id(), signal);
+
+        let output = hook.exit_within(PROMPTLY);
+        assert_code(&output, code);
+        let log = stderr(&output);
+        assert!(log.contains(&format!("SIG{signal} while waiting")), "{log}");
+        assert!(!exit_file(dir.path()).exists(), "exit must be removed");
+        assert!(!marker.exists(), "the command must not run after a signal");
+    }
+}
+
+#[test]
+fn wrapped_command_gets_the_signals_the_wait_caught() {
+    // The wait blocks TERM to read it from a signalfd; the command must
+    // receive it as usual, not inherit the block.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut hook = Hook::spawn(&[
+        "wait",
+        "--dir",
+        path(dir.path()),
+        "--timeout",
+        "60s",
+        "--",
+        "sh",
+        "-c",
+        "kill -s TERM $$; exit 3",
+    ]);
+    wait_for_request(dir.path());
+    hook.assert_blocked_for(Duration::from_millis(50));
+    answer(dir.path(), "allow\n");
+    let output = hook.exit_within(PROMPTLY);
+    assert_eq!(
+        signal_of(output.status),
+        Some(15),
+        "{}; stderr: {}",
+        output.status,
+        stderr(&output)
+    );
 }
