@@ -24,6 +24,8 @@ fn args(pod: Option<&str>, without_agent: bool) -> DemoArgs {
         json: true,
         entrypoint_binary: Some(support::static_entrypoint().to_owned()),
         agent_binary: Some(support::AGENT_BIN.into()),
+        chart: None,
+        agent_image: PathBuf::new(),
     }
 }
 

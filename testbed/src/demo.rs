@@ -12,8 +12,9 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::agentlog::{parse_allow, ALLOWED};
+use crate::install::{ChartAgent, ChartOptions, Helm};
 use crate::kubelet::{DeleteOptions, RunOptions, What};
-use crate::node::{AgentOptions, AgentProcess, Node, NodeOptions};
+use crate::node::{AgentOptions, AgentProcess, LogLine, Node, NodeOptions, TestbedError};
 use crate::verdict::{self, Allowed, ContainerVerdict, Verdict};
 
 pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -58,6 +59,14 @@ pub struct DemoArgs {
     /// The `exitorder` agent binary (default: beside this executable).
     #[arg(long, env = "EXITORDER_AGENT_BINARY")]
     pub agent_binary: Option<PathBuf>,
+    /// Install the agent the way a cluster does instead: this Helm chart rendered by helm
+    /// (`EXITORDER_HELM`, PATH, or target/tools/helm/helm), its DaemonSet's pod run from the
+    /// image archive given by --agent-image.
+    #[arg(long, value_name = "CHART_DIR")]
+    pub chart: Option<PathBuf>,
+    /// With --chart: the exitorder image archive (`scripts/image` writes it).
+    #[arg(long, value_name = "FILE.tar", default_value = crate::install::IMAGE_IN_TREE)]
+    pub agent_image: PathBuf,
 }
 
 /// What `--json` prints.
@@ -106,7 +115,7 @@ pub async fn demo(args: &DemoArgs, out: &mut dyn FnMut(&str)) -> anyhow::Result<
         }
         None => (crate::kubelet::pod_from_yaml(EXAMPLE_POD)?, true),
     };
-    let binaries = if args.without_agent {
+    let binaries = if args.without_agent || args.chart.is_some() {
         None
     } else {
         Some((
@@ -149,8 +158,28 @@ async fn scenario(
             .with_context(|| format!("cannot import {}", archive.display()))?;
         out(&format!("Imported {}", archive.display()));
     }
-    let agent = match &binaries {
-        Some((agent, entrypoint)) => {
+    let agent = match (&binaries, &args.chart) {
+        (_, Some(chart)) if !args.without_agent => {
+            let opts = ChartOptions {
+                helm: Helm::find(&std::env::current_dir().unwrap_or_default())?,
+                chart: chart.clone(),
+                image: args.agent_image.clone(),
+                metrics_port: free_port()?,
+                values: Vec::new(),
+                ready_timeout: args.ready_timeout,
+            };
+            let a = ChartAgent::install(node, &opts)
+                .await
+                .context("installing the agent from the chart")?;
+            out(&format!(
+                "Installed the agent from {} (image {}): the DaemonSet's pod {} is ready.",
+                chart.display(),
+                a.pod.plan().containers[0].image,
+                a.pod.name()
+            ));
+            Some(DemoAgent::Chart(a))
+        }
+        (Some((agent, entrypoint)), _) => {
             let opts = AgentOptions::new(agent, node, entrypoint);
             let a = AgentProcess::start(&opts)
                 .await
@@ -160,9 +189,9 @@ async fn scenario(
                 a.pid().unwrap_or_default(),
                 opts.grace_reserve.as_secs()
             ));
-            Some(a)
+            Some(DemoAgent::Process(a))
         }
-        None => {
+        _ => {
             out("No exitorder agent, no entrypoint in the share (--without-agent): a node without exitorder.");
             None
         }
@@ -269,6 +298,40 @@ async fn scenario(
         pod: d.pod_name.clone(),
         containers,
     })
+}
+
+/// The agent of the demo: a process on the node, or the chart's DaemonSet pod.
+enum DemoAgent {
+    Process(AgentProcess),
+    Chart(ChartAgent),
+}
+
+impl DemoAgent {
+    fn lines(&self) -> Vec<LogLine> {
+        match self {
+            DemoAgent::Process(a) => a.lines(),
+            DemoAgent::Chart(a) => a.lines(),
+        }
+    }
+
+    async fn wait_for(
+        &self,
+        what: &str,
+        timeout: Duration,
+        pred: impl Fn(&LogLine) -> bool,
+    ) -> Result<LogLine, TestbedError> {
+        match self {
+            DemoAgent::Process(a) => a.wait_for(what, timeout, pred).await,
+            DemoAgent::Chart(a) => a.wait_for(what, timeout, pred).await,
+        }
+    }
+}
+
+fn free_port() -> anyhow::Result<u16> {
+    Ok(std::net::TcpListener::bind("0.0.0.0:0")
+        .and_then(|l| l.local_addr())
+        .context("finding a free port for the agent's metrics")?
+        .port())
 }
 
 /// The static entrypoint given (default: beside this executable), refused with the command

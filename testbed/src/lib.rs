@@ -8,6 +8,7 @@
 pub mod agentlog;
 pub mod bench;
 pub mod demo;
+pub mod install;
 pub mod kubelet;
 pub mod manifest;
 pub mod node;

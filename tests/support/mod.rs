@@ -87,6 +87,16 @@ async fn expect_containerd_events(agent: &AgentProcess) {
         .unwrap_or_else(|e| panic!("{e}"));
 }
 
+/// Says why a test cannot run here and returns, or fails it in CI, where nothing may be
+/// skipped.
+pub fn skip_or_fail(reason: &str) {
+    if mandatory() {
+        panic!("{reason} (mandatory in CI)");
+    }
+    // Straight to the stderr handle, past the test harness's output capture.
+    let _ = writeln!(std::io::stderr(), "\n*** SKIPPED: {reason}\n");
+}
+
 /// A test node. `None` when this machine cannot run containerd and this is not CI: the
 /// test then returns early, having said why.
 pub async fn node_or_skip() -> Option<Node> {
