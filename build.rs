@@ -12,9 +12,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         println!("cargo:rerun-if-changed={f}");
     }
     let fds = protox::compile(files, ["proto"])?;
-    // Server stubs too: the tests serve a fake CRI runtime and a fake containerd event stream.
+    // Server stubs too, for the tests' fake CRI runtime and containerd event stream; behind a
+    // feature, so the node binary holds no gRPC server.
     tonic_prost_build::configure()
         .build_server(true)
+        .server_mod_attribute(".", r#"#[cfg(feature = "fake-runtime")]"#)
         .build_client(true)
         .compile_fds(fds)?;
     Ok(())

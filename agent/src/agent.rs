@@ -406,10 +406,10 @@ fn install_entrypoint(
         }
         Err(e) => {
             let why = format!(
-                "entrypoint {} refused: {e}; sidecar images need a static build: `cargo \
-                 rustc -p exitorder-entrypoint --release --bin exitorder-entrypoint -- -C \
-                 target-feature=+crt-static` (as the exitorder image has it), given with \
-                 --entrypoint-binary",
+                "entrypoint {} refused: {e}; sidecar images need a static build: \
+                 scripts/static entrypoint (`cargo rustc -p exitorder-entrypoint --release \
+                 --bin exitorder-entrypoint -- -C target-feature=+crt-static -C \
+                 panic=abort`), as the exitorder image has it, given with --entrypoint-binary",
                 src.display()
             );
             error!(event = "entrypoint_refused", file = %src.display(), problem = %e, "{why}");

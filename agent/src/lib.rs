@@ -6,6 +6,7 @@
 
 pub mod agent;
 pub mod app;
+pub mod backoff;
 pub mod cli;
 pub mod cluster;
 pub mod config;

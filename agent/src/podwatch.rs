@@ -21,6 +21,7 @@ use kube::Client;
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
+use crate::backoff::Backoff;
 use crate::stats::Stats;
 
 /// Server-side timeout of one watch request; kube's watcher also gives up on a stream that
@@ -315,7 +316,7 @@ impl PodWatch {
         let config = watcher::Config::default()
             .fields(&format!("spec.nodeName={}", self.node))
             .timeout(WATCH_TIMEOUT_SECS);
-        let mut backoff = BACKOFF_MIN;
+        let mut backoff = Backoff::new(BACKOFF_MIN, BACKOFF_MAX);
         loop {
             let stream = watcher(self.api.clone(), config.clone()).modify(|p| {
                 // Nothing here reads managedFields; they are most of a pod's size.
@@ -332,7 +333,7 @@ impl PodWatch {
                             // `watch`, a proxy that breaks streaming) must not reset the
                             // backoff, or every node would re-list twice a second.
                             if self.on_event(ev) {
-                                backoff = BACKOFF_MIN;
+                                backoff.reset();
                             }
                         }
                         Some(Err(e)) => break Some(e),
@@ -341,16 +342,15 @@ impl PodWatch {
                 }
             };
             if self.listed_at.take().is_some_and(|t| t.elapsed() >= STABLE) {
-                backoff = BACKOFF_MIN;
+                backoff.reset();
             }
             if let Some(e) = failed {
                 self.on_error(&e);
             }
             tokio::select! {
                 () = &mut shutdown => return,
-                () = tokio::time::sleep(backoff) => {}
+                () = tokio::time::sleep(backoff.next_delay()) => {}
             }
-            backoff = (backoff * 2).min(BACKOFF_MAX);
         }
     }
 

@@ -17,6 +17,7 @@ use tokio::sync::mpsc;
 use tonic::transport::Channel;
 use tracing::{debug, info, warn};
 
+use crate::backoff::Backoff;
 use crate::containerd::events::{ContainerDelete, TaskExit, TaskStart};
 use crate::containerd::services::events::v1::events_client::EventsClient;
 use crate::containerd::services::events::v1::SubscribeRequest;
@@ -117,7 +118,7 @@ pub async fn run(
     version: Option<VersionResponse>,
     tx: mpsc::UnboundedSender<SourceSignal>,
 ) {
-    let mut backoff = BACKOFF_START;
+    let mut backoff = Backoff::new(BACKOFF_START, BACKOFF_MAX);
     let mut known = version;
     let kind = loop {
         let kind = match choice {
@@ -138,8 +139,7 @@ pub async fn run(
                     Ok(v) => choose(&v),
                     Err(e) => {
                         debug!(error = %e, "runtime version not known yet");
-                        tokio::time::sleep(backoff).await;
-                        backoff = (backoff * 2).min(BACKOFF_MAX);
+                        tokio::time::sleep(backoff.next_delay()).await;
                         continue;
                     }
                 }
@@ -151,7 +151,7 @@ pub async fn run(
         info!("runtime offers no exit events exitorder can share; polling while exits are pending");
         return;
     }
-    backoff = BACKOFF_START;
+    backoff.reset();
     loop {
         let end = match kind {
             SourceKind::ContainerdEvents => containerd_stream(&channel, &tx).await,
@@ -168,17 +168,16 @@ pub async fn run(
                 return;
             }
             StreamEnd::Lost(reason) => {
-                backoff = BACKOFF_START;
-                warn!(source = kind.as_str(), %reason, retry_in = ?backoff, "exit event stream lost; polling until it is back");
+                backoff.reset();
+                warn!(source = kind.as_str(), %reason, retry_in = ?backoff.peek(), "exit event stream lost; polling until it is back");
                 let _ = tx.send(SourceSignal::Down(kind));
             }
             StreamEnd::Retry(reason) => {
-                warn!(source = kind.as_str(), %reason, retry_in = ?backoff, "exit event stream not available; polling until it is");
+                warn!(source = kind.as_str(), %reason, retry_in = ?backoff.peek(), "exit event stream not available; polling until it is");
                 let _ = tx.send(SourceSignal::Down(kind));
             }
         }
-        tokio::time::sleep(backoff).await;
-        backoff = (backoff * 2).min(BACKOFF_MAX);
+        tokio::time::sleep(backoff.next_delay()).await;
     }
 }
 

@@ -465,10 +465,7 @@ impl NodeView {
 }
 
 fn backoff(failures: u32) -> Duration {
-    let factor = 1u32
-        .checked_shl(failures.saturating_sub(1))
-        .unwrap_or(u32::MAX);
-    RETRY_START.saturating_mul(factor).min(RETRY_MAX)
+    crate::backoff::Backoff::after(RETRY_START, RETRY_MAX, failures)
 }
 
 #[cfg(test)]

@@ -39,6 +39,8 @@ pub fn static_entrypoint() -> &'static Path {
                 "--",
                 "-C",
                 "target-feature=+crt-static",
+                "-C",
+                "panic=abort",
             ])
             .output()
             .map_err(|e| format!("cannot run {}: {e}", cargo.to_string_lossy()))?;

@@ -11,6 +11,7 @@ mod container;
 pub mod exits;
 pub mod fields;
 pub mod plan;
+mod termination;
 pub mod timeline;
 pub mod volumes;
 mod worker;
@@ -26,9 +27,9 @@ use tokio::sync::{mpsc, oneshot, watch};
 
 pub use exits::ExitInfo;
 pub use plan::{Kind, PodPlan, RestartPolicy};
+pub use termination::{ContainerRecord, Deletion, HookRecord};
 pub use timeline::{now_ns, Event, Phase, Timeline, What};
 pub use volumes::PathMap;
-pub use worker::{ContainerRecord, Deletion, HookRecord};
 
 use crate::node::{NodeShared, TestbedError};
 

@@ -1,0 +1,443 @@
+//! How the kubelet stops a pod: every running container at once, each with its preStop hook,
+//! native sidecars after the main containers in reverse order (KEP-753), StopContainer with
+//! what is left of the grace period; then the sandbox goes. What happened is recorded.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+
+use exitorder::cri::{
+    ContainerFilter, ContainerState, ListContainersRequest, RemovePodSandboxRequest,
+    StopContainerRequest, StopPodSandboxRequest,
+};
+use tokio::sync::watch;
+
+use super::actions::{self, Target};
+use super::container::{request, MIN_GRACE_SECONDS};
+use super::exits::ExitInfo;
+use super::plan::{Kind, PodPlan};
+use super::worker::cgroup_of;
+use super::{config, DeleteOptions, Phase, PodCtx, Timeline, What};
+use crate::node::cleanup::{
+    remove_cgroup, shim_alive, shim_pid, wait_shim_gone, SHIM_EXIT_TIMEOUT,
+};
+use crate::node::exitfiles::{ExitFileEvents, ExitFileProbe};
+use crate::node::TestbedError;
+
+const SETUP_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// A preStop hook as it ran.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HookRecord {
+    pub handler: String,
+    pub started_ns: i64,
+    pub returned_ns: i64,
+    pub ok: bool,
+    /// What it printed, or why it failed.
+    pub detail: String,
+}
+
+impl HookRecord {
+    pub fn took(&self) -> Duration {
+        Duration::from_nanos(u64::try_from(self.returned_ns - self.started_ns).unwrap_or(0))
+    }
+}
+
+/// What happened to one container while its pod was deleted.
+#[derive(Debug, Clone)]
+pub struct ContainerRecord {
+    pub name: String,
+    pub id: String,
+    pub kind: Kind,
+    pub prestop: Option<HookRecord>,
+    /// When StopContainer was sent (the runtime sends TERM at once); `None` if the container
+    /// was not running when the deletion began.
+    pub term_ns: Option<i64>,
+    /// The StopContainer timeout given: what was left of the grace period (at least 2 s).
+    pub stop_timeout_secs: i64,
+    pub stop_returned_ns: Option<i64>,
+    pub stop_error: Option<String>,
+    /// When the runtime saw it exit (Unix ns, the runtime's clock).
+    pub finished_at_ns: i64,
+    pub exit_code: i32,
+    pub reason: String,
+}
+
+/// The record of one pod deletion.
+#[derive(Debug, Clone)]
+pub struct Deletion {
+    pub pod_uid: String,
+    pub pod_name: String,
+    pub grace_seconds: i64,
+    /// When the deletion began (Unix ns).
+    pub started_ns: i64,
+    /// Every container's last attempt, in the pod's declaration order.
+    pub containers: Vec<ContainerRecord>,
+    pub sandbox_removed_ns: i64,
+    /// Exit-file events per container, when the deletion was probed.
+    pub exit_files: Option<BTreeMap<String, ExitFileEvents>>,
+    /// When the pod's share directory appeared during the deletion, if it did.
+    pub pod_dir_created_ns: Option<i64>,
+    /// The pod's whole life.
+    pub timeline: Timeline,
+}
+
+impl Deletion {
+    pub fn container(&self, name: &str) -> Option<&ContainerRecord> {
+        self.containers.iter().find(|c| c.name == name)
+    }
+
+    /// Milliseconds from the start of the deletion to `at_ns`.
+    pub fn ms(&self, at_ns: i64) -> f64 {
+        (at_ns - self.started_ns) as f64 / 1e6
+    }
+
+    /// Milliseconds from the start of the deletion to when the runtime saw `name` exit.
+    pub fn finished_ms(&self, name: &str) -> Option<f64> {
+        self.container(name).map(|c| self.ms(c.finished_at_ns))
+    }
+
+    /// Container names in the order the runtime saw them exit.
+    pub fn exit_order(&self) -> Vec<&str> {
+        let mut cs: Vec<&ContainerRecord> = self.containers.iter().collect();
+        cs.sort_by_key(|c| c.finished_at_ns);
+        cs.into_iter().map(|c| c.name.as_str()).collect()
+    }
+
+    /// The pod's timeline in ms from the deletion.
+    pub fn describe(&self) -> String {
+        self.timeline.render(self.started_ns)
+    }
+}
+
+/// When each native sidecar may be stopped: after every main container, and after the
+/// sidecars declared after it (the kubelet's terminationOrdering).
+struct Ordering {
+    terminated: HashMap<String, watch::Sender<bool>>,
+    prereqs: HashMap<String, Vec<watch::Receiver<bool>>>,
+}
+
+impl Ordering {
+    fn new(plan: &PodPlan, running: &[String]) -> Ordering {
+        let mut terminated = HashMap::new();
+        let mut prereqs: HashMap<String, Vec<watch::Receiver<bool>>> = HashMap::new();
+        let mut channel = |name: &str| {
+            let (tx, rx) = watch::channel(!running.iter().any(|r| r == name));
+            terminated.insert(name.to_owned(), tx);
+            rx
+        };
+        let mains: Vec<watch::Receiver<bool>> =
+            plan.containers.iter().map(|c| channel(&c.name)).collect();
+        let mut later: Option<watch::Receiver<bool>> = None;
+        for c in plan.init.iter().rev() {
+            let rx = channel(&c.name);
+            if c.kind == Kind::Sidecar {
+                let mut wait = mains.clone();
+                wait.extend(later.take());
+                prereqs.insert(c.name.clone(), wait);
+                later = Some(rx);
+            }
+        }
+        Ordering {
+            terminated,
+            prereqs,
+        }
+    }
+
+    /// Waits for `name`'s turn, at most `limit`; whether it had anything to wait for.
+    async fn wait_for_turn(&self, name: &str, limit: Duration) -> bool {
+        let Some(waits) = self.prereqs.get(name) else {
+            return false;
+        };
+        let deadline = tokio::time::Instant::now() + limit;
+        for rx in waits {
+            let mut rx = rx.clone();
+            if tokio::time::timeout_at(deadline, rx.wait_for(|done| *done))
+                .await
+                .is_err()
+            {
+                break;
+            }
+        }
+        true
+    }
+
+    fn terminated(&self, name: &str) {
+        if let Some(tx) = self.terminated.get(name) {
+            let _ = tx.send(true);
+        }
+    }
+}
+
+/// The kubelet's killPod: every running container at once, each with its preStop hook, then
+/// (native sidecars: once their turn came) StopContainer with what is left of the grace
+/// period, at least 2 s. Returns what happened to each.
+pub(super) async fn kill_all(ctx: &PodCtx, grace: i64) -> Vec<ContainerRecord> {
+    let mut client = ctx.node.client();
+    let listed = client
+        .list_containers(request(
+            ListContainersRequest {
+                filter: Some(ContainerFilter {
+                    pod_sandbox_id: ctx.sandbox_id.clone(),
+                    ..Default::default()
+                }),
+            },
+            SETUP_TIMEOUT,
+        ))
+        .await
+        .map(|r| r.into_inner().containers)
+        .unwrap_or_default();
+    let mut running: Vec<(String, String)> = listed
+        .iter()
+        .filter(|c| {
+            c.state == ContainerState::ContainerRunning as i32
+                || c.state == ContainerState::ContainerCreated as i32
+        })
+        .filter_map(|c| Some((c.metadata.as_ref()?.name.clone(), c.id.clone())))
+        .collect();
+    running.sort();
+    let names: Vec<String> = running.iter().map(|(n, _)| n.clone()).collect();
+    let ordering = ctx
+        .plan
+        .has_sidecars()
+        .then(|| Ordering::new(&ctx.plan, &names));
+    let kills = running
+        .iter()
+        .map(|(name, id)| kill_one(ctx, name, id, grace, ordering.as_ref()));
+    futures_util::future::join_all(kills).await
+}
+
+async fn kill_one(
+    ctx: &PodCtx,
+    name: &str,
+    id: &str,
+    grace_seconds: i64,
+    ordering: Option<&Ordering>,
+) -> ContainerRecord {
+    let spec = ctx.plan.container(name);
+    let mut grace = grace_seconds;
+    let mut prestop = None;
+    if let (Some(h), true) = (spec.and_then(|c| c.pre_stop.as_ref()), grace > 0) {
+        let handler = config::describe(h);
+        let started_ns = super::now_ns();
+        ctx.record_at(
+            started_ns,
+            Some(name),
+            What::PreStopStarted {
+                handler: handler.clone(),
+            },
+        );
+        let t0 = std::time::Instant::now();
+        let target = Target {
+            client: ctx.node.client(),
+            container_id: id,
+            pod_ip: &ctx.plan.host_ip,
+        };
+        let limit = Duration::from_secs(u64::try_from(grace).unwrap_or(0));
+        let res = actions::run(h, &target, Some(limit)).await;
+        let returned_ns = super::now_ns();
+        let (ok, detail) = match res {
+            Ok(d) => (true, d),
+            Err(e) => (false, e),
+        };
+        ctx.record_at(
+            returned_ns,
+            Some(name),
+            What::PreStopEnded {
+                ok,
+                detail: detail.clone(),
+            },
+        );
+        // The kubelet takes the hook's whole seconds off the grace period.
+        grace -= i64::try_from(t0.elapsed().as_secs()).unwrap_or(0);
+        prestop = Some(HookRecord {
+            handler,
+            started_ns,
+            returned_ns,
+            ok,
+            detail,
+        });
+    }
+    if let (Some(o), true) = (ordering, grace > 0) {
+        let t0 = std::time::Instant::now();
+        let limit = Duration::from_secs(u64::try_from(grace).unwrap_or(0));
+        if o.wait_for_turn(name, limit).await {
+            ctx.record(Some(name), What::TurnCame);
+        }
+        grace -= i64::try_from(t0.elapsed().as_secs()).unwrap_or(0);
+    }
+    let grace = grace.max(MIN_GRACE_SECONDS);
+    let term_ns = super::now_ns();
+    ctx.record_at(
+        term_ns,
+        Some(name),
+        What::Term {
+            grace_seconds: grace,
+        },
+    );
+    let mut client = ctx.node.client();
+    let stop = client
+        .stop_container(request(
+            StopContainerRequest {
+                container_id: id.to_owned(),
+                timeout: grace,
+            },
+            Duration::from_secs(u64::try_from(grace).unwrap_or(0) + 30),
+        ))
+        .await;
+    let stop_returned_ns = super::now_ns();
+    if let Some(o) = ordering {
+        o.terminated(name);
+    }
+    let exit = super::exits::status(&mut client, id).await;
+    let attempt = ctx.lock().containers.get(name).map_or(0, |c| c.attempt);
+    ctx.record_at(
+        exit.finished_at_ns,
+        Some(name),
+        What::Exited {
+            attempt,
+            exit_code: exit.exit_code,
+            reason: exit.reason.clone(),
+        },
+    );
+    let last = exit.clone();
+    ctx.container(name, |s| {
+        s.running = false;
+        s.ready = false;
+        s.last_exit = Some(last);
+        s.finished = true;
+    });
+    ContainerRecord {
+        name: name.to_owned(),
+        id: id.to_owned(),
+        kind: spec.map_or(Kind::Main, |c| c.kind),
+        prestop,
+        term_ns: Some(term_ns),
+        stop_timeout_secs: grace,
+        stop_returned_ns: Some(stop_returned_ns),
+        stop_error: stop.err().map(|s| s.message().to_owned()),
+        finished_at_ns: exit.finished_at_ns,
+        exit_code: exit.exit_code,
+        reason: exit.reason,
+    }
+}
+
+/// The deletion: kill every container, then remove the sandbox, the shim, the cgroups and
+/// the pod's emptyDirs.
+pub(super) async fn delete(ctx: &PodCtx, opts: &DeleteOptions) -> Result<Deletion, TestbedError> {
+    let grace = match opts.grace_period {
+        Some(g) => g.max(1),
+        None => ctx.plan.grace_seconds,
+    };
+    let names: Vec<String> = ctx.plan.all().map(|c| c.name.clone()).collect();
+    // A probe that cannot start (inotify instances used up) only costs the exit-file
+    // timeline, not the deletion.
+    let probe = if opts.probe_exit_files {
+        ExitFileProbe::start(&ctx.node.share_dir.join("pods"), &ctx.plan.uid, &names).ok()
+    } else {
+        None
+    };
+    let started_ns = super::now_ns();
+    ctx.set_phase(Phase::Terminating);
+    ctx.record_at(
+        started_ns,
+        None,
+        What::DeletionStarted {
+            grace_seconds: grace,
+        },
+    );
+    let killed = kill_all(ctx, grace).await;
+    let (exit_files, pod_dir_created_ns) = match probe {
+        Some(p) => {
+            let (files, dir) = p.finish();
+            (Some(files), dir)
+        }
+        None => (None, None),
+    };
+    let removed = remove_sandbox(ctx).await;
+    let sandbox_removed_ns = super::now_ns();
+    ctx.record_at(sandbox_removed_ns, None, What::SandboxRemoved);
+    ctx.set_phase(Phase::Deleted);
+    let _ = std::fs::remove_dir_all(&ctx.pod_dir);
+    removed?;
+    let status = ctx.snapshot();
+    let containers = names
+        .iter()
+        .filter_map(|n| {
+            if let Some(k) = killed.iter().find(|k| &k.name == n) {
+                return Some(k.clone());
+            }
+            // Not running when the deletion began: its last exit, as the runtime told it.
+            let c = status.containers.get(n)?;
+            let exit: ExitInfo = c.last_exit.clone()?;
+            Some(ContainerRecord {
+                name: n.clone(),
+                id: c.id.clone().unwrap_or_default(),
+                kind: c.kind,
+                prestop: None,
+                term_ns: None,
+                stop_timeout_secs: 0,
+                stop_returned_ns: None,
+                stop_error: None,
+                finished_at_ns: exit.finished_at_ns,
+                exit_code: exit.exit_code,
+                reason: exit.reason,
+            })
+        })
+        .collect();
+    Ok(Deletion {
+        pod_uid: ctx.plan.uid.clone(),
+        pod_name: ctx.plan.name.clone(),
+        grace_seconds: grace,
+        started_ns,
+        containers,
+        sandbox_removed_ns,
+        exit_files,
+        pod_dir_created_ns,
+        timeline: status.timeline,
+    })
+}
+
+/// StopPodSandbox + RemovePodSandbox, then the shim must be gone and the pod's cgroups are
+/// removed.
+async fn remove_sandbox(ctx: &PodCtx) -> Result<(), TestbedError> {
+    let mut client = ctx.node.client();
+    let shim = shim_pid(&ctx.node.state_dir, &ctx.sandbox_id);
+    let stop = client
+        .stop_pod_sandbox(request(
+            StopPodSandboxRequest {
+                pod_sandbox_id: ctx.sandbox_id.clone(),
+            },
+            SETUP_TIMEOUT,
+        ))
+        .await
+        .map_err(TestbedError::cri("StopPodSandbox"));
+    let remove = client
+        .remove_pod_sandbox(request(
+            RemovePodSandboxRequest {
+                pod_sandbox_id: ctx.sandbox_id.clone(),
+            },
+            SETUP_TIMEOUT,
+        ))
+        .await
+        .map_err(TestbedError::cri("RemovePodSandbox"));
+    let shim_gone = match shim {
+        Some(pid) => wait_shim_gone(pid, SHIM_EXIT_TIMEOUT).await,
+        None => true,
+    };
+    let cgroup_problems = remove_cgroup(&cgroup_of(&ctx.node, &ctx.plan.uid)).await;
+    stop?;
+    remove?;
+    if !shim_gone {
+        if let Some(pid) = shim.filter(|p| shim_alive(*p)) {
+            return Err(TestbedError::ShimLeft {
+                pod: ctx.plan.uid.clone(),
+                pid,
+                waited: SHIM_EXIT_TIMEOUT,
+            });
+        }
+    }
+    if !cgroup_problems.is_empty() {
+        return Err(TestbedError::Teardown(cgroup_problems));
+    }
+    Ok(())
+}
