@@ -28,8 +28,16 @@ pub mod handshake {
 
 /// Where a sidecar sees the share.
 pub mod mount {
-    /// The container's own directory (`subPathExpr: pods/$(POD_UID)/<name>`).
-    pub const EXIT_DIR: &str = "/var/run/exitorder";
+    use core::ffi::CStr;
+
+    /// The container's own directory (`subPathExpr: pods/$(POD_UID)/<name>`), as the
+    /// entrypoint hands it to the C library.
+    pub const EXIT_DIR_C: &CStr = c"/var/run/exitorder";
+    /// The same directory as text.
+    pub const EXIT_DIR: &str = match EXIT_DIR_C.to_str() {
+        Ok(s) => s,
+        Err(_) => panic!("the exit directory is UTF-8"),
+    };
     /// The share's `bin/`, read-only.
     pub const BIN_DIR: &str = "/var/run/exitorder-bin";
     /// The entrypoint as a sidecar runs it.

@@ -28,7 +28,7 @@ use crate::url::{self, Url};
 use crate::{duration, sys};
 
 /// Directory the agent shares with the container when nothing else is said.
-pub const DEFAULT_DIR: &CStr = c"/var/run/exitorder";
+pub const DEFAULT_DIR: &CStr = exitorder_contract::mount::EXIT_DIR_C;
 /// Just under Kubernetes' default 30 s termination grace period, so the
 /// wrapped command still gets a few seconds before kubelet's SIGKILL.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(25);

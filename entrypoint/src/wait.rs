@@ -28,11 +28,11 @@ use crate::log::Lossy;
 use crate::sys::{self, Fd, Instant, OsError, SignalFd};
 
 /// Name of the request/answer file inside the directory.
-pub const EXIT_FILE: &str = "exit";
+pub const EXIT_FILE: &str = exitorder_contract::handshake::EXIT_FILE;
 /// What the request file holds until the agent answers.
 pub const WAIT_CONTENT: &[u8] = b"wait\n";
 /// The agent's answer, compared after trimming whitespace.
-pub const ALLOW: &[u8] = b"allow";
+pub const ALLOW: &[u8] = exitorder_contract::handshake::ALLOW.as_bytes();
 /// More than any answer needs; bounds what a stray large file costs us.
 const MAX_ANSWER: usize = 64;
 /// Creating `exit` exclusively loses only to a concurrent writer, such as a
