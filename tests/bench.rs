@@ -78,8 +78,10 @@ async fn bench_reports_every_figure() {
     .expect("bench flags")
     .bench;
     let args = exitorder_testbed::bench::BenchArgs {
-        entrypoint_binary: Some(entrypoint.to_owned()),
-        agent_binary: Some(support::AGENT_BIN.into()),
+        binaries: exitorder_testbed::demo::BinaryArgs {
+            entrypoint_binary: Some(entrypoint.to_owned()),
+            agent_binary: Some(support::AGENT_BIN.into()),
+        },
         ..args
     };
     let report = exitorder_testbed::bench::measure(&args)

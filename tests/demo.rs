@@ -22,8 +22,10 @@ fn args(pod: Option<&str>, without_agent: bool) -> DemoArgs {
         ready_timeout: Duration::from_secs(60),
         without_agent,
         json: true,
-        entrypoint_binary: Some(support::static_entrypoint().to_owned()),
-        agent_binary: Some(support::AGENT_BIN.into()),
+        binaries: exitorder_testbed::demo::BinaryArgs {
+            entrypoint_binary: Some(support::static_entrypoint().to_owned()),
+            agent_binary: Some(support::AGENT_BIN.into()),
+        },
         chart: None,
         agent_image: PathBuf::new(),
     }

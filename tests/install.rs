@@ -353,8 +353,7 @@ async fn the_demo_installs_the_agent_from_the_chart() {
         ready_timeout: Duration::from_secs(60),
         without_agent: false,
         json: true,
-        entrypoint_binary: None,
-        agent_binary: None,
+        binaries: Default::default(),
         chart: Some(chart()),
         agent_image: image,
     };

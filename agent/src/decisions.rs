@@ -31,14 +31,17 @@ impl Agent {
         self.stats.set_pending(self.waits.count());
     }
 
-    /// The pod's namespace and name: from its sandbox, else from the API server.
-    fn names(&self, pod: &PodUid) -> Option<(String, String)> {
-        let sb = self
-            .view
+    /// The pod's sandbox, when the runtime described it with its names.
+    fn sandbox(&self, pod: &PodUid) -> Option<&crate::view::SandboxInfo> {
+        self.view
             .pod(pod.as_str())
             .and_then(|p| p.sandbox.as_ref())
-            .filter(|sb| !sb.name.is_empty());
-        match sb {
+            .filter(|sb| !sb.name.is_empty())
+    }
+
+    /// The pod's namespace and name: from its sandbox, else from the API server.
+    fn names(&self, pod: &PodUid) -> Option<(String, String)> {
+        match self.sandbox(pod) {
             Some(sb) => Some((sb.namespace.clone(), sb.name.clone())),
             None => self
                 .api
@@ -51,12 +54,7 @@ impl Agent {
     /// The API server's current view of a pending pod.
     fn api_pod(&self, pod: &PodUid) -> Option<ApiPod> {
         let api = self.api.as_ref()?;
-        let sb = self
-            .view
-            .pod(pod.as_str())
-            .and_then(|p| p.sandbox.as_ref())
-            .filter(|sb| !sb.name.is_empty());
-        match sb {
+        match self.sandbox(pod) {
             Some(sb) => api.get(&sb.namespace, &sb.name, pod.as_str()),
             None => api.get_by_uid(pod.as_str()),
         }

@@ -52,13 +52,8 @@ pub struct DemoArgs {
     /// verdict.
     #[arg(long)]
     pub json: bool,
-    /// The static exitorder-entrypoint the agent installs for the pod's preStop hooks
-    /// (default: beside this executable).
-    #[arg(long, env = "EXITORDER_ENTRYPOINT_BINARY")]
-    pub entrypoint_binary: Option<PathBuf>,
-    /// The `exitorder` agent binary (default: beside this executable).
-    #[arg(long, env = "EXITORDER_AGENT_BINARY")]
-    pub agent_binary: Option<PathBuf>,
+    #[command(flatten)]
+    pub binaries: BinaryArgs,
     /// Install the agent the way a cluster does instead: this Helm chart rendered by helm
     /// (`EXITORDER_HELM`, PATH, or target/tools/helm/helm), its DaemonSet's pod run from the
     /// image archive given by --agent-image.
@@ -67,6 +62,18 @@ pub struct DemoArgs {
     /// With --chart: the exitorder image archive (`scripts/image` writes it).
     #[arg(long, value_name = "FILE.tar", default_value = crate::install::IMAGE_IN_TREE)]
     pub agent_image: PathBuf,
+}
+
+/// The binaries the agent runs from, as a process on the test node.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct BinaryArgs {
+    /// The static exitorder-entrypoint the agent installs for the pods' preStop hooks
+    /// (default: beside this executable).
+    #[arg(long, env = "EXITORDER_ENTRYPOINT_BINARY")]
+    pub entrypoint_binary: Option<PathBuf>,
+    /// The `exitorder` agent binary (default: beside this executable).
+    #[arg(long, env = "EXITORDER_AGENT_BINARY")]
+    pub agent_binary: Option<PathBuf>,
 }
 
 /// What `--json` prints.
@@ -119,8 +126,8 @@ pub async fn demo(args: &DemoArgs, out: &mut dyn FnMut(&str)) -> anyhow::Result<
         None
     } else {
         Some((
-            agent_binary(args.agent_binary.clone())?,
-            static_entrypoint(args.entrypoint_binary.clone())?,
+            agent_binary(args.binaries.agent_binary.clone())?,
+            static_entrypoint(args.binaries.entrypoint_binary.clone())?,
         ))
     };
     out("Starting a private containerd (a one-node test bed)...");

@@ -109,12 +109,8 @@ pub struct BenchArgs {
     /// Print the report as one JSON object on the last line of stdout, after the table.
     #[arg(long)]
     pub json: bool,
-    /// The static exitorder-entrypoint (default: beside this executable).
-    #[arg(long, env = "EXITORDER_ENTRYPOINT_BINARY")]
-    pub entrypoint_binary: Option<PathBuf>,
-    /// The `exitorder` agent binary (default: beside this executable).
-    #[arg(long, env = "EXITORDER_AGENT_BINARY")]
-    pub agent_binary: Option<PathBuf>,
+    #[command(flatten)]
+    pub binaries: crate::demo::BinaryArgs,
     /// Run only these parts (comma-separated); the others are null in the JSON.
     #[arg(long, value_enum, value_delimiter = ',')]
     pub only: Vec<Part>,
@@ -162,9 +158,9 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
 /// Runs the benchmark on a private containerd and returns the report.
 pub async fn measure(args: &BenchArgs) -> anyhow::Result<Report> {
     let started = Instant::now();
-    let entrypoint = crate::demo::static_entrypoint(args.entrypoint_binary.clone())?;
+    let entrypoint = crate::demo::static_entrypoint(args.binaries.entrypoint_binary.clone())?;
     let bin = Binaries {
-        agent: crate::demo::agent_binary(args.agent_binary.clone())?,
+        agent: crate::demo::agent_binary(args.binaries.agent_binary.clone())?,
         entrypoint,
     };
     progress!("starting a private containerd (a one-node test bed)");

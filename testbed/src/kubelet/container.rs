@@ -142,15 +142,6 @@ pub(crate) async fn supervise(ctx: Arc<PodCtx>, c: ContainerPlan, cancel: Cancel
             finished_at_ns: super::now_ns(),
             reason: "lost".into(),
         });
-        ctx.record_at(
-            exit.finished_at_ns,
-            Some(name),
-            What::Exited {
-                attempt,
-                exit_code: exit.exit_code,
-                reason: exit.reason.clone(),
-            },
-        );
         let restarts = match c.kind {
             Kind::Sidecar => true,
             // An init container is retried on failure unless the pod never restarts.
@@ -159,13 +150,7 @@ pub(crate) async fn supervise(ctx: Arc<PodCtx>, c: ContainerPlan, cancel: Cancel
             }
             Kind::Main => ctx.plan.restart_policy.restarts(exit.exit_code),
         };
-        let last = exit.clone();
-        ctx.container(name, |s| {
-            s.running = false;
-            s.ready = false;
-            s.last_exit = Some(last);
-            s.finished = !restarts;
-        });
+        ctx.exited(name, attempt, &exit, !restarts);
         if !restarts {
             return;
         }

@@ -181,6 +181,27 @@ impl PodCtx {
         }
     }
 
+    /// A container attempt ended: recorded at the runtime's exit time, and the status says
+    /// whether it runs again.
+    fn exited(&self, name: &str, attempt: u32, exit: &ExitInfo, finished: bool) {
+        self.record_at(
+            exit.finished_at_ns,
+            Some(name),
+            What::Exited {
+                attempt,
+                exit_code: exit.exit_code,
+                reason: exit.reason.clone(),
+            },
+        );
+        let last = exit.clone();
+        self.container(name, |s| {
+            s.running = false;
+            s.ready = false;
+            s.last_exit = Some(last);
+            s.finished = finished;
+        });
+    }
+
     fn container(&self, name: &str, f: impl FnOnce(&mut ContainerStatus)) {
         self.update(|s| {
             if let Some(c) = s.containers.get_mut(name) {

@@ -290,22 +290,7 @@ async fn kill_one(
     }
     let exit = super::exits::status(&mut client, id).await;
     let attempt = ctx.lock().containers.get(name).map_or(0, |c| c.attempt);
-    ctx.record_at(
-        exit.finished_at_ns,
-        Some(name),
-        What::Exited {
-            attempt,
-            exit_code: exit.exit_code,
-            reason: exit.reason.clone(),
-        },
-    );
-    let last = exit.clone();
-    ctx.container(name, |s| {
-        s.running = false;
-        s.ready = false;
-        s.last_exit = Some(last);
-        s.finished = true;
-    });
+    ctx.exited(name, attempt, &exit, true);
     ContainerRecord {
         name: name.to_owned(),
         id: id.to_owned(),
