@@ -98,6 +98,7 @@ fn wait_for_permission(args: &WaitArgs) -> Option<c_int> {
     if let Err(err) = request.withdraw() {
         log!("cannot remove {dir}/exit: {err}");
     }
+    request.finish();
     // Only now are the signals let through again: one that came after the
     // wait ended takes its default action, with `exit` already gone.
     drop(signals);

@@ -542,6 +542,70 @@ pub fn execvp(program: &CStr, args: &[CString]) -> OsError {
     OsError::last()
 }
 
+/// Closes `fd` off this process's path: a detached process (a grandchild, so that neither
+/// this process nor the command it may exec has it as a child) takes a reference to it and
+/// drops it only once this process has exited or exec'd, and this process's own close then
+/// never is the last one.
+///
+/// For an inotify instance the last close waits for a kernel RCU grace period (10 to 20 ms
+/// on a busy node), which would otherwise sit between the agent's `allow` and the wrapped
+/// command's start, or the hook's end. The detached process holds nothing else: its
+/// standard descriptors go to /dev/null, so a runtime waiting for the hook's output (CRI
+/// ExecSync) does not wait for it. When no process can be made, `fd` is closed here.
+pub fn close_detached(fd: Fd) {
+    let mut ends = [0 as c_int; 2];
+    // SAFETY: ends has room for the two descriptors pipe2 writes.
+    if unsafe { libc::pipe2(ends.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return;
+    }
+    let (read_end, write_end) = (Fd(ends[0]), Fd(ends[1]));
+    // SAFETY: this process is single-threaded; the child only calls async-signal-safe
+    // functions before it exits.
+    let child = unsafe { libc::fork() };
+    if child == 0 {
+        // SAFETY: as above; the grandchild, if made, goes on alone.
+        let grandchild = unsafe { libc::fork() };
+        if grandchild != 0 {
+            // SAFETY: _exit ends this process without running anything else.
+            unsafe { libc::_exit(0) };
+        }
+        hold_until_eof(&read_end, write_end);
+        drop(fd);
+        // SAFETY: as above.
+        unsafe { libc::_exit(0) };
+    }
+    drop(read_end);
+    if child > 0 {
+        let mut status = 0;
+        // SAFETY: child is this process's own child; status is a valid out pointer.
+        unsafe { libc::waitpid(child, &mut status, 0) };
+    }
+    // Open until this process exits or execs (O_CLOEXEC): what the holder waits for.
+    core::mem::forget(write_end);
+    drop(fd);
+}
+
+/// In the detached holder: stdin, stdout and stderr to /dev/null, then blocks until every
+/// write end of the pipe is gone.
+fn hold_until_eof(read_end: &Fd, write_end: Fd) {
+    drop(write_end);
+    // SAFETY: opening /dev/null makes a new descriptor owned by nobody else.
+    let null = unsafe { libc::open(c"/dev/null".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
+    for target in 0..3 {
+        // SAFETY: dup2 and close only change this process's descriptor table.
+        unsafe {
+            if null >= 0 {
+                libc::dup2(null, target);
+            } else {
+                libc::close(target);
+            }
+        }
+    }
+    let mut byte = [0u8; 1];
+    // Until EOF (or an error): the waiting process is gone.
+    while let Err(OsError(libc::EINTR)) = read(read_end, &mut byte) {}
+}
+
 /// Ends the process at once, as a failed assertion in C would.
 pub fn abort() -> ! {
     // SAFETY: abort has no preconditions.

@@ -63,7 +63,8 @@ pub struct ReturnAnomalies {
     pub not_posted: usize,
     /// It failed, or did not return within 10 s of the answer.
     pub failed: usize,
-    /// Its end was seen before the answer's write had returned.
+    /// Its end was seen before the answer's write began: a clock or bench error, never the
+    /// waiter's.
     pub returned_before_answer: usize,
 }
 
@@ -233,8 +234,11 @@ pub fn measure(
         let mut answered = Vec::with_capacity(posted.len());
         for (w, answer_at) in posted {
             std::thread::sleep(answer_at.saturating_duration_since(Instant::now()));
+            // Timed before the write: the answer exists from the rename inside it, so no
+            // waiter can return earlier (the delay includes the rename, a few microseconds).
+            let writing = Instant::now();
             share.write_allow(&w.key)?;
-            answered.push((w, Instant::now()));
+            answered.push((w, writing));
         }
         for (mut w, allowed) in answered {
             match w.finish() {
