@@ -1,5 +1,7 @@
-//! The benchmark (`exitorder-testbed bench`) end to end with tiny sizes on a real containerd: every figure of the
-//! report is there and consistent. No timing is asserted; the benchmark is for measuring.
+//! The benchmark (`exitorder-testbed bench`) end to end with tiny sizes on a real containerd:
+//! every figure of the report is there and consistent, every deletion is counted in exactly one
+//! place, and nothing counted is the agent's failure. No timing, and no count the machine's
+//! load could change, is asserted: the benchmark is for measuring.
 //!
 //! Needs root and `containerd runc busybox-static`, like the end-to-end tests; without them it
 //! prints "SKIPPED: <reason>" and passes, except in CI (`CI` set), where it is mandatory.
@@ -22,8 +24,11 @@ fn num(v: &Value, path: &str) -> f64 {
         .unwrap_or_else(|| panic!("{path} is not a number in {v}"))
 }
 
-/// p50 <= p99 <= max, all >= 0.
+/// p50 <= p99 <= max, all >= 0, when there were samples.
 fn assert_ordered(v: &Value, prefix: &str, max_key: &str) {
+    if num(v, "samples") == 0.0 {
+        return;
+    }
     let p50 = num(v, &format!("{prefix}_p50_ms"));
     let p99 = num(v, &format!("{prefix}_p99_ms"));
     let max = num(v, max_key);
@@ -33,14 +38,26 @@ fn assert_ordered(v: &Value, prefix: &str, max_key: &str) {
     );
 }
 
-fn assert_no_anomalies(v: &Value) {
-    let a = v["anomalies"]
-        .as_object()
-        .unwrap_or_else(|| panic!("no anomalies object in {v}"));
-    assert!(!a.is_empty());
-    for (kind, n) in a {
-        assert_eq!(n.as_u64(), Some(0), "{kind} in {v}");
+/// Every deletion is counted once, ordered ones in the samples, and none is the agent's fault.
+fn assert_tally(v: &Value, deletions: f64) {
+    let t = &v["tally"];
+    let fields = [
+        "ordered",
+        "deadline",
+        "other_reason",
+        "prestop_never_waited",
+        "no_allow",
+        "allow_before_exit",
+        "no_exit_time",
+        "deletion_failed",
+    ];
+    let total: f64 = fields.iter().map(|f| num(t, f)).sum();
+    assert_eq!(total, deletions, "{v}");
+    assert_eq!(num(t, "ordered"), num(v, "samples"), "{v}");
+    for agent in ["other_reason", "no_allow", "allow_before_exit"] {
+        assert_eq!(num(t, agent), 0.0, "{agent} in {v}");
     }
+    assert!(t["never_waited"].is_object(), "{v}");
 }
 
 #[tokio::test]
@@ -104,17 +121,22 @@ async fn bench_reports_every_figure() {
         let d = &r["detect_to_allow"][key];
         assert_eq!(d["source"], source, "{d}");
         assert_eq!(num(d, "deletions"), DELETIONS as f64, "{key}");
-        assert_eq!(num(d, "samples"), DELETIONS as f64, "{key}: {d}");
         assert_ordered(d, "detect_to_allow", "detect_to_allow_max_ms");
-        assert_no_anomalies(d);
+        assert_tally(d, DELETIONS as f64);
     }
 
     for key in ["entrypoint", "sh_poll"] {
         let w = &r["allow_to_return"][key];
         assert_eq!(num(w, "runs"), RETURNS as f64, "{key}");
-        assert_eq!(num(w, "samples"), RETURNS as f64, "{key}: {w}");
+        let a = &w["anomalies"];
+        assert_eq!(
+            num(w, "samples") + num(a, "not_posted") + num(a, "failed"),
+            RETURNS as f64,
+            "{key}: {w}"
+        );
+        // Timed from before the answer's write: no waiter can return earlier.
+        assert_eq!(num(a, "returned_before_answer"), 0.0, "{key}: {w}");
         assert_ordered(w, "allow_to_return", "allow_to_return_max_ms");
-        assert_no_anomalies(w);
     }
 
     let idle = &r["agent_idle"];
@@ -125,9 +147,11 @@ async fn bench_reports_every_figure() {
     assert!(num(idle, "cpu_seconds") >= 0.0, "{idle}");
 
     let burst = &r["agent_burst"];
-    for key in ["pods_asked", "pods_started", "pods_deleted", "samples"] {
-        assert_eq!(num(burst, key), BURST_PODS as f64, "{key}: {burst}");
-    }
+    assert_eq!(num(burst, "pods_asked"), BURST_PODS as f64, "{burst}");
+    assert!(
+        num(burst, "pods_deleted") <= num(burst, "pods_started"),
+        "{burst}"
+    );
     assert!(num(burst, "rss_mib") > 0.0, "{burst}");
     assert!(
         num(burst, "peak_rss_mib") >= num(burst, "rss_mib"),
@@ -135,7 +159,7 @@ async fn bench_reports_every_figure() {
     );
     assert!(num(burst, "cpu_seconds") >= 0.0, "{burst}");
     assert_ordered(burst, "detect_to_allow", "latest_allow_after_trigger_ms");
-    assert_no_anomalies(burst);
+    assert_tally(burst, num(burst, "pods_started"));
     let (list_p50, list_max) = (
         num(burst, "runtime_list_p50_ms"),
         num(burst, "runtime_list_max_ms"),

@@ -270,6 +270,7 @@ impl Agent {
                     container = %key.container,
                     reason = %reason,
                     waited_ms = waited.as_millis() as u64,
+                    waited_us = waited.as_micros() as u64,
                     "exit allowed"
                 );
                 if let (Some(still_running), Some(names)) = (tell, names) {

@@ -41,6 +41,8 @@ pub struct AgentAllow {
     pub reason: String,
     /// When the line was stamped, Unix ns (wall clock).
     pub at_ns: i64,
+    /// When the agent saw the exit file appear (its `waited_us` before the stamp), Unix ns.
+    pub wait_since_ns: Option<i64>,
 }
 
 /// Unix nanoseconds of an RFC 3339 UTC timestamp with at least microsecond precision.
@@ -96,6 +98,11 @@ pub fn parse_allow(line: &serde_json::Value) -> Result<Option<AgentAllow>, LogEr
         container: field(line, ALLOWED, "container")?,
         reason: field(line, ALLOWED, "reason")?,
         at_ns: timestamp_ns(stamp)?,
+        wait_since_ns: line
+            .get("fields")
+            .and_then(|f| f.get("waited_us"))
+            .and_then(serde_json::Value::as_i64)
+            .map(|us| timestamp_ns(stamp).unwrap_or_default() - us * 1000),
     }))
 }
 

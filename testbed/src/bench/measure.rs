@@ -1,10 +1,18 @@
-//! From one pod deletion's facts to one exit-to-allow delay, or to the anomaly that stops it
-//! from being one.
+//! From one pod deletion's facts to the one place it counts: a delay (allowed in order), or
+//! the reason it gives none. Every deletion lands in exactly one place; none is hidden.
+//!
+//! The trigger of a wait is the later of the exit of the last lower-priority container (the
+//! runtime's `finished_at`) and the appearance of the sidecar's exit file: the agent cannot
+//! answer before both.
+
+use std::collections::BTreeMap;
 
 use serde::Serialize;
 
 /// The only reason that says an allow followed the exit of what the sidecar serves.
 pub const ORDERED: &str = "ordered";
+/// The reason of an allow released by the grace deadline.
+pub const DEADLINE: &str = "deadline";
 
 /// An allow, by whoever wrote it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -12,130 +20,233 @@ pub struct Allow {
     /// When `allow` was written (Unix ns, wall clock).
     pub at_ns: i64,
     pub reason: String,
-    /// Whether the writer saw the sidecar waiting while its app still ran. When it did not,
-    /// the wait began after the app had exited, and the delay includes the preStop's start.
-    pub held: bool,
+    /// When the sidecar's exit file appeared (Unix ns), as the writer saw it.
+    pub wait_since_ns: Option<i64>,
+}
+
+/// What the sidecar's preStop hook did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PreStop {
+    /// It ran and waited (its exit file was made).
+    Waited,
+    /// It never waited: not run, the exec failed, or the entrypoint could not post its
+    /// request; why.
+    NeverWaited(String),
 }
 
 /// What is known about one deleted pod.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Trial {
     /// The runtime's `finished_at` of the last lower-priority container (Unix ns); `None`
-    /// when the deletion failed or the runtime gave no time.
-    pub trigger_ns: Option<i64>,
+    /// when the runtime gave no time.
+    pub exit_ns: Option<i64>,
     pub allow: Option<Allow>,
+    pub prestop: PreStop,
     pub deletion_failed: bool,
 }
 
-/// Deletions that give no delay, by why. None of them is hidden in the percentiles.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
-pub struct Anomalies {
-    pub deletion_failed: usize,
-    /// The runtime reported no exit time for the app.
+/// Where each deletion counted: every one in exactly one field.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Tally {
+    /// Allowed once every lower-priority container had exited: the delays.
+    pub ordered: usize,
+    /// Released by the grace deadline (the app ran past the grace period minus the reserve).
+    pub deadline: usize,
+    /// Allowed for another reason (the pod or container unknown to the agent): the agent
+    /// failed open where it should have known the pod. An agent failure.
+    pub other_reason: usize,
+    /// The preStop never waited (see `never_waited`): nothing the agent could answer.
+    pub prestop_never_waited: usize,
+    /// The exit file was posted and no allow came. An agent failure.
+    pub no_allow: usize,
+    /// `allow` was written before the app exited: the order was broken. An agent failure.
+    pub allow_before_exit: usize,
+    /// The runtime gave no exit time for the app.
     pub no_exit_time: usize,
-    /// No allow was written for the sidecar.
-    pub missing_allow: usize,
-    /// Allowed for another reason than the order (deadline, unknown pod): not a detection.
-    pub not_ordered: usize,
-    /// `allow` was written before the app exited: the order was broken.
-    pub allow_before_trigger: usize,
+    /// The deletion itself failed.
+    pub deletion_failed: usize,
+    /// Why the preStops that never waited did not, with how many.
+    pub never_waited: BTreeMap<String, usize>,
 }
 
-impl Anomalies {
+impl Tally {
+    /// Deletions counted anywhere: equals the deletions made.
     pub fn total(&self) -> usize {
-        self.deletion_failed
+        self.ordered
+            + self.deadline
+            + self.other_reason
+            + self.prestop_never_waited
+            + self.no_allow
+            + self.allow_before_exit
             + self.no_exit_time
-            + self.missing_allow
-            + self.not_ordered
-            + self.allow_before_trigger
+            + self.deletion_failed
+    }
+
+    /// What only the agent can be blamed for; 0 in every healthy run.
+    pub fn agent_failures(&self) -> usize {
+        self.other_reason + self.no_allow + self.allow_before_exit
     }
 }
 
-/// The delays of a set of deletions, and what was wrong with the others.
+/// The delays of a set of deletions, and where the others went.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Outcome {
     pub delays_ms: Vec<f64>,
-    pub anomalies: Anomalies,
-    /// Allows counted in the delays whose wait began after the app had exited.
+    pub tally: Tally,
+    /// Ordered allows whose wait began after the app had exited (their trigger is the exit
+    /// file's appearance).
     pub late_waits: usize,
 }
 
-/// Sorts each trial into a delay or an anomaly.
+/// Sorts each trial into a delay or the reason it gives none.
 pub fn assess(trials: &[Trial]) -> Outcome {
     let mut out = Outcome::default();
     for t in trials {
+        let tally = &mut out.tally;
         if t.deletion_failed {
-            out.anomalies.deletion_failed += 1;
+            tally.deletion_failed += 1;
             continue;
         }
-        let Some(trigger) = t.trigger_ns.filter(|ns| *ns > 0) else {
-            out.anomalies.no_exit_time += 1;
-            continue;
-        };
         let Some(allow) = &t.allow else {
-            out.anomalies.missing_allow += 1;
+            match &t.prestop {
+                PreStop::NeverWaited(why) => {
+                    tally.prestop_never_waited += 1;
+                    *tally.never_waited.entry(why.clone()).or_default() += 1;
+                }
+                PreStop::Waited => tally.no_allow += 1,
+            }
             continue;
         };
-        if allow.reason != ORDERED {
-            out.anomalies.not_ordered += 1;
+        let Some(exit) = t.exit_ns.filter(|ns| *ns > 0) else {
+            tally.no_exit_time += 1;
+            continue;
+        };
+        match allow.reason.as_str() {
+            ORDERED => {}
+            DEADLINE => {
+                tally.deadline += 1;
+                continue;
+            }
+            _ => {
+                tally.other_reason += 1;
+                continue;
+            }
+        }
+        if allow.at_ns < exit {
+            tally.allow_before_exit += 1;
             continue;
         }
-        if allow.at_ns < trigger {
-            out.anomalies.allow_before_trigger += 1;
-            continue;
-        }
-        if !allow.held {
-            out.late_waits += 1;
-        }
-        out.delays_ms.push((allow.at_ns - trigger) as f64 / 1e6);
+        let trigger = match allow.wait_since_ns {
+            Some(since) if since > exit => {
+                out.late_waits += 1;
+                since
+            }
+            _ => exit,
+        };
+        tally.ordered += 1;
+        out.delays_ms
+            .push(allow.at_ns.saturating_sub(trigger).max(0) as f64 / 1e6);
     }
     out
+}
+
+/// What a preStop's record says about its wait: `None` when it did wait, else why not.
+/// `output` is what the hook printed (the entrypoint says "waiting up to ..." once its
+/// request is posted).
+pub fn never_waited(hook: Option<(bool, &str)>) -> Option<String> {
+    match hook {
+        None => Some("the preStop did not run (the container was not running)".to_owned()),
+        Some((_, output)) if output.contains("waiting up to") => None,
+        Some((false, output)) if output.contains("ExecSync") => {
+            Some(format!("the preStop exec failed: {}", first_words(output)))
+        }
+        Some((_, output)) => Some(format!("the preStop did not wait: {}", first_words(output))),
+    }
+}
+
+/// The start of a message, enough to group like failures.
+fn first_words(s: &str) -> String {
+    let s = s.trim();
+    let cut = s.char_indices().nth(80).map_or(s.len(), |(i, _)| i);
+    s[..cut].to_owned()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn trial(trigger: Option<i64>, allow: Option<(i64, &str, bool)>) -> Trial {
+    fn trial(exit: Option<i64>, allow: Option<(i64, &str, Option<i64>)>) -> Trial {
         Trial {
-            trigger_ns: trigger,
-            allow: allow.map(|(at_ns, reason, held)| Allow {
+            exit_ns: exit,
+            allow: allow.map(|(at_ns, reason, wait_since_ns)| Allow {
                 at_ns,
                 reason: reason.to_owned(),
-                held,
+                wait_since_ns,
             }),
+            prestop: PreStop::Waited,
             deletion_failed: false,
         }
     }
 
     #[test]
-    fn delays_and_anomalies() {
+    fn every_deletion_counts_in_exactly_one_place() {
         let mut failed = trial(Some(1), None);
         failed.deletion_failed = true;
+        let mut skipped = trial(Some(1), None);
+        skipped.prestop = PreStop::NeverWaited("the preStop exec failed: timeout".into());
+        let s = 1_000_000_000;
         let trials = [
-            trial(Some(1_000_000_000), Some((1_002_500_000, ORDERED, true))),
-            trial(Some(1_000_000_000), Some((1_000_000_000, ORDERED, false))),
-            trial(Some(1_000_000_000), Some((999_000_000, ORDERED, true))),
-            trial(Some(1_000_000_000), Some((1_000_000_500, "deadline", true))),
-            trial(Some(1_000_000_000), None),
-            trial(None, Some((5, ORDERED, true))),
-            trial(Some(0), Some((5, ORDERED, true))),
+            // Held, allowed 2.5 ms after the app's exit.
+            trial(Some(s), Some((s + 2_500_000, ORDERED, Some(s - 5)))),
+            // The wait began 1 ms after the exit: the trigger is the exit file.
+            trial(Some(s), Some((s + 1_500_000, ORDERED, Some(s + 1_000_000)))),
+            trial(Some(s), Some((s - 1_000_000, ORDERED, None))),
+            trial(Some(s), Some((s + 500, DEADLINE, None))),
+            trial(Some(s), Some((s + 500, "unknown", None))),
+            trial(Some(s), None),
+            trial(None, Some((5, ORDERED, None))),
             failed,
+            skipped,
         ];
         let out = assess(&trials);
-        assert_eq!(out.delays_ms, vec![2.5, 0.0]);
+        assert_eq!(out.delays_ms, vec![2.5, 0.5]);
         assert_eq!(out.late_waits, 1);
+        let t = &out.tally;
         assert_eq!(
-            out.anomalies,
-            Anomalies {
-                deletion_failed: 1,
-                no_exit_time: 2,
-                missing_allow: 1,
-                not_ordered: 1,
-                allow_before_trigger: 1,
-            }
+            (
+                t.ordered,
+                t.deadline,
+                t.other_reason,
+                t.prestop_never_waited,
+                t.no_allow
+            ),
+            (2, 1, 1, 1, 1)
         );
-        assert_eq!(out.anomalies.total(), 6);
+        assert_eq!(
+            (t.allow_before_exit, t.no_exit_time, t.deletion_failed),
+            (1, 1, 1)
+        );
+        assert_eq!(t.total(), trials.len());
+        assert_eq!(t.agent_failures(), 3);
+        assert_eq!(t.never_waited["the preStop exec failed: timeout"], 1);
         assert!(assess(&[]).delays_ms.is_empty());
+    }
+
+    #[test]
+    fn what_a_prestop_record_says() {
+        assert_eq!(
+            never_waited(Some((
+                true,
+                "exitorder-entrypoint: waiting up to 30s for exit permission"
+            ))),
+            None
+        );
+        assert!(never_waited(None).unwrap().contains("did not run"));
+        assert!(never_waited(Some((false, "ExecSync: deadline exceeded")))
+            .unwrap()
+            .starts_with("the preStop exec failed"));
+        assert!(never_waited(Some((true, "cannot create exit file")))
+            .unwrap()
+            .starts_with("the preStop did not wait"));
     }
 }

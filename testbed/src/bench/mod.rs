@@ -27,7 +27,7 @@ use exitorder::share::{ContainerName, ExitKey, PodUid, Share};
 
 use crate::agentlog::AllowLog;
 use baseline::{KruiseDaemon, KRUISE_SCAN};
-use measure::{assess, Allow, Trial};
+use measure::{assess, Allow, PreStop, Trial};
 use proc::{mib, Sample};
 use report::{
     BurstRow, DetectRow, DetectSection, IdleRow, Report, ReturnRow, ReturnSection, Settings, Usage,
@@ -297,6 +297,20 @@ async fn delete_all(
     out
 }
 
+/// Whether the proxy's preStop waited, from the deletion's record of it.
+fn prestop_of(res: &Result<Deletion, TestbedError>) -> PreStop {
+    let hook = res
+        .as_ref()
+        .ok()
+        .and_then(|d| d.container(PROXY))
+        .and_then(|c| c.prestop.as_ref())
+        .map(|h| (h.ok, h.detail.as_str()));
+    match measure::never_waited(hook) {
+        None => PreStop::Waited,
+        Some(why) => PreStop::NeverWaited(why),
+    }
+}
+
 /// The runtime's exit time of the app: what the proxy waits for.
 fn trigger_ns(d: &Deletion) -> Option<i64> {
     d.container(APP).map(|c| c.finished_at_ns)
@@ -426,12 +440,13 @@ fn agent_trials(
         .map(|(uid, res)| {
             let key = (uid.clone(), PROXY.to_owned());
             Trial {
-                trigger_ns: res.as_ref().ok().and_then(trigger_ns),
+                exit_ns: res.as_ref().ok().and_then(trigger_ns),
                 allow: log.allows.get(&key).map(|a| Allow {
                     at_ns: a.at_ns,
                     reason: a.reason.clone(),
-                    held: log.held.contains(&key),
+                    wait_since_ns: a.wait_since_ns,
                 }),
+                prestop: prestop_of(res),
                 deletion_failed: res.is_err(),
             }
         })
@@ -527,7 +542,6 @@ async fn detect_with_kruise(
     let trials: Vec<Trial> = deleted
         .iter()
         .map(|(uid, res)| {
-            let trigger = res.as_ref().ok().and_then(trigger_ns);
             let allow = PodUid::parse(uid).ok().and_then(|pod| {
                 allows.get(&ExitKey {
                     pod,
@@ -535,17 +549,15 @@ async fn detect_with_kruise(
                 })
             });
             Trial {
-                trigger_ns: trigger,
+                exit_ns: res.as_ref().ok().and_then(trigger_ns),
                 allow: allow.map(|a| Allow {
                     at_ns: a.at_ns,
                     reason: a.reason.to_owned(),
-                    // The daemon only looks once a second; whether the wait began before the
-                    // app's exit is read from the exit file's mtime instead.
-                    held: match (a.wait_since_ns, trigger) {
-                        (Some(since), Some(t)) => since <= t,
-                        _ => true,
-                    },
+                    // The daemon only looks once a second; when the wait began is read from
+                    // the exit file's mtime.
+                    wait_since_ns: a.wait_since_ns,
                 }),
+                prestop: prestop_of(res),
                 deletion_failed: res.is_err(),
             }
         })

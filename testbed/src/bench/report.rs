@@ -4,7 +4,7 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
-use super::measure::{Anomalies, Outcome};
+use super::measure::{Outcome, Tally};
 use super::returns::{ReturnAnomalies, Returns};
 use super::summary::summarize;
 
@@ -57,9 +57,11 @@ pub struct DetectRow {
     pub detect_to_allow_p50_ms: Option<f64>,
     pub detect_to_allow_p99_ms: Option<f64>,
     pub detect_to_allow_max_ms: Option<f64>,
-    /// Allows counted whose wait began only after the app had exited.
+    /// Ordered allows whose wait began only after the app had exited (their trigger is the
+    /// exit file's appearance).
     pub late_waits: usize,
-    pub anomalies: Anomalies,
+    /// Where every deletion counted, exactly once.
+    pub tally: Tally,
 }
 
 impl DetectRow {
@@ -73,7 +75,7 @@ impl DetectRow {
             detect_to_allow_p99_ms: f.p99,
             detect_to_allow_max_ms: f.max,
             late_waits: outcome.late_waits,
-            anomalies: outcome.anomalies,
+            tally: outcome.tally.clone(),
         }
     }
 }
@@ -157,7 +159,8 @@ pub struct BurstRow {
     pub detect_to_allow_p99_ms: Option<f64>,
     pub samples: usize,
     pub late_waits: usize,
-    pub anomalies: Anomalies,
+    /// Where every deleted pod counted, exactly once.
+    pub tally: Tally,
     /// The runtime's ListContainers latency during the burst, sampled twice a second: how
     /// busy the runtime itself was.
     pub runtime_list_p50_ms: Option<f64>,
@@ -193,7 +196,7 @@ impl BurstRow {
             detect_to_allow_p99_ms: f.p99,
             samples: outcome.delays_ms.len(),
             late_waits: outcome.late_waits,
-            anomalies: outcome.anomalies,
+            tally: outcome.tally.clone(),
             runtime_list_p50_ms: None,
             runtime_list_max_ms: None,
         }
@@ -237,13 +240,16 @@ fn listed(counts: &[(&str, usize)]) -> String {
     }
 }
 
-fn anomalies(a: &Anomalies) -> String {
+/// Every deletion that gave no delay, by where it counted.
+fn anomalies(t: &Tally) -> String {
     listed(&[
-        ("deletion failed", a.deletion_failed),
-        ("no exit time", a.no_exit_time),
-        ("no allow", a.missing_allow),
-        ("not ordered", a.not_ordered),
-        ("allow before exit", a.allow_before_trigger),
+        ("by deadline", t.deadline),
+        ("preStop never waited", t.prestop_never_waited),
+        ("no allow (agent)", t.no_allow),
+        ("other reason (agent)", t.other_reason),
+        ("allow before exit (agent)", t.allow_before_exit),
+        ("no exit time", t.no_exit_time),
+        ("deletion failed", t.deletion_failed),
     ])
 }
 
@@ -251,10 +257,7 @@ fn return_anomalies(a: &ReturnAnomalies) -> String {
     listed(&[
         ("never waited", a.not_posted),
         ("failed or stuck", a.failed),
-        (
-            "returned before the write returned",
-            a.returned_before_answer,
-        ),
+        ("returned before the write began", a.returned_before_answer),
     ])
 }
 
@@ -310,7 +313,7 @@ impl Report {
                     ms(r.detect_to_allow_max_ms),
                     r.samples,
                     r.late_waits,
-                    anomalies(&r.anomalies)
+                    anomalies(&r.tally)
                 );
             }
             let _ = writeln!(
@@ -389,8 +392,11 @@ impl Report {
                 ms(b.detect_to_allow_p99_ms),
                 b.samples,
                 b.late_waits,
-                anomalies(&b.anomalies)
+                anomalies(&b.tally)
             );
+            for (why, n) in &b.tally.never_waited {
+                let _ = writeln!(t, "  preStop never waited ({n}): {why}");
+            }
             let _ = writeln!(
                 t,
                 "  runtime meanwhile: ListContainers p50 {} ms, max {} ms",
@@ -434,7 +440,7 @@ mod tests {
 
     fn report() -> Report {
         let mut missing = outcome(&[1.0, 2.0, 3.0]);
-        missing.anomalies.missing_allow = 1;
+        missing.tally.no_allow = 1;
         Report {
             runtime: "containerd 1.6.20".into(),
             cpus: 2,
@@ -495,10 +501,7 @@ mod tests {
         assert_eq!(d["detect_to_allow_p50_ms"], 2.123);
         assert_eq!(d["detect_to_allow_p99_ms"], 4.0);
         assert_eq!(d["samples"], 4);
-        assert_eq!(
-            v["detect_to_allow"]["poll"]["anomalies"]["missing_allow"],
-            1
-        );
+        assert_eq!(v["detect_to_allow"]["poll"]["tally"]["no_allow"], 1);
         assert!(v["detect_to_allow"]["kruise_daemon"]["detect_to_allow_p50_ms"].is_null());
         let r = &v["allow_to_return"];
         assert_eq!(r["entrypoint"]["allow_to_return_p99_ms"], 0.4);
