@@ -6,7 +6,7 @@ mod rig;
 use std::time::{Duration, Instant};
 
 use exitorder::agent::Config;
-use exitorder::cri::ContainerState;
+use exitorder::cri::{ContainerEventType, ContainerState};
 use exitorder::decide::Reason;
 use exitorder::priority::ANNOTATION;
 use exitorder::stats::Stats;
@@ -605,5 +605,66 @@ async fn memory_follows_the_runtime_not_the_history() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    rig.stop_agent().await;
+}
+
+/// Waits until the runtime has been asked to describe `id`.
+async fn described(rig: &Rig, id: &str) {
+    let end = Instant::now() + Duration::from_secs(5);
+    while rig.cri().status_calls_of(id) == 0 {
+        assert!(Instant::now() < end, "{id} was never described");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Bug: a pod held while an unknown id was being read (it might have been one of the pod's
+/// containers) stayed held when the answer was "not a container" (a sandbox's pause
+/// container): the answer touched no pod, so none was decided again until the next listing,
+/// seconds later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_that_finds_a_sandbox_releases_the_pod_it_held() {
+    let mut rig = Rig::new();
+    rig.cri().with_events("cri-o", "1.30.2");
+    let (app, _) = two_level_pod(&rig, 600);
+    rig.start_agent_with(events_only);
+    source_becomes(&rig.stats, "cri_events").await;
+    rig.cri().hold_status_of("pause-1");
+    rig.cri()
+        .send_event("pause-1", ContainerEventType::ContainerStartedEvent);
+    described(&rig, "pause-1").await;
+    let f = rig.request_exit(APP_UID, "proxy");
+    stays_waiting(&f, Duration::from_millis(100)).await;
+    // The app exits while the id that appeared before the exit file is still being read:
+    // it could be one of this pod's, so the wait stays ordered.
+    rig.cri().set_state(&app, ContainerState::ContainerExited);
+    stays_waiting(&f, Duration::from_millis(200)).await;
+    // The runtime answers: not a container. Nothing else will happen on this node.
+    rig.cri().release_status_of("pause-1");
+    assert!(allowed_within(&f, Duration::from_secs(2)).await);
+    allows_reach(&rig.stats, Reason::Ordered, 1).await;
+    rig.stop_agent().await;
+}
+
+/// Bug: any container being read anywhere on the node held every pending pod, so on a busy
+/// node (pods starting while others are deleted) allows waited on unrelated reads. The
+/// kubelet starts no container in a pod it is stopping: one that appears after a pod's exit
+/// file is another pod's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_container_starting_after_the_exit_file_holds_no_pod() {
+    let mut rig = Rig::new();
+    rig.cri().with_events("cri-o", "1.30.2");
+    let (app, _) = two_level_pod(&rig, 600);
+    rig.start_agent_with(events_only);
+    source_becomes(&rig.stats, "cri_events").await;
+    let f = rig.request_exit(APP_UID, "proxy");
+    stays_waiting(&f, Duration::from_millis(100)).await;
+    // Another pod's container starts; its read does not answer.
+    rig.cri().hold_status_of("other-pods-app");
+    rig.cri()
+        .send_event("other-pods-app", ContainerEventType::ContainerStartedEvent);
+    described(&rig, "other-pods-app").await;
+    rig.cri().set_state(&app, ContainerState::ContainerExited);
+    assert!(allowed_within(&f, Duration::from_secs(2)).await);
+    rig.cri().release_status_of("other-pods-app");
     rig.stop_agent().await;
 }

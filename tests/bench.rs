@@ -123,6 +123,14 @@ async fn bench_reports_every_figure() {
         assert_eq!(num(d, "deletions"), DELETIONS as f64, "{key}");
         assert_ordered(d, "detect_to_allow", "detect_to_allow_max_ms");
         assert_tally(d, DELETIONS as f64);
+        if source != "kruise_daemon" && num(d, "samples") > 0.0 {
+            // The agent's own part is part of each delay (within the microseconds between
+            // its two readings of the clock).
+            assert!(
+                num(d, "agent_part_p99_ms") <= num(d, "detect_to_allow_p99_ms") + 1.0,
+                "{key}: {d}"
+            );
+        }
     }
 
     for key in ["entrypoint", "sh_poll"] {
@@ -145,6 +153,7 @@ async fn bench_reports_every_figure() {
     assert!(num(idle, "rss_mib") > 0.0, "{idle}");
     assert!(num(idle, "peak_rss_mib") >= num(idle, "rss_mib"), "{idle}");
     assert!(num(idle, "cpu_seconds") >= 0.0, "{idle}");
+    assert!(num(idle, "cpu_wait_seconds") >= 0.0, "{idle}");
 
     let burst = &r["agent_burst"];
     assert_eq!(num(burst, "pods_asked"), BURST_PODS as f64, "{burst}");
@@ -158,6 +167,7 @@ async fn bench_reports_every_figure() {
         "{burst}"
     );
     assert!(num(burst, "cpu_seconds") >= 0.0, "{burst}");
+    assert!(num(burst, "cpu_wait_seconds") >= 0.0, "{burst}");
     assert_ordered(burst, "detect_to_allow", "latest_allow_after_trigger_ms");
     assert_tally(burst, num(burst, "pods_started"));
     let (list_p50, list_max) = (

@@ -362,6 +362,7 @@ impl Agent {
     /// Applies a change to the node view; the pending pods it touched are decided again.
     fn apply_change(&mut self, change: Change, dirty: &mut BTreeSet<PodUid>) {
         let listing = matches!(change, Change::Listed(_));
+        let undescribed = self.view.undescribed();
         let touched = self.view.apply(change, Instant::now());
         self.stats
             .set_view_size(self.view.container_count(), self.view.pod_count());
@@ -378,11 +379,11 @@ impl Agent {
                 }
             }
         }
-        // A container being described may belong to any pending pod.
-        if self.view.undescribed() == 0 {
-            return;
+        // A container read (or gone) may have been what any pending pod was held for: the
+        // answer touches no pod when it was a sandbox, and those pods must be decided again.
+        if self.view.undescribed() < undescribed {
+            dirty.extend(self.waits.pending.keys().cloned());
         }
-        dirty.extend(self.waits.pending.keys().cloned());
     }
 }
 

@@ -66,6 +66,7 @@ impl Agent {
         let (deletion, clock) = self.deletion_and_clock(pod, api.as_ref())?;
         let p = self.waits.pending.get(pod)?;
         let (checking, checked) = (p.checking, p.checked);
+        let latest_wait = p.waiting.values().map(|w| w.since).max();
         let waiting: Vec<String> = p.waiting.keys().map(|c| c.as_str().to_owned()).collect();
         let waiting: Vec<&str> = waiting.iter().map(String::as_str).collect();
         // Without the runtime, or before its first listing, nothing is known of container
@@ -109,8 +110,10 @@ impl Agent {
             let e = e.clone();
             self.warn_once(pod, &e);
         }
-        if self.view.undescribed() > 0 && ordered.malformed.is_none() {
-            // A container that just started is being read: it may be this pod's.
+        let maybe_ours = latest_wait.is_some_and(|t| self.view.undescribed_seen_by(t));
+        if maybe_ours && ordered.malformed.is_none() {
+            // A container that started before this pod's exit file is being read: it may be
+            // this pod's. One that started later cannot be (see `undescribed_seen_by`).
             ordered.unknown.push("a container being read".to_owned());
         }
         Some(facts::assemble(ordered, deletion, &clock))
@@ -208,6 +211,10 @@ impl Agent {
                     } else if !waiter.announced {
                         waiter.announced = true;
                         info!(event = "held", pod = %pod, container = %name, waiting_for = ?blocked_by, "exit held");
+                        waiter.held_for = blocked_by;
+                    } else if waiter.held_for != blocked_by {
+                        debug!(event = "still_held", pod = %pod, container = %name, waiting_for = ?blocked_by, "exit still held");
+                        waiter.held_for = blocked_by;
                     }
                 }
             }
@@ -261,6 +268,13 @@ impl Agent {
             return;
         };
         let waited = since.elapsed();
+        // The agent's own share of the delay: from the later of the exit file and the last
+        // exit the runtime reported in the pod, to the answer.
+        let last_exit = self
+            .view
+            .pod(key.pod.as_str())
+            .and_then(|p| p.containers.values().filter_map(|c| c.exit_seen).max());
+        let decided = last_exit.map_or(since, |e| e.max(since)).elapsed();
         match self.share.write_allow(key) {
             Ok(()) => {
                 self.stats.allowed(reason, waited);
@@ -271,6 +285,7 @@ impl Agent {
                     reason = %reason,
                     waited_ms = waited.as_millis() as u64,
                     waited_us = waited.as_micros() as u64,
+                    decided_us = decided.as_micros() as u64,
                     "exit allowed"
                 );
                 if let (Some(still_running), Some(names)) = (tell, names) {

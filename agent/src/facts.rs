@@ -189,6 +189,7 @@ mod tests {
         env: EnvPriority,
     ) -> ContainerEntry {
         ContainerEntry {
+            exit_seen: None,
             info: ContainerInfo {
                 id: id.into(),
                 pod_uid: "u".into(),

@@ -227,6 +227,7 @@ impl Runtime {
                         .map(|m| (m.namespace, m.name))
                         .unwrap_or_default();
                     Some(SandboxInfo {
+                        id: sb.id,
                         pod_uid: uid,
                         namespace,
                         name,

@@ -33,6 +33,8 @@ pub struct ContainerInfo {
 /// A pod's sandbox as the runtime describes it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SandboxInfo {
+    /// The sandbox's id: its pause container's, whose task events are not a container's.
+    pub id: String,
     pub pod_uid: String,
     pub namespace: String,
     pub name: String,
@@ -67,6 +69,9 @@ pub enum EnvPriority {
 pub struct ContainerEntry {
     pub info: ContainerInfo,
     pub env: EnvPriority,
+    /// When the view first learnt that the container had exited: what an allow waited on
+    /// the runtime to tell, apart from what it waited on the agent.
+    pub exit_seen: Option<Instant>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -83,6 +88,14 @@ pub struct PodEntry {
 enum SandboxRead {
     Asked,
     Failed { failures: u32, retry_at: Instant },
+}
+
+impl ContainerEntry {
+    fn note_exit(&mut self, now: Instant) {
+        if self.info.state == RunState::Exited && self.exit_seen.is_none() {
+            self.exit_seen = Some(now);
+        }
+    }
 }
 
 impl PodEntry {
@@ -161,13 +174,24 @@ fn forward(old: RunState, new: RunState) -> RunState {
     }
 }
 
+/// A container known only from events so far.
+#[derive(Debug, Clone, Copy)]
+struct Undescribed {
+    state: RunState,
+    /// When its first event arrived.
+    seen: Instant,
+}
+
 #[derive(Debug, Default)]
 pub struct NodeView {
     pods: HashMap<String, PodEntry>,
     /// Container id -> pod UID.
     pod_of: HashMap<String, String>,
     /// Containers seen in events but not described yet, with the state events gave them.
-    undescribed: HashMap<String, RunState>,
+    undescribed: HashMap<String, Undescribed>,
+    /// Ids known not to be CRI containers (sandboxes' pause containers): their task events
+    /// are ignored instead of described.
+    not_containers: HashSet<String>,
     /// Undescribed ids whose description is in flight.
     describing: HashSet<String>,
     /// Removed container ids, and when.
@@ -199,6 +223,14 @@ impl NodeView {
         self.undescribed.len()
     }
 
+    /// Whether a container whose first event arrived at or before `t` is still being read.
+    /// The kubelet starts no container in a pod it is stopping, so only a container that
+    /// appeared before a pod's exit file can be one that pod's view is missing; one that
+    /// appeared later belongs to another pod.
+    pub fn undescribed_seen_by(&self, t: Instant) -> bool {
+        self.undescribed.values().any(|u| u.seen <= t)
+    }
+
     pub fn container_count(&self) -> usize {
         self.pod_of.len()
     }
@@ -211,12 +243,15 @@ impl NodeView {
     pub fn apply(&mut self, change: Change, now: Instant) -> HashSet<String> {
         let mut touched = HashSet::new();
         match change {
-            Change::Listed(l) => self.listed(l, None, &mut touched),
-            Change::PodListed { uid, listing } => self.listed(listing, Some(uid), &mut touched),
-            Change::Started { id } => self.event(id, RunState::Running, &mut touched),
-            Change::Exited { id } => self.event(id, RunState::Exited, &mut touched),
+            Change::Listed(l) => self.listed(l, None, now, &mut touched),
+            Change::PodListed { uid, listing } => {
+                self.listed(listing, Some(uid), now, &mut touched)
+            }
+            Change::Started { id } => self.event(id, RunState::Running, now, &mut touched),
+            Change::Exited { id } => self.event(id, RunState::Exited, now, &mut touched),
             Change::Removed { id } => {
                 self.remove(&id, &mut touched);
+                self.not_containers.remove(&id);
                 self.removed.insert(id, now);
             }
             Change::Described { info, env } => {
@@ -227,10 +262,10 @@ impl NodeView {
                 }
                 let event_state = self.undescribed.remove(&id);
                 let mut info = info;
-                if let Some(s) = event_state {
-                    info.state = forward(info.state, s);
+                if let Some(u) = event_state {
+                    info.state = forward(info.state, u.state);
                 }
-                self.upsert(info, &mut touched);
+                self.upsert(info, now, &mut touched);
                 if let Some(c) = self.container_mut(&id) {
                     c.env = EnvPriority::Known(env);
                 }
@@ -250,7 +285,10 @@ impl NodeView {
             }
             Change::NotAContainer { id } => {
                 self.describing.remove(&id);
-                self.undescribed.remove(&id);
+                if self.undescribed.remove(&id).is_some() && !self.removed.contains_key(&id) {
+                    // A sandbox (or a container already gone, whose removal event follows).
+                    self.not_containers.insert(id);
+                }
             }
             Change::DescribeFailed { id, now } => {
                 self.describing.remove(&id);
@@ -332,8 +370,8 @@ impl NodeView {
         self.pods.get_mut(uid)?.containers.get_mut(id)
     }
 
-    fn event(&mut self, id: String, state: RunState, touched: &mut HashSet<String>) {
-        if self.removed.contains_key(&id) {
+    fn event(&mut self, id: String, state: RunState, now: Instant, touched: &mut HashSet<String>) {
+        if self.removed.contains_key(&id) || self.not_containers.contains(&id) {
             return;
         }
         if let Some(uid) = self.pod_of.get(&id).cloned() {
@@ -343,15 +381,19 @@ impl NodeView {
                 .and_then(|p| p.containers.get_mut(&id))
             {
                 c.info.state = forward(c.info.state, state);
+                c.note_exit(now);
                 touched.insert(uid);
             }
             return;
         }
-        let s = self.undescribed.entry(id).or_insert(state);
-        *s = forward(*s, state);
+        let u = self
+            .undescribed
+            .entry(id)
+            .or_insert(Undescribed { state, seen: now });
+        u.state = forward(u.state, state);
     }
 
-    fn upsert(&mut self, info: ContainerInfo, touched: &mut HashSet<String>) {
+    fn upsert(&mut self, info: ContainerInfo, now: Instant, touched: &mut HashSet<String>) {
         touched.insert(info.pod_uid.clone());
         if let Some(old_uid) = self.pod_of.get(&info.id) {
             if *old_uid != info.pod_uid {
@@ -367,15 +409,16 @@ impl NodeView {
                 let state = forward(c.info.state, info.state);
                 c.info = info;
                 c.info.state = state;
+                c.note_exit(now);
             }
             None => {
-                pod.containers.insert(
-                    info.id.clone(),
-                    ContainerEntry {
-                        info,
-                        env: EnvPriority::Unread,
-                    },
-                );
+                let mut c = ContainerEntry {
+                    info,
+                    env: EnvPriority::Unread,
+                    exit_seen: None,
+                };
+                c.note_exit(now);
+                pod.containers.insert(c.info.id.clone(), c);
             }
         }
     }
@@ -394,9 +437,23 @@ impl NodeView {
     }
 
     /// Applies a listing of the whole node (`only` = None) or of one pod.
-    fn listed(&mut self, l: Listing, only: Option<String>, touched: &mut HashSet<String>) {
+    fn listed(
+        &mut self,
+        l: Listing,
+        only: Option<String>,
+        now: Instant,
+        touched: &mut HashSet<String>,
+    ) {
         if only.is_none() {
             self.listed = true;
+            // What the runtime lists now replaces what was learnt before (sandboxes since
+            // removed); an id learnt since is only described once more.
+            self.not_containers.clear();
+        }
+        self.not_containers
+            .extend(l.sandboxes.iter().map(|sb| sb.id.clone()));
+        for sb in &l.sandboxes {
+            self.undescribed.remove(&sb.id);
         }
         let listed_ids: HashSet<&str> = l.containers.iter().map(|c| c.id.as_str()).collect();
         let listed_pods: HashSet<&str> = l
@@ -456,10 +513,10 @@ impl NodeView {
                 continue;
             }
             let mut c = c;
-            if let Some(s) = self.undescribed.remove(&c.id) {
-                c.state = forward(c.state, s);
+            if let Some(u) = self.undescribed.remove(&c.id) {
+                c.state = forward(c.state, u.state);
             }
-            self.upsert(c, touched);
+            self.upsert(c, now, touched);
         }
     }
 }
@@ -488,6 +545,7 @@ mod tests {
 
     fn sandbox() -> SandboxInfo {
         SandboxInfo {
+            id: "sandbox".into(),
             pod_uid: UID.into(),
             namespace: "default".into(),
             name: "web".into(),
@@ -548,6 +606,56 @@ mod tests {
             v.pod(UID).unwrap().containers["new"].env,
             EnvPriority::Known(Ok(None))
         );
+    }
+
+    #[test]
+    fn sandbox_events_are_never_described() {
+        let now = Instant::now();
+        let mut v = NodeView::new();
+        v.apply(listing(10, vec![]), now);
+        // The listing named the sandbox: its pause container's task events are not read.
+        v.apply(
+            Change::Started {
+                id: "sandbox".into(),
+            },
+            now,
+        );
+        v.apply(
+            Change::Exited {
+                id: "sandbox".into(),
+            },
+            now,
+        );
+        assert_eq!(v.undescribed(), 0);
+        assert_eq!(v.needs(now), vec![]);
+        // One learnt by asking is read once, not at each of its events.
+        v.apply(Change::Started { id: "pause".into() }, now);
+        assert_eq!(v.needs(now), vec![Need::Describe("pause".into())]);
+        v.apply(Change::NotAContainer { id: "pause".into() }, now);
+        v.apply(Change::Exited { id: "pause".into() }, now);
+        assert_eq!(v.undescribed(), 0);
+        assert_eq!(v.needs(now), vec![]);
+        // Removed, its id is forgotten (and tombstoned).
+        v.apply(Change::Removed { id: "pause".into() }, now);
+        assert!(!v.not_containers.contains("pause"));
+    }
+
+    #[test]
+    fn a_container_read_is_dated_by_its_first_event() {
+        let t0 = Instant::now();
+        let t1 = t0 + Duration::from_millis(5);
+        let mut v = NodeView::new();
+        v.apply(listing(10, vec![]), t0);
+        assert!(!v.undescribed_seen_by(t1));
+        v.apply(Change::Started { id: "new".into() }, t1);
+        v.apply(
+            Change::Exited { id: "new".into() },
+            t1 + Duration::from_secs(1),
+        );
+        assert!(!v.undescribed_seen_by(t0), "appeared after t0");
+        assert!(v.undescribed_seen_by(t1));
+        v.apply(Change::NotAContainer { id: "new".into() }, t1);
+        assert!(!v.undescribed_seen_by(t1 + Duration::from_secs(9)));
     }
 
     #[test]

@@ -23,6 +23,8 @@ pub struct Waiter {
     pub since: Instant,
     /// Whether the hold was already logged, so a long wait logs once.
     pub announced: bool,
+    /// What the wait was last held for, so a change of it is logged (at debug) once.
+    pub held_for: Vec<String>,
 }
 
 /// The API server's own word on whether a pod the watch shows staying is staying.
@@ -255,6 +257,7 @@ impl ShareSync<'_> {
                     Waiter {
                         since,
                         announced: false,
+                        held_for: Vec::new(),
                     },
                 );
                 debug!(container = %key, "exit file waiting");

@@ -26,7 +26,7 @@ use crate::exec;
 use crate::log;
 use crate::log::Lossy;
 use crate::sys::{self, Instant, SignalFd};
-use crate::wait::{ExitRequest, Outcome};
+use crate::wait::{ExitRequest, Outcome, POLL_FALLBACK};
 
 /// The signals that end a wait early, after removing `exit`.
 const SIGNALS: [c_int; 3] = [libc::SIGTERM, libc::SIGINT, libc::SIGHUP];
@@ -69,6 +69,13 @@ fn wait_for_permission(args: &WaitArgs) -> Option<c_int> {
             return None;
         }
     };
+    if let Some(err) = request.polling() {
+        log!(
+            "cannot watch {dir} with inotify ({err}; raise fs.inotify.max_user_instances \
+             on the node); checking every {}ms instead",
+            POLL_FALLBACK.as_millis()
+        );
+    }
     log!("waiting up to {timeout} for exit permission in {dir}");
     let mut signalled = None;
     match request.wait(args.timeout, signals.as_ref()) {

@@ -10,6 +10,13 @@
 //! every pod's shutdown. inotify sees writes made on the host side of the
 //! bind mount because watches are on the inode, not on the mount.
 //!
+//! inotify instances are limited per user across the whole node
+//! (`fs.inotify.max_user_instances`, 128 by default), and every container
+//! running as root shares root's: when a node drains hundreds of pods at once
+//! the limit is reached. Failing open then would release sidecars out of
+//! order exactly when it matters most, so the wait checks the file every
+//! [`POLL_FALLBACK`] instead, and says so.
+//!
 //! Nobody but this process creates or removes `exit`, and the agent only
 //! ever replaces it (rename). If it disappears while waiting, someone else
 //! removed it, and the wait ends as [`Outcome::ExitFileGone`]: recreating
@@ -43,6 +50,8 @@ const CREATE_ATTEMPTS: usize = 3;
 const MAX_POLL: Duration = Duration::from_secs(3600);
 /// Room for many `struct inotify_event`s with a NAME_MAX name each.
 const EVENT_BUFFER: usize = 4096;
+/// How often `exit` is read when no inotify instance or watch can be had.
+pub const POLL_FALLBACK: Duration = Duration::from_millis(50);
 
 /// How a wait ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -90,7 +99,26 @@ impl core::error::Error for SetupError {
 #[derive(Debug)]
 pub struct ExitRequest {
     exit_file: CString,
-    inotify: Fd,
+    watch: Watch,
+}
+
+/// How the answer is noticed.
+#[derive(Debug)]
+enum Watch {
+    Inotify(Fd),
+    /// No inotify instance or watch could be had (the error says why): `exit`
+    /// is read every [`POLL_FALLBACK`].
+    Polling(OsError),
+}
+
+/// Whether an inotify failure is the node running out of instances or
+/// watches (worth waiting without them) rather than a problem of the
+/// directory.
+fn out_of_inotify(err: OsError) -> bool {
+    matches!(
+        err,
+        OsError(libc::EMFILE | libc::ENFILE | libc::ENOMEM | libc::ENOSPC)
+    )
 }
 
 impl ExitRequest {
@@ -112,23 +140,31 @@ impl ExitRequest {
                 source,
             }
         };
-        let inotify = sys::inotify_init(libc::IN_NONBLOCK | libc::IN_CLOEXEC)
-            .map_err(fail("set up inotify for"))?;
-        // ONLYDIR makes a missing mount that left a plain file behind fail
-        // here, with a clear message, instead of at the first file operation.
-        sys::inotify_add_watch(
-            &inotify,
-            dir,
-            libc::IN_CLOSE_WRITE
-                | libc::IN_MOVED_TO
-                | libc::IN_CREATE
-                | libc::IN_DELETE
-                | libc::IN_MOVED_FROM
-                | libc::IN_DELETE_SELF
-                | libc::IN_MOVE_SELF
-                | libc::IN_ONLYDIR,
-        )
-        .map_err(fail("watch"))?;
+        let watch = match sys::inotify_init(libc::IN_NONBLOCK | libc::IN_CLOEXEC) {
+            Ok(inotify) => {
+                // ONLYDIR makes a missing mount that left a plain file behind
+                // fail here, with a clear message, instead of at the first
+                // file operation.
+                match sys::inotify_add_watch(
+                    &inotify,
+                    dir,
+                    libc::IN_CLOSE_WRITE
+                        | libc::IN_MOVED_TO
+                        | libc::IN_CREATE
+                        | libc::IN_DELETE
+                        | libc::IN_MOVED_FROM
+                        | libc::IN_DELETE_SELF
+                        | libc::IN_MOVE_SELF
+                        | libc::IN_ONLYDIR,
+                ) {
+                    Ok(()) => Watch::Inotify(inotify),
+                    Err(err) if out_of_inotify(err) => Watch::Polling(err),
+                    Err(err) => return Err(fail("watch")(err)),
+                }
+            }
+            Err(err) if out_of_inotify(err) => Watch::Polling(err),
+            Err(err) => return Err(fail("set up inotify for")(err)),
+        };
 
         let exit_file = exit_file_in(dir).map_err(fail("create exit file in"))?;
         let mut attempts = 0;
@@ -144,7 +180,15 @@ impl ExitRequest {
             let _ = remove_file(&exit_file);
             return Err(fail("write exit file in")(err));
         }
-        Ok(ExitRequest { exit_file, inotify })
+        Ok(ExitRequest { exit_file, watch })
+    }
+
+    /// Why the answer is polled for instead of watched, if it is.
+    pub fn polling(&self) -> Option<OsError> {
+        match self.watch {
+            Watch::Inotify(_) => None,
+            Watch::Polling(err) => Some(err),
+        }
     }
 
     /// Blocks until the agent allows the exit, `timeout` passes, `exit` or
@@ -156,6 +200,10 @@ impl ExitRequest {
         if let Some(outcome) = self.check_answer() {
             return Ok(outcome);
         }
+        let inotify = match &self.watch {
+            Watch::Inotify(inotify) => inotify,
+            Watch::Polling(_) => return self.poll_answer(deadline, signals),
+        };
         let mut buffer = [0u8; EVENT_BUFFER];
         loop {
             let slice = match deadline {
@@ -171,14 +219,11 @@ impl ExitRequest {
             };
             let ready = match signals {
                 Some(signals) => sys::poll(
-                    [
-                        (&self.inotify, sys::READABLE),
-                        (signals.fd(), sys::READABLE),
-                    ],
+                    [(inotify, sys::READABLE), (signals.fd(), sys::READABLE)],
                     slice,
                 )
                 .map(|[events, signal]| (events != 0, signal != 0)),
-                None => sys::poll_readable(&self.inotify, slice).map(|events| (events, false)),
+                None => sys::poll_readable(inotify, slice).map(|events| (events, false)),
             };
             let (events_ready, signal_ready) = match ready {
                 Ok(ready) => ready,
@@ -194,7 +239,7 @@ impl ExitRequest {
                 continue;
             }
 
-            let events = self.drain_events(&mut buffer)?;
+            let events = drain_events(inotify, &mut buffer)?;
             let answer = if events.recheck {
                 self.check_answer()
             } else {
@@ -211,41 +256,53 @@ impl ExitRequest {
         }
     }
 
+    /// Without inotify: reads `exit` every [`POLL_FALLBACK`]. A removed
+    /// directory shows as a missing `exit`.
+    fn poll_answer(
+        &self,
+        deadline: Option<Instant>,
+        signals: Option<&SignalFd>,
+    ) -> Result<Outcome, OsError> {
+        loop {
+            let slice = match deadline {
+                Some(deadline) => {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        return Ok(Outcome::TimedOut);
+                    }
+                    left.min(POLL_FALLBACK)
+                }
+                None => POLL_FALLBACK,
+            };
+            match signals {
+                Some(signals) => match sys::poll_readable(signals.fd(), slice) {
+                    Ok(true) => {
+                        if let Some(signal) = signals.take()? {
+                            return Ok(Outcome::Signalled(signal));
+                        }
+                    }
+                    Ok(false) | Err(OsError(libc::EINTR)) => {}
+                    Err(err) => return Err(err),
+                },
+                None => sys::sleep_until(Instant::now().saturating_add(slice)),
+            }
+            if let Some(outcome) = self.check_answer() {
+                return Ok(outcome);
+            }
+        }
+    }
+
     /// Stops watching, without the kernel's slow teardown of the inotify instance on this
     /// process's path (see [`sys::close_detached`]).
     pub fn finish(self) {
-        sys::close_detached(self.inotify);
+        if let Watch::Inotify(inotify) = self.watch {
+            sys::close_detached(inotify);
+        }
     }
 
     /// Removes `exit`, whatever it holds; a missing file is fine.
     pub fn withdraw(&self) -> Result<(), OsError> {
         remove_file(&self.exit_file)
-    }
-
-    fn drain_events(&self, buffer: &mut [u8]) -> Result<Events, OsError> {
-        let mut events = Events::default();
-        loop {
-            let len = match sys::read(&self.inotify, buffer) {
-                Ok(0) | Err(OsError(libc::EAGAIN)) => return Ok(events),
-                Ok(len) => len,
-                Err(OsError(libc::EINTR)) => continue,
-                Err(err) => return Err(err),
-            };
-            for event in sys::inotify_events(&buffer[..len]) {
-                // MOVE_SELF counts as gone too: the agent answers at the
-                // path, which no longer leads to this directory.
-                let gone =
-                    libc::IN_DELETE_SELF | libc::IN_MOVE_SELF | libc::IN_UNMOUNT | libc::IN_IGNORED;
-                if event.mask & gone != 0 {
-                    events.directory_gone = true;
-                }
-                // After an overflow, events for `exit` may have been lost.
-                let about_exit = event.name == EXIT_FILE.as_bytes();
-                if about_exit || event.mask & libc::IN_Q_OVERFLOW != 0 {
-                    events.recheck = true;
-                }
-            }
-        }
     }
 
     /// What `exit` says now: `Allowed` for the agent's `allow`,
@@ -257,6 +314,32 @@ impl ExitRequest {
             Ok(answer) if answer.trim_ascii() == ALLOW => Some(Outcome::Allowed),
             Err(OsError(libc::ENOENT)) => Some(Outcome::ExitFileGone),
             Ok(_) | Err(_) => None,
+        }
+    }
+}
+
+fn drain_events(inotify: &Fd, buffer: &mut [u8]) -> Result<Events, OsError> {
+    let mut events = Events::default();
+    loop {
+        let len = match sys::read(inotify, buffer) {
+            Ok(0) | Err(OsError(libc::EAGAIN)) => return Ok(events),
+            Ok(len) => len,
+            Err(OsError(libc::EINTR)) => continue,
+            Err(err) => return Err(err),
+        };
+        for event in sys::inotify_events(&buffer[..len]) {
+            // MOVE_SELF counts as gone too: the agent answers at the
+            // path, which no longer leads to this directory.
+            let gone =
+                libc::IN_DELETE_SELF | libc::IN_MOVE_SELF | libc::IN_UNMOUNT | libc::IN_IGNORED;
+            if event.mask & gone != 0 {
+                events.directory_gone = true;
+            }
+            // After an overflow, events for `exit` may have been lost.
+            let about_exit = event.name == EXIT_FILE.as_bytes();
+            if about_exit || event.mask & libc::IN_Q_OVERFLOW != 0 {
+                events.recheck = true;
+            }
         }
     }
 }

@@ -467,3 +467,94 @@ fn wrapped_command_gets_the_signals_the_wait_caught() {
         stderr(&output)
     );
 }
+
+/// The unprivileged user the hook runs as in [`without_inotify_instances_the_wait_polls`].
+const NOBODY: u32 = 65534;
+
+/// Holds every inotify instance `uid` may have (fs.inotify.max_user_instances), as a node
+/// draining hundreds of pods whose sidecars run as the same user does; killed on drop.
+struct InotifyHog(std::process::Child);
+
+impl InotifyHog {
+    fn start(uid: u32) -> InotifyHog {
+        use std::os::unix::process::CommandExt;
+        let max: u64 = fs::read_to_string("/proc/sys/fs/inotify/max_user_instances")
+            .expect("read fs.inotify.max_user_instances")
+            .trim()
+            .parse()
+            .expect("max_user_instances is a number");
+        let mut command = Command::new("sleep");
+        command.arg("600");
+        // SAFETY: between fork and exec only async-signal-safe calls are made
+        // (setrlimit, setgid, setuid, inotify_init1), on values owned by the closure.
+        unsafe {
+            command.pre_exec(move || {
+                let room = libc::rlimit {
+                    rlim_cur: max + 64,
+                    rlim_max: max + 64,
+                };
+                if libc::setrlimit(libc::RLIMIT_NOFILE, &room) != 0
+                    || libc::setgid(uid) != 0
+                    || libc::setuid(uid) != 0
+                {
+                    return Err(std::io::Error::last_os_error());
+                }
+                // Without CLOEXEC: `sleep` inherits and holds them.
+                while libc::inotify_init1(0) >= 0 {}
+                Ok(())
+            });
+        }
+        InotifyHog(command.spawn().expect("start the inotify hog"))
+    }
+}
+
+impl Drop for InotifyHog {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// On a node out of inotify instances for the sidecar's user, the wait must not fail
+/// open (releasing the sidecar out of order during a mass drain): it polls `exit`.
+#[test]
+fn without_inotify_instances_the_wait_polls() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "this test needs root (setuid to another user) and CI runs as root"
+        );
+        eprintln!("skipped: needs root");
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::os::unix::fs::chown(dir.path(), Some(NOBODY), Some(NOBODY)).expect("chown dir");
+    let _hog = InotifyHog::start(NOBODY);
+
+    use std::os::unix::process::CommandExt;
+    let mut command = Command::new(BIN);
+    command
+        .args(["wait", "--dir", path(dir.path()), "--timeout", "60s"])
+        .uid(NOBODY)
+        .gid(NOBODY);
+    let mut hook = Hook::spawn_command(command);
+    hook.wait_for_stderr("checking every 50ms instead");
+    assert!(
+        hook.stderr_so_far().contains("max_user_instances"),
+        "{}",
+        hook.stderr_so_far()
+    );
+    wait_for_request(dir.path());
+    hook.assert_blocked_for(BLOCKED_FOR);
+
+    answer(dir.path(), "allow\n");
+    let output = hook.exit_within(PROMPTLY);
+    assert_code(&output, 0);
+    assert!(
+        stderr(&output).contains("exit allowed after "),
+        "{}",
+        stderr(&output)
+    );
+    assert!(!exit_file(dir.path()).exists(), "exit must be removed");
+}

@@ -43,6 +43,9 @@ pub struct AgentAllow {
     pub at_ns: i64,
     /// When the agent saw the exit file appear (its `waited_us` before the stamp), Unix ns.
     pub wait_since_ns: Option<i64>,
+    /// The agent's own part: from the later of the exit file and the pod's last exit as the
+    /// runtime reported it, to the stamp (`decided_us`).
+    pub decided_ns: Option<i64>,
 }
 
 /// Unix nanoseconds of an RFC 3339 UTC timestamp with at least microsecond precision.
@@ -103,6 +106,11 @@ pub fn parse_allow(line: &serde_json::Value) -> Result<Option<AgentAllow>, LogEr
             .and_then(|f| f.get("waited_us"))
             .and_then(serde_json::Value::as_i64)
             .map(|us| timestamp_ns(stamp).unwrap_or_default() - us * 1000),
+        decided_ns: line
+            .get("fields")
+            .and_then(|f| f.get("decided_us"))
+            .and_then(serde_json::Value::as_i64)
+            .map(|us| us * 1000),
     }))
 }
 
@@ -190,7 +198,7 @@ mod tests {
                 r#"{"timestamp":"2026-11-21T12:00:00.000100Z","level":"INFO","fields":{"message":"exit held","event":"held","pod":"p1","container":"proxy","waiting_for":"[\"app\"]"}}"#,
             ),
             json(
-                r#"{"timestamp":"2026-11-21T12:00:00.250500Z","level":"INFO","fields":{"message":"exit allowed","event":"allow","pod":"p1","container":"proxy","reason":"ordered","waited_ms":250}}"#,
+                r#"{"timestamp":"2026-11-21T12:00:00.250500Z","level":"INFO","fields":{"message":"exit allowed","event":"allow","pod":"p1","container":"proxy","reason":"ordered","waited_ms":250,"waited_us":250400,"decided_us":1200}}"#,
             ),
             json(
                 r#"{"timestamp":"2026-11-21T12:00:01.000000Z","level":"INFO","fields":{"message":"exit allowed","event":"allow","pod":"p1","container":"proxy","reason":"deadline","waited_ms":1}}"#,
@@ -203,6 +211,8 @@ mod tests {
         let a = &log.allows[&key];
         assert_eq!(a.reason, "ordered");
         assert_eq!(a.at_ns, 1_795_262_400_250_500_000);
+        assert_eq!(a.wait_since_ns, Some(1_795_262_400_000_100_000));
+        assert_eq!(a.decided_ns, Some(1_200_000));
         assert_eq!(log.allows.len(), 1);
 
         let bad = json(

@@ -50,6 +50,10 @@ pub struct State {
     pub fail_status_of: std::collections::HashSet<String>,
     pub list_calls: u64,
     pub status_calls: u64,
+    /// ContainerStatus of these ids waits until the gate opens (a runtime slow to answer).
+    pub held_status: HashMap<String, Arc<tokio::sync::Semaphore>>,
+    /// ContainerStatus calls made, by id.
+    pub status_calls_of: HashMap<String, u64>,
     /// What Version answers (default "fake", so the agent polls).
     pub runtime_name: Option<(String, String)>,
     /// The CRI event stream's feed, once a test turns events on.
@@ -196,6 +200,45 @@ impl FakeCri {
         }
     }
 
+    /// Makes ContainerStatus of `id` wait until [`FakeCri::release_status_of`].
+    pub fn hold_status_of(&self, id: &str) {
+        self.state
+            .lock()
+            .unwrap()
+            .held_status
+            .insert(id.to_owned(), Arc::new(tokio::sync::Semaphore::new(0)));
+    }
+
+    /// Lets every held ContainerStatus of `id` answer.
+    pub fn release_status_of(&self, id: &str) {
+        if let Some(gate) = self.state.lock().unwrap().held_status.remove(id) {
+            gate.close();
+        }
+    }
+
+    /// ContainerStatus calls made for `id` so far.
+    pub fn status_calls_of(&self, id: &str) -> u64 {
+        self.state
+            .lock()
+            .unwrap()
+            .status_calls_of
+            .get(id)
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// Sends an event for any id (a sandbox's, one the fake does not know...).
+    pub fn send_event(&self, id: &str, kind: ContainerEventType) {
+        let s = self.state.lock().unwrap();
+        if let Some(tx) = &s.events {
+            let _ = tx.send(ContainerEventResponse {
+                container_id: id.to_owned(),
+                container_event_type: kind as i32,
+                ..Default::default()
+            });
+        }
+    }
+
     /// Removes a container from the runtime.
     pub fn remove(&self, id: &str) {
         self.state.lock().unwrap().containers.retain(|c| c.id != id);
@@ -322,6 +365,15 @@ impl RuntimeService for FakeCri {
     ) -> Result<Response<ContainerStatusResponse>, Status> {
         self.check()?;
         let id = req.into_inner().container_id;
+        let gate = {
+            let mut s = self.state.lock().unwrap();
+            *s.status_calls_of.entry(id.clone()).or_default() += 1;
+            s.held_status.get(&id).cloned()
+        };
+        if let Some(gate) = gate {
+            // Closed when released; nothing else ends the wait.
+            let _ = gate.acquire().await;
+        }
         let mut s = self.state.lock().unwrap();
         s.status_calls += 1;
         if s.fail_status_of.contains(&id) {

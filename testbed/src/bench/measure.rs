@@ -22,6 +22,9 @@ pub struct Allow {
     pub reason: String,
     /// When the sidecar's exit file appeared (Unix ns), as the writer saw it.
     pub wait_since_ns: Option<i64>,
+    /// How much of the delay was the writer's own (after it learnt of the trigger), when
+    /// it says.
+    pub decided_ns: Option<i64>,
 }
 
 /// What the sidecar's preStop hook did.
@@ -92,6 +95,9 @@ impl Tally {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Outcome {
     pub delays_ms: Vec<f64>,
+    /// Of the ordered allows, the writer's own part of each delay (the rest is the runtime
+    /// telling of the exit).
+    pub decided_ms: Vec<f64>,
     pub tally: Tally,
     /// Ordered allows whose wait began after the app had exited (their trigger is the exit
     /// file's appearance).
@@ -146,6 +152,9 @@ pub fn assess(trials: &[Trial]) -> Outcome {
         tally.ordered += 1;
         out.delays_ms
             .push(allow.at_ns.saturating_sub(trigger).max(0) as f64 / 1e6);
+        if let Some(d) = allow.decided_ns {
+            out.decided_ms.push(d as f64 / 1e6);
+        }
     }
     out
 }
@@ -182,6 +191,7 @@ mod tests {
                 at_ns,
                 reason: reason.to_owned(),
                 wait_since_ns,
+                decided_ns: None,
             }),
             prestop: PreStop::Waited,
             deletion_failed: false,

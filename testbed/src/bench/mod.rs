@@ -445,6 +445,7 @@ fn agent_trials(
                     at_ns: a.at_ns,
                     reason: a.reason.clone(),
                     wait_since_ns: a.wait_since_ns,
+                    decided_ns: a.decided_ns,
                 }),
                 prestop: prestop_of(res),
                 deletion_failed: res.is_err(),
@@ -556,6 +557,7 @@ async fn detect_with_kruise(
                     // The daemon only looks once a second; when the wait began is read from
                     // the exit file's mtime.
                     wait_since_ns: a.wait_since_ns,
+                    decided_ns: None,
                 }),
                 prestop: prestop_of(res),
                 deletion_failed: res.is_err(),
@@ -647,6 +649,7 @@ fn usage(before: &Sample, after: &Sample) -> Usage {
         rss_mib: mib(after.memory.rss_kib),
         peak_rss_mib: mib(after.memory.peak_kib),
         cpu_seconds: (after.cpu_seconds - before.cpu_seconds).max(0.0),
+        cpu_wait_seconds: (after.cpu_wait_seconds - before.cpu_wait_seconds).max(0.0),
     }
 }
 
@@ -685,13 +688,7 @@ async fn resources(
     tokio::time::sleep(args.idle).await;
     let after = Sample::take(pid)?;
     let u = usage(&before, &after);
-    let idle = IdleRow::new(
-        pods.len(),
-        t0.elapsed().as_secs_f64(),
-        u.rss_mib,
-        u.peak_rss_mib,
-        u.cpu_seconds,
-    );
+    let idle = IdleRow::new(pods.len(), t0.elapsed().as_secs_f64(), u);
 
     let extra = args.burst_pods.saturating_sub(pods.len());
     if extra > 0 {

@@ -38,6 +38,8 @@ pub struct Sample {
     pub memory: Memory,
     /// utime + stime of every thread so far.
     pub cpu_seconds: f64,
+    /// Time its live threads spent runnable but waiting for a CPU (schedstat's run_delay).
+    pub cpu_wait_seconds: f64,
 }
 
 impl Sample {
@@ -51,8 +53,41 @@ impl Sample {
         Ok(Sample {
             memory: memory(&status)?,
             cpu_seconds: ticks as f64 / hz as f64,
+            cpu_wait_seconds: run_delay_ns(pid)? as f64 / 1e9,
         })
     }
+}
+
+/// The run-queue wait of every live thread of `pid`, in ns: the second field of each
+/// /proc/<pid>/task/<tid>/schedstat. A thread that ended takes its share with it, so this is a
+/// lower bound.
+fn run_delay_ns(pid: u32) -> Result<u64, ProcError> {
+    let dir = PathBuf::from(format!("/proc/{pid}/task"));
+    let tasks = std::fs::read_dir(&dir).map_err(|source| ProcError::Read { path: dir, source })?;
+    let mut total = 0;
+    for task in tasks.flatten() {
+        // A thread that ends between the listing and the read is skipped.
+        if let Ok(text) = std::fs::read_to_string(task.path().join("schedstat")) {
+            total += run_delay(&text)?;
+        }
+    }
+    Ok(total)
+}
+
+/// The run-queue wait (ns) from the text of a schedstat file: `<on cpu> <run delay> <slices>`.
+pub fn run_delay(schedstat: &str) -> Result<u64, ProcError> {
+    let v = schedstat
+        .split_whitespace()
+        .nth(1)
+        .ok_or(ProcError::Missing {
+            file: "schedstat",
+            field: "run_delay",
+        })?;
+    v.parse().map_err(|_| ProcError::NotANumber {
+        file: "schedstat",
+        field: "run_delay",
+        value: v.to_owned(),
+    })
 }
 
 fn read(pid: u32, file: &str) -> Result<String, ProcError> {
@@ -121,6 +156,22 @@ mod tests {
 
     const STATUS: &str = "Name:\texitorder\nUmask:\t0022\nState:\tS (sleeping)\n\
         VmPeak:\t  812345 kB\nVmHWM:\t   14336 kB\nVmRSS:\t   12288 kB\nThreads:\t4\n";
+
+    #[test]
+    fn run_delay_from_schedstat() {
+        assert_eq!(run_delay("764988 80389 2\n").unwrap(), 80389);
+        assert!(matches!(
+            run_delay("1"),
+            Err(ProcError::Missing {
+                field: "run_delay",
+                ..
+            })
+        ));
+        assert!(matches!(
+            run_delay("1 x 2"),
+            Err(ProcError::NotANumber { .. })
+        ));
+    }
 
     #[test]
     fn memory_from_status() {

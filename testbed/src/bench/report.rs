@@ -57,6 +57,11 @@ pub struct DetectRow {
     pub detect_to_allow_p50_ms: Option<f64>,
     pub detect_to_allow_p99_ms: Option<f64>,
     pub detect_to_allow_max_ms: Option<f64>,
+    /// Of each ordered allow, the agent's own part: from the later of the exit file and the
+    /// runtime's report of the exit, to `allow` (the rest is the runtime's event delivery).
+    /// None for the baseline daemon, which does not say.
+    pub agent_part_p50_ms: Option<f64>,
+    pub agent_part_p99_ms: Option<f64>,
     /// Ordered allows whose wait began only after the app had exited (their trigger is the
     /// exit file's appearance).
     pub late_waits: usize,
@@ -67,6 +72,7 @@ pub struct DetectRow {
 impl DetectRow {
     pub fn new(source: impl Into<String>, deletions: usize, outcome: &Outcome) -> Self {
         let f = figures(&outcome.delays_ms);
+        let agent = figures(&outcome.decided_ms);
         DetectRow {
             source: source.into(),
             deletions,
@@ -74,6 +80,8 @@ impl DetectRow {
             detect_to_allow_p50_ms: f.p50,
             detect_to_allow_p99_ms: f.p99,
             detect_to_allow_max_ms: f.max,
+            agent_part_p50_ms: agent.p50,
+            agent_part_p99_ms: agent.p99,
             late_waits: outcome.late_waits,
             tally: outcome.tally.clone(),
         }
@@ -128,16 +136,19 @@ pub struct IdleRow {
     pub rss_mib: f64,
     pub peak_rss_mib: f64,
     pub cpu_seconds: f64,
+    /// Time the agent was runnable but waited for a CPU (its threads' schedstat run_delay).
+    pub cpu_wait_seconds: f64,
 }
 
 impl IdleRow {
-    pub fn new(pods: usize, seconds: f64, rss_mib: f64, peak_rss_mib: f64, cpu: f64) -> Self {
+    pub fn new(pods: usize, seconds: f64, usage: Usage) -> Self {
         IdleRow {
             pods,
             seconds: round3(seconds),
-            rss_mib: round3(rss_mib),
-            peak_rss_mib: round3(peak_rss_mib),
-            cpu_seconds: round3(cpu),
+            rss_mib: round3(usage.rss_mib),
+            peak_rss_mib: round3(usage.peak_rss_mib),
+            cpu_seconds: round3(usage.cpu_seconds),
+            cpu_wait_seconds: round3(usage.cpu_wait_seconds),
         }
     }
 }
@@ -153,10 +164,16 @@ pub struct BurstRow {
     pub rss_mib: f64,
     pub peak_rss_mib: f64,
     pub cpu_seconds: f64,
+    /// Time the agent was runnable but waited for a CPU: a saturated node's share of its
+    /// delays.
+    pub cpu_wait_seconds: f64,
     /// The latest allow's delay after its app's exit.
     pub latest_allow_after_trigger_ms: Option<f64>,
     pub detect_to_allow_p50_ms: Option<f64>,
     pub detect_to_allow_p99_ms: Option<f64>,
+    /// The agent's own part of each ordered allow's delay (see [`DetectRow`]).
+    pub agent_part_p50_ms: Option<f64>,
+    pub agent_part_p99_ms: Option<f64>,
     pub samples: usize,
     pub late_waits: usize,
     /// Where every deleted pod counted, exactly once.
@@ -173,6 +190,7 @@ pub struct Usage {
     pub rss_mib: f64,
     pub peak_rss_mib: f64,
     pub cpu_seconds: f64,
+    pub cpu_wait_seconds: f64,
 }
 
 impl BurstRow {
@@ -183,6 +201,7 @@ impl BurstRow {
         outcome: &Outcome,
     ) -> Self {
         let f = figures(&outcome.delays_ms);
+        let agent = figures(&outcome.decided_ms);
         BurstRow {
             pods_asked,
             pods_started,
@@ -191,9 +210,12 @@ impl BurstRow {
             rss_mib: round3(usage.rss_mib),
             peak_rss_mib: round3(usage.peak_rss_mib),
             cpu_seconds: round3(usage.cpu_seconds),
+            cpu_wait_seconds: round3(usage.cpu_wait_seconds),
             latest_allow_after_trigger_ms: f.max,
             detect_to_allow_p50_ms: f.p50,
             detect_to_allow_p99_ms: f.p99,
+            agent_part_p50_ms: agent.p50,
+            agent_part_p99_ms: agent.p99,
             samples: outcome.delays_ms.len(),
             late_waits: outcome.late_waits,
             tally: outcome.tally.clone(),
@@ -287,8 +309,8 @@ impl Report {
             );
             let _ = writeln!(
                 t,
-                "  {:<42} {:>9} {:>9} {:>9} {:>8} {:>6}  anomalies",
-                "source", "p50 ms", "p99 ms", "max ms", "samples", "late"
+                "  {:<42} {:>9} {:>9} {:>9} {:>15} {:>8} {:>6}  anomalies",
+                "source", "p50 ms", "p99 ms", "max ms", "agent p50/p99", "samples", "late"
             );
             for (label, r) in [
                 ("exitorder, containerd events", &d.containerd_events),
@@ -306,11 +328,12 @@ impl Report {
             ] {
                 let _ = writeln!(
                     t,
-                    "  {:<42} {:>9} {:>9} {:>9} {:>8} {:>6}  {}",
+                    "  {:<42} {:>9} {:>9} {:>9} {:>15} {:>8} {:>6}  {}",
                     label,
                     ms(r.detect_to_allow_p50_ms),
                     ms(r.detect_to_allow_p99_ms),
                     ms(r.detect_to_allow_max_ms),
+                    format!("{}/{}", ms(r.agent_part_p50_ms), ms(r.agent_part_p99_ms)),
                     r.samples,
                     r.late_waits,
                     anomalies(&r.tally)
@@ -318,7 +341,9 @@ impl Report {
             }
             let _ = writeln!(
                 t,
-                "  (late: counted allows whose wait began after the app had exited)"
+                "  (agent: its own part, from the later of the exit file and the runtime's \
+                 report of the exit to allow; the rest is the runtime's delivery. late: \
+                 counted allows whose wait began after the app had exited)"
             );
         }
         if let Some(r) = &self.allow_to_return {
@@ -355,41 +380,46 @@ impl Report {
             );
             let _ = writeln!(
                 t,
-                "  {:<42} {:>9} {:>9} {:>9} {:>8}",
-                "phase", "RSS MiB", "peak MiB", "CPU s", "wall s"
+                "  {:<42} {:>9} {:>9} {:>9} {:>11} {:>8}",
+                "phase", "RSS MiB", "peak MiB", "CPU s", "CPU wait s", "wall s"
             );
         }
         if let Some(i) = &self.agent_idle {
             let _ = writeln!(
                 t,
-                "  {:<42} {:>9.2} {:>9.2} {:>9.3} {:>8.1}",
+                "  {:<42} {:>9.2} {:>9.2} {:>9.3} {:>11.3} {:>8.1}",
                 format!("idle, {} opted-in pods running", i.pods),
                 i.rss_mib,
                 i.peak_rss_mib,
                 i.cpu_seconds,
+                i.cpu_wait_seconds,
                 i.seconds
             );
         }
         if let Some(b) = &self.agent_burst {
             let _ = writeln!(
                 t,
-                "  {:<42} {:>9.2} {:>9.2} {:>9.3} {:>8.1}",
+                "  {:<42} {:>9.2} {:>9.2} {:>9.3} {:>11.3} {:>8.1}",
                 format!("deleting {} pods at once", b.pods_deleted),
                 b.rss_mib,
                 b.peak_rss_mib,
                 b.cpu_seconds,
+                b.cpu_wait_seconds,
                 b.seconds
             );
             let _ = writeln!(
                 t,
                 "  burst: {} pods asked, {} started, {} deleted; latest allow {} ms after its \
-                 app's exit (p50 {}, p99 {}; {} samples, {} late); anomalies: {}",
+                 app's exit (p50 {}, p99 {}; agent's part p50 {}, p99 {}; {} samples, {} \
+                 late); anomalies: {}",
                 b.pods_asked,
                 b.pods_started,
                 b.pods_deleted,
                 ms(b.latest_allow_after_trigger_ms),
                 ms(b.detect_to_allow_p50_ms),
                 ms(b.detect_to_allow_p99_ms),
+                ms(b.agent_part_p50_ms),
+                ms(b.agent_part_p99_ms),
                 b.samples,
                 b.late_waits,
                 anomalies(&b.tally)
@@ -476,7 +506,16 @@ mod tests {
                     },
                 ),
             }),
-            agent_idle: Some(IdleRow::new(2, 1.0, 9.5, 10.25, 0.0)),
+            agent_idle: Some(IdleRow::new(
+                2,
+                1.0,
+                Usage {
+                    rss_mib: 9.5,
+                    peak_rss_mib: 10.25,
+                    cpu_seconds: 0.0,
+                    cpu_wait_seconds: 0.0,
+                },
+            )),
             agent_burst: Some({
                 let mut b = BurstRow::new(
                     (3, 3, 3),
@@ -485,6 +524,7 @@ mod tests {
                         rss_mib: 10.0,
                         peak_rss_mib: 11.0,
                         cpu_seconds: 0.12,
+                        cpu_wait_seconds: 0.01,
                     },
                     &outcome(&[5.0, 7.0, 9.0]),
                 );
