@@ -400,13 +400,20 @@ fn events_only(cfg: &mut Config) {
     cfg.reconcile_interval = Duration::from_secs(3600);
 }
 
+/// A two-level pod on a runtime with a CRI event stream, and an agent that reads the runtime
+/// only when events (or its start-up listing) tell it to; returns the app's id.
+async fn streaming_two_level_pod(rig: &mut Rig) -> String {
+    rig.cri().with_events("cri-o", "1.30.2");
+    let (app, _) = two_level_pod(rig, 600);
+    rig.start_agent_with(events_only);
+    source_becomes(&rig.stats, "cri_events").await;
+    app
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn streaming_runtime_events_trigger_the_allow() {
     let mut rig = Rig::new();
-    rig.cri().with_events("cri-o", "1.30.2");
-    let (app, _) = two_level_pod(&rig, 600);
-    rig.start_agent_with(events_only);
-    source_becomes(&rig.stats, "cri_events").await;
+    let app = streaming_two_level_pod(&mut rig).await;
     let f = rig.request_exit(APP_UID, "proxy");
     stays_waiting(&f, Duration::from_millis(200)).await;
     rig.cri().set_state(&app, ContainerState::ContainerExited);
@@ -434,10 +441,7 @@ async fn unimplemented_event_stream_falls_back_to_polling() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dropped_stream_reconnects_and_misses_nothing() {
     let mut rig = Rig::new();
-    rig.cri().with_events("cri-o", "1.30.2");
-    let (app, _) = two_level_pod(&rig, 600);
-    rig.start_agent_with(events_only);
-    source_becomes(&rig.stats, "cri_events").await;
+    let app = streaming_two_level_pod(&mut rig).await;
     let f = rig.request_exit(APP_UID, "proxy");
     stays_waiting(&f, Duration::from_millis(100)).await;
     // The runtime restarts mid-drain: the stream ends, and main exits with no event sent.
@@ -624,10 +628,7 @@ async fn described(rig: &Rig, id: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_read_that_finds_a_sandbox_releases_the_pod_it_held() {
     let mut rig = Rig::new();
-    rig.cri().with_events("cri-o", "1.30.2");
-    let (app, _) = two_level_pod(&rig, 600);
-    rig.start_agent_with(events_only);
-    source_becomes(&rig.stats, "cri_events").await;
+    let app = streaming_two_level_pod(&mut rig).await;
     rig.cri().hold_status_of("pause-1");
     rig.cri()
         .send_event("pause-1", ContainerEventType::ContainerStartedEvent);
@@ -652,10 +653,7 @@ async fn a_read_that_finds_a_sandbox_releases_the_pod_it_held() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_container_starting_after_the_exit_file_holds_no_pod() {
     let mut rig = Rig::new();
-    rig.cri().with_events("cri-o", "1.30.2");
-    let (app, _) = two_level_pod(&rig, 600);
-    rig.start_agent_with(events_only);
-    source_becomes(&rig.stats, "cri_events").await;
+    let app = streaming_two_level_pod(&mut rig).await;
     let f = rig.request_exit(APP_UID, "proxy");
     stays_waiting(&f, Duration::from_millis(100)).await;
     // Another pod's container starts; its read does not answer.

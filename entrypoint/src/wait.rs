@@ -206,16 +206,8 @@ impl ExitRequest {
         };
         let mut buffer = [0u8; EVENT_BUFFER];
         loop {
-            let slice = match deadline {
-                Some(deadline) => {
-                    let left = deadline.saturating_duration_since(Instant::now());
-                    if left.is_zero() {
-                        return Ok(Outcome::TimedOut);
-                    }
-                    left.min(MAX_POLL)
-                }
-                // A timeout too large for the clock is as good as none.
-                None => MAX_POLL,
+            let Some(slice) = next_slice(deadline, MAX_POLL) else {
+                return Ok(Outcome::TimedOut);
             };
             let ready = match signals {
                 Some(signals) => sys::poll(
@@ -264,15 +256,8 @@ impl ExitRequest {
         signals: Option<&SignalFd>,
     ) -> Result<Outcome, OsError> {
         loop {
-            let slice = match deadline {
-                Some(deadline) => {
-                    let left = deadline.saturating_duration_since(Instant::now());
-                    if left.is_zero() {
-                        return Ok(Outcome::TimedOut);
-                    }
-                    left.min(POLL_FALLBACK)
-                }
-                None => POLL_FALLBACK,
+            let Some(slice) = next_slice(deadline, POLL_FALLBACK) else {
+                return Ok(Outcome::TimedOut);
             };
             match signals {
                 Some(signals) => match sys::poll_readable(signals.fd(), slice) {
@@ -315,6 +300,18 @@ impl ExitRequest {
             Err(OsError(libc::ENOENT)) => Some(Outcome::ExitFileGone),
             Ok(_) | Err(_) => None,
         }
+    }
+}
+
+/// How long to wait next: at most `most`, and no later than `deadline`; `None` once the
+/// deadline has passed. No deadline (a timeout too large for the clock) is as good as none.
+fn next_slice(deadline: Option<Instant>, most: Duration) -> Option<Duration> {
+    match deadline {
+        Some(deadline) => {
+            let left = deadline.saturating_duration_since(Instant::now());
+            (!left.is_zero()).then(|| left.min(most))
+        }
+        None => Some(most),
     }
 }
 
