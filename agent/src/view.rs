@@ -739,6 +739,83 @@ mod tests {
             }
         }
 
+        type Flat = Vec<(String, String, String, RunState)>;
+
+        /// Every container of a view, sorted by id.
+        fn flat(v: &NodeView) -> Flat {
+            let mut all: Flat = v
+                .pods()
+                .flat_map(|(uid, p)| {
+                    p.containers.values().map(|c| {
+                        (
+                            uid.clone(),
+                            c.info.id.clone(),
+                            c.info.name.clone(),
+                            c.info.state,
+                        )
+                    })
+                })
+                .collect();
+            all.sort_by(|a, b| a.1.cmp(&b.1));
+            all
+        }
+
+        /// The view the events of `lives` give when applied in the order `order` picks, the
+        /// view a listing of the same node gives, and what the first left undescribed.
+        fn by_events_and_by_listing(lives: &[(u8, u8, u8)], order: &[u32]) -> (Flat, Flat, usize) {
+            let now = Instant::now();
+            let info = |i: usize, pod: u8, state: RunState| ContainerInfo {
+                id: format!("c{i}"),
+                pod_uid: format!("0f5c7a1e-8d2b-4c3e-9f00-{pod:012}"),
+                name: format!("n{i}"),
+                attempt: 0,
+                created_at: 1,
+                state,
+                grace: None,
+            };
+            let mut events = Vec::new();
+            let mut truth = Vec::new();
+            for (i, (pod, reached, described)) in lives.iter().copied().enumerate() {
+                let id = format!("c{i}");
+                events.push(Change::Started { id: id.clone() });
+                if reached >= 2 {
+                    events.push(Change::Exited { id: id.clone() });
+                }
+                if reached >= 3 {
+                    events.push(Change::Removed { id: id.clone() });
+                } else {
+                    truth.push(info(i, pod, state_at(reached)));
+                }
+                // The description tells the state at some point of its life.
+                events.push(Change::Described {
+                    info: info(i, pod, state_at(described.min(reached.min(2)))),
+                    env: Ok(None),
+                });
+            }
+            // Any interleaving.
+            let mut keyed: Vec<(u32, Change)> = events
+                .into_iter()
+                .enumerate()
+                .map(|(i, e)| (order[i % order.len()].wrapping_add(i as u32), e))
+                .collect();
+            keyed.sort_by_key(|(k, _)| *k);
+            let mut by_events = NodeView::new();
+            by_events.apply(Change::Listed(Listing::default()), now);
+            for (_, e) in keyed {
+                by_events.apply(e, now);
+            }
+            let mut by_listing = NodeView::new();
+            by_listing.apply(
+                Change::Listed(Listing {
+                    asked_at_ns: 2,
+                    sandboxes: vec![],
+                    containers: truth,
+                }),
+                now,
+            );
+            (flat(&by_events), flat(&by_listing), by_events.undescribed())
+        }
+
         proptest! {
             #![proptest_config(ProptestConfig::with_cases(2000))]
             #[test]
@@ -746,67 +823,29 @@ mod tests {
                 lives in lives(),
                 order in prop::collection::vec(any::<u32>(), 40),
             ) {
-                let now = Instant::now();
-                let info = |i: usize, pod: u8, state: RunState| ContainerInfo {
-                    id: format!("c{i}"),
-                    pod_uid: format!("0f5c7a1e-8d2b-4c3e-9f00-00000000000{pod}"),
-                    name: format!("n{i}"),
-                    attempt: 0,
-                    created_at: 1,
-                    state,
-                    grace: None,
-                };
-                let mut events = Vec::new();
-                let mut truth = Vec::new();
-                for (i, (pod, reached, described)) in lives.iter().copied().enumerate() {
-                    let id = format!("c{i}");
-                    events.push(Change::Started { id: id.clone() });
-                    if reached >= 2 {
-                        events.push(Change::Exited { id: id.clone() });
-                    }
-                    if reached >= 3 {
-                        events.push(Change::Removed { id: id.clone() });
-                    } else {
-                        truth.push(info(i, pod, state_at(reached)));
-                    }
-                    // The description tells the state at some point of its life.
-                    events.push(Change::Described {
-                        info: info(i, pod, state_at(described.min(reached.min(2)))),
-                        env: Ok(None),
-                    });
-                }
-                // Any interleaving.
-                let mut keyed: Vec<(u32, Change)> = events
-                    .into_iter()
-                    .enumerate()
-                    .map(|(i, e)| (order[i % order.len()].wrapping_add(i as u32), e))
-                    .collect();
-                keyed.sort_by_key(|(k, _)| *k);
-                let mut by_events = NodeView::new();
-                by_events.apply(Change::Listed(Listing::default()), now);
-                for (_, e) in keyed {
-                    by_events.apply(e, now);
-                }
-                let mut by_listing = NodeView::new();
-                by_listing.apply(
-                    Change::Listed(Listing { asked_at_ns: 2, sandboxes: vec![], containers: truth }),
-                    now,
-                );
-                let flat = |v: &NodeView| {
-                    let mut all: Vec<(String, String, String, RunState)> = v
-                        .pods()
-                        .flat_map(|(uid, p)| {
-                            p.containers
-                                .values()
-                                .map(|c| (uid.clone(), c.info.id.clone(), c.info.name.clone(), c.info.state))
-                        })
-                        .collect();
-                    all.sort_by(|a, b| a.1.cmp(&b.1));
-                    all
-                };
-                prop_assert_eq!(flat(&by_events), flat(&by_listing));
-                prop_assert_eq!(by_events.undescribed(), 0);
+                let (by_events, by_listing, undescribed) = by_events_and_by_listing(&lives, &order);
+                prop_assert_eq!(by_events, by_listing);
+                prop_assert_eq!(undescribed, 0);
             }
+        }
+
+        /// A node's worth: 3,000 containers in 250 pods, their events shuffled.
+        #[test]
+        fn thousands_of_containers_by_events_give_the_listing_view() {
+            // A fixed linear congruential sequence: the same shuffle on every run.
+            let mut x: u32 = 12345;
+            let mut next = move || {
+                x = x.wrapping_mul(1_103_515_245).wrapping_add(12345);
+                x >> 8
+            };
+            let lives: Vec<(u8, u8, u8)> = (0..3000)
+                .map(|i| ((i % 250) as u8, (next() % 3 + 1) as u8, (next() % 3) as u8))
+                .collect();
+            let order: Vec<u32> = (0..997).map(|_| next()).collect();
+            let (by_events, by_listing, undescribed) = by_events_and_by_listing(&lives, &order);
+            assert_eq!(by_listing.len(), lives.iter().filter(|l| l.1 < 3).count());
+            assert_eq!(by_events, by_listing);
+            assert_eq!(undescribed, 0);
         }
     }
 
