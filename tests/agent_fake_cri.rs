@@ -525,7 +525,7 @@ async fn failed_env_reads_back_off() {
     rig.start_agent();
     let f = rig.request_exit(APP_UID, "log-shipper");
     stays_waiting(&f, Duration::from_millis(1000)).await;
-    let calls = rig.cri().state.lock().unwrap().status_calls;
+    let calls = rig.cri().status_calls();
     assert!(calls <= 10, "{calls} ContainerStatus calls in 1 s");
     rig.stop_agent().await;
 }

@@ -201,20 +201,21 @@ impl Agent {
         let mut unconfirmed = false;
         for (name, waiter) in p.waiting.iter_mut() {
             match decide::decide(facts.as_ref(), name.as_str(), waiter.since, now) {
-                Verdict::Allow(reason) => allowed.push((name.clone(), reason, waiter.announced)),
+                Verdict::Allow(reason) => {
+                    allowed.push((name.clone(), reason, waiter.held_for.is_some()))
+                }
                 Verdict::Wait { blocked_by, until } => {
                     wake = [wake, until].into_iter().flatten().min();
                     if staying {
                         // Not held for order: waiting for the settle time or the API
                         // server's confirmation, a restart's short pause.
                         unconfirmed |= p.confirm.staying_at.is_none_or(|c| c < waiter.since);
-                    } else if !waiter.announced {
-                        waiter.announced = true;
+                    } else if waiter.held_for.is_none() {
                         info!(event = "held", pod = %pod, container = %name, waiting_for = ?blocked_by, "exit held");
-                        waiter.held_for = blocked_by;
-                    } else if waiter.held_for != blocked_by {
+                        waiter.held_for = Some(blocked_by);
+                    } else if waiter.held_for.as_ref() != Some(&blocked_by) {
                         debug!(event = "still_held", pod = %pod, container = %name, waiting_for = ?blocked_by, "exit still held");
-                        waiter.held_for = blocked_by;
+                        waiter.held_for = Some(blocked_by);
                     }
                 }
             }

@@ -450,10 +450,9 @@ impl NodeView {
             // removed); an id learnt since is only described once more.
             self.not_containers.clear();
         }
-        self.not_containers
-            .extend(l.sandboxes.iter().map(|sb| sb.id.clone()));
         for sb in &l.sandboxes {
             self.undescribed.remove(&sb.id);
+            self.not_containers.insert(sb.id.clone());
         }
         let listed_ids: HashSet<&str> = l.containers.iter().map(|c| c.id.as_str()).collect();
         let listed_pods: HashSet<&str> = l

@@ -21,10 +21,9 @@ pub const CHURN_WINDOW: Duration = Duration::from_millis(100);
 
 pub struct Waiter {
     pub since: Instant,
-    /// Whether the hold was already logged, so a long wait logs once.
-    pub announced: bool,
-    /// What the wait was last held for, so a change of it is logged (at debug) once.
-    pub held_for: Vec<String>,
+    /// What the wait was held for when last logged (`None`: never held), so a long wait
+    /// logs its hold once, and a change of what holds it once more (at debug).
+    pub held_for: Option<Vec<String>>,
 }
 
 /// The API server's own word on whether a pod the watch shows staying is staying.
@@ -256,8 +255,7 @@ impl ShareSync<'_> {
                     key.container.clone(),
                     Waiter {
                         since,
-                        announced: false,
-                        held_for: Vec::new(),
+                        held_for: None,
                     },
                 );
                 debug!(container = %key, "exit file waiting");

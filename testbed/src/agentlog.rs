@@ -96,16 +96,17 @@ pub fn parse_allow(line: &serde_json::Value) -> Result<Option<AgentAllow>, LogEr
             field: "timestamp",
             line: line.to_string(),
         })?;
+    let at_ns = timestamp_ns(stamp)?;
     Ok(Some(AgentAllow {
         pod: field(line, ALLOWED, "pod")?,
         container: field(line, ALLOWED, "container")?,
         reason: field(line, ALLOWED, "reason")?,
-        at_ns: timestamp_ns(stamp)?,
+        at_ns,
         wait_since_ns: line
             .get("fields")
             .and_then(|f| f.get("waited_us"))
             .and_then(serde_json::Value::as_i64)
-            .map(|us| timestamp_ns(stamp).unwrap_or_default() - us * 1000),
+            .map(|us| at_ns - us * 1000),
         decided_ns: line
             .get("fields")
             .and_then(|f| f.get("decided_us"))

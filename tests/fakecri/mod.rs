@@ -49,7 +49,6 @@ pub struct State {
     /// ContainerStatus of these container ids fails (Unavailable).
     pub fail_status_of: std::collections::HashSet<String>,
     pub list_calls: u64,
-    pub status_calls: u64,
     /// ContainerStatus of these ids waits until the gate opens (a runtime slow to answer).
     pub held_status: HashMap<String, Arc<tokio::sync::Semaphore>>,
     /// ContainerStatus calls made, by id.
@@ -216,6 +215,11 @@ impl FakeCri {
         }
     }
 
+    /// ContainerStatus calls made so far, for any id.
+    pub fn status_calls(&self) -> u64 {
+        self.state.lock().unwrap().status_calls_of.values().sum()
+    }
+
     /// ContainerStatus calls made for `id` so far.
     pub fn status_calls_of(&self, id: &str) -> u64 {
         self.state
@@ -374,8 +378,7 @@ impl RuntimeService for FakeCri {
             // Closed when released; nothing else ends the wait.
             let _ = gate.acquire().await;
         }
-        let mut s = self.state.lock().unwrap();
-        s.status_calls += 1;
+        let s = self.state.lock().unwrap();
         if s.fail_status_of.contains(&id) {
             return Err(Status::unavailable("fake ContainerStatus failure"));
         }
