@@ -184,6 +184,32 @@ async fn deleted_pod_waits_is_ordered_and_tells() {
     l.stop().await;
 }
 
+/// The API server's spec is what says which containers are native sidecars (no annotation on
+/// the sandbox): `logs`, declared after `istio-proxy`, is stopped first by the kubelet, so it
+/// never waits for it, whatever the priorities say. It still waits for the main containers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn native_sidecars_from_the_spec_keep_the_kubelets_stop_order() {
+    let mut pod = api_pod(Some((60, 60)));
+    pod["metadata"]["annotations"][ANNOTATION] = r#"{"proxy":2,"istio-proxy":1,"logs":2}"#.into();
+    pod["spec"]["initContainers"] = serde_json::json!([
+        {"name": "istio-proxy", "image": "p", "restartPolicy": "Always"},
+        {"name": "logs", "image": "l", "restartPolicy": "Always"},
+    ]);
+    let mut l = Linked::new(60, Some(pod));
+    l.rig.cri().add_container(APP_UID, "istio-proxy", 0, 60);
+    l.rig.cri().add_container(APP_UID, "logs", 0, 60);
+    l.start(Duration::from_millis(250));
+    watch_state_becomes(&l.rig.stats, "up", Duration::from_secs(5)).await;
+    let f = l.rig.request_exit(APP_UID, "logs");
+    // Waits for the app (a main container, stopped first)...
+    stays_waiting(&f, Duration::from_millis(300)).await;
+    l.app_exits();
+    // ...and not for istio-proxy, which still runs.
+    assert!(allowed_within(&f, Duration::from_secs(2)).await);
+    allows_reach(&l.rig.stats, Reason::Ordered, 1).await;
+    l.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pod_not_deleted_is_allowed_at_once() {
     let mut l = Linked::new(60, Some(api_pod(None)));
@@ -423,17 +449,7 @@ fn agent_options(rig: &Rig, env: Vec<(String, String)>) -> exitorder_testbed::Ag
 async fn agent_binary_watches_pods_through_kubeconfig() {
     let l = Linked::new(60, Some(api_pod(None)));
     let dir = tempfile::tempdir().expect("tempdir");
-    let kubeconfig = dir.path().join("kubeconfig");
-    std::fs::write(
-        &kubeconfig,
-        format!(
-            "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n    server: http://{}\n\
-             contexts:\n- name: fake\n  context:\n    cluster: fake\n    user: fake\n\
-             current-context: fake\nusers:\n- name: fake\n  user: {{}}\n",
-            l.api.addr
-        ),
-    )
-    .expect("write kubeconfig");
+    let kubeconfig = l.api.write_kubeconfig(dir.path());
     let env = vec![
         ("KUBECONFIG".to_owned(), kubeconfig.display().to_string()),
         ("NODE_NAME".to_owned(), NODE.to_owned()),

@@ -67,6 +67,39 @@ async fn three_levels_answered_in_order() {
     rig.stop_agent().await;
 }
 
+/// Native sidecars (the webhook's annotation on the sandbox: no API server needed) declared
+/// istio-proxy then logs: the kubelet stops logs first. Priorities that ask logs to wait for
+/// istio-proxy are not followed for that pair, or the pod would be held to its deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_native_sidecar_never_waits_for_one_the_kubelet_stops_later() {
+    let mut rig = Rig::new();
+    rig.cri().add_pod(
+        APP_UID,
+        &[
+            (ANNOTATION, r#"{"istio-proxy":1,"logs":2}"#),
+            (
+                exitorder_contract::annotation::NATIVE_SIDECARS,
+                r#"["istio-proxy","logs"]"#,
+            ),
+        ],
+    );
+    let app = rig.cri().add_container(APP_UID, "app", 0, 60);
+    rig.cri().add_container(APP_UID, "istio-proxy", 0, 60);
+    rig.cri().add_container(APP_UID, "logs", 0, 60);
+    rig.start_agent();
+    let logs = rig.request_exit(APP_UID, "logs");
+    let proxy = rig.request_exit(APP_UID, "istio-proxy");
+    // Both wait for the app, which the kubelet stops before any native sidecar.
+    stays_waiting(&logs, Duration::from_millis(200)).await;
+    stays_waiting(&proxy, Duration::from_millis(10)).await;
+    rig.cri().set_state(&app, ContainerState::ContainerExited);
+    // istio-proxy still runs, and logs is allowed all the same.
+    assert!(allowed_within(&logs, Duration::from_secs(2)).await);
+    assert!(allowed_within(&proxy, Duration::from_secs(2)).await);
+    allows_reach(&rig.stats, Reason::Ordered, 2).await;
+    rig.stop_agent().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restarted_agent_answers_files_already_waiting() {
     let mut rig = Rig::new();

@@ -14,6 +14,7 @@ const DELETIONS: u64 = 6;
 const RETURNS: u64 = 6;
 const IDLE_PODS: u64 = 3;
 const BURST_PODS: u64 = 5;
+const REVIEWS: u64 = 40;
 
 fn num(v: &Value, path: &str) -> f64 {
     let mut cur = v;
@@ -91,6 +92,8 @@ async fn bench_reports_every_figure() {
         &IDLE_PODS.to_string(),
         "--burst-pods",
         &BURST_PODS.to_string(),
+        "--reviews",
+        &REVIEWS.to_string(),
     ])
     .expect("bench flags")
     .bench;
@@ -175,4 +178,14 @@ async fn bench_reports_every_figure() {
         num(burst, "runtime_list_max_ms"),
     );
     assert!(0.0 <= list_p50 && list_p50 <= list_max, "{burst}");
+
+    // Every review answered; the examples cycle: three opted in (patched), one not.
+    let w = &r["webhook"];
+    assert_eq!(num(w, "reviews"), REVIEWS as f64, "{w}");
+    assert_eq!(num(w, "samples"), REVIEWS as f64, "{w}");
+    assert_eq!(num(w, "patched"), (REVIEWS * 3 / 4) as f64, "{w}");
+    assert_eq!(num(w, "unchanged"), (REVIEWS / 4) as f64, "{w}");
+    assert_eq!(num(w, "denied"), 0.0, "{w}");
+    assert!(num(w, "rss_mib") > 0.0, "{w}");
+    assert_ordered(w, "review", "review_max_ms");
 }

@@ -75,6 +75,9 @@ pub struct Agent {
     pub(crate) api: Option<PodView>,
     pod_signals: Option<mpsc::UnboundedReceiver<PodSignal>>,
     pub(crate) pod_events: Option<EventSink>,
+    /// Finished Jobs' sidecar shutdown (with an API server only).
+    pub(crate) jobs: Option<crate::jobs::JobLink>,
+    jobs_task: Option<crate::jobs::JobsTask>,
 }
 
 impl Agent {
@@ -114,6 +117,8 @@ impl Agent {
             api: None,
             pod_signals: None,
             pod_events: None,
+            jobs: None,
+            jobs_task: None,
         };
         let mut dirty = BTreeSet::new();
         agent.sync().rescan(&mut dirty);
@@ -127,8 +132,27 @@ impl Agent {
     pub fn with_cluster(mut self, cluster: Cluster) -> Self {
         self.api = Some(cluster.view);
         self.pod_signals = Some(cluster.signals);
+        let (link, task) = crate::jobs::start(
+            self.runtime.clone(),
+            &self.cfg.share_dir,
+            Some(cluster.events.clone()),
+            self.stats.clone(),
+        );
         self.pod_events = Some(cluster.events);
+        self.jobs = Some(link);
+        self.jobs_task = Some(task);
         self
+    }
+
+    /// [`job_check`](Self::job_check) of every pod the node view has.
+    pub(crate) fn job_check_all(&mut self) {
+        if self.jobs.is_none() {
+            return;
+        }
+        let uids: Vec<String> = self.view.pods().map(|(uid, _)| uid.clone()).collect();
+        for uid in uids {
+            self.job_check(&uid);
+        }
     }
 
     pub fn pending_count(&self) -> usize {
@@ -175,6 +199,10 @@ impl Agent {
             .reader_task
             .take()
             .map(|t| tokio::spawn(t.run().instrument(tracing::info_span!("runtime_reader"))));
+        let jobs_task = self
+            .jobs_task
+            .take()
+            .map(|t| tokio::spawn(t.run().instrument(tracing::info_span!("jobs"))));
         let source_task = tokio::spawn(
             source::run(
                 self.runtime.channel(),
@@ -255,6 +283,9 @@ impl Agent {
         }
         source_task.abort();
         if let Some(t) = reader_task {
+            t.abort();
+        }
+        if let Some(t) = jobs_task {
             t.abort();
         }
         self.stats.set_watching(false);
@@ -370,7 +401,11 @@ impl Agent {
             self.runtime_ok = true;
             self.stats.set_runtime_ok(true);
             dirty.extend(self.waits.pending.keys().cloned());
+            self.job_check_all();
             return;
+        }
+        for uid in &touched {
+            self.job_check(uid);
         }
         for uid in touched {
             if let Ok(pod) = PodUid::parse(&uid) {

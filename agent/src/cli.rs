@@ -26,6 +26,9 @@ pub struct Cli {
 pub enum Command {
     /// Run the node agent (one per node, as a DaemonSet).
     Agent(AgentArgs),
+    /// Run the admission webhook (a Deployment): pods annotated `exitorder.io/inject: "true"`
+    /// get the share, the mounts and the waiting preStop on every sidecar.
+    Webhook(WebhookArgs),
     /// The demo on a private containerd: runs `exitorder-testbed demo` (a separate binary,
     /// not in the node image).
     #[command(disable_help_flag = true)]
@@ -134,6 +137,54 @@ impl AgentArgs {
     }
 }
 
+#[derive(Debug, Clone, Args)]
+pub struct WebhookArgs {
+    /// PEM certificate chain to serve (a mounted Secret's `tls.crt`); reloaded when it changes.
+    #[arg(long, env = "EXITORDER_WEBHOOK_CERT")]
+    pub cert: PathBuf,
+    /// PEM private key of the certificate (`tls.key`).
+    #[arg(long, env = "EXITORDER_WEBHOOK_KEY")]
+    pub key: PathBuf,
+    /// Address of the HTTPS endpoint: /mutate, /healthz, /readyz, /metrics.
+    #[arg(long, env = "EXITORDER_WEBHOOK_ADDR", default_value = "0.0.0.0:8443")]
+    pub addr: SocketAddr,
+    /// The share's host path, as the agents' `--share-dir`.
+    #[arg(
+        long,
+        env = "EXITORDER_SHARE_DIR",
+        default_value = exitorder_contract::share::DEFAULT_DIR
+    )]
+    pub share_dir: String,
+    /// The agents' `--grace-reserve`: injected entrypoints give up this long before the pod's
+    /// grace period ends.
+    #[arg(long, env = "EXITORDER_GRACE_RESERVE", default_value = "5s", value_parser = parse_duration)]
+    pub grace_reserve: Duration,
+    /// How often the certificate files are checked for a change.
+    #[arg(long, env = "EXITORDER_WEBHOOK_RELOAD_INTERVAL", default_value = "5s", value_parser = parse_duration)]
+    pub reload_interval: Duration,
+    /// How long the requests in flight get after SIGTERM.
+    #[arg(long, env = "EXITORDER_SHUTDOWN_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
+    pub shutdown_timeout: Duration,
+}
+
+impl WebhookArgs {
+    pub fn config(&self) -> crate::webhook::WebhookConfig {
+        crate::webhook::WebhookConfig {
+            addr: self.addr,
+            files: crate::webhook::CertFiles {
+                cert: self.cert.clone(),
+                key: self.key.clone(),
+            },
+            settings: crate::webhook::Settings {
+                share_dir: self.share_dir.clone(),
+                grace_reserve: self.grace_reserve,
+            },
+            reload_interval: self.reload_interval.max(Duration::from_millis(10)),
+            shutdown_timeout: self.shutdown_timeout,
+        }
+    }
+}
+
 /// `exitorder-entrypoint` beside the running executable: true both in a build tree
 /// (target/<profile>/) and in the agent image.
 pub fn default_entrypoint_binary() -> PathBuf {
@@ -172,6 +223,31 @@ mod tests {
             .entrypoint_binary
             .unwrap()
             .ends_with("exitorder-entrypoint"));
+    }
+
+    #[test]
+    fn webhook_flags_and_defaults() {
+        let cli = Cli::try_parse_from([
+            "exitorder",
+            "webhook",
+            "--cert",
+            "/tls/tls.crt",
+            "--key",
+            "/tls/tls.key",
+        ])
+        .unwrap();
+        let Command::Webhook(w) = cli.command else {
+            panic!("parsed as another command");
+        };
+        let cfg = w.config();
+        assert_eq!(cfg.addr.port(), 8443);
+        assert_eq!(cfg.files.cert, PathBuf::from("/tls/tls.crt"));
+        assert_eq!(cfg.settings.share_dir, "/var/lib/exitorder");
+        assert_eq!(cfg.settings.grace_reserve, Duration::from_secs(5));
+        let err = Cli::try_parse_from(["exitorder", "webhook", "--cert", "c"])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("--key"), "{err}");
     }
 
     #[test]

@@ -7,6 +7,8 @@
 use std::fmt;
 use std::time::{Duration, Instant};
 
+use crate::stoporder::StopOrder;
+
 /// A container attempt's state as the runtime reports it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RunState {
@@ -40,6 +42,9 @@ pub struct PodFacts {
     /// When waiting must end regardless of order: the grace deadline minus the reserve the
     /// sidecar needs to drain before the kubelet's SIGKILL.
     pub deadline: Option<Instant>,
+    /// The kubelet's own stop order (native sidecars): no container waits for one the
+    /// kubelet stops only after it.
+    pub stop_order: StopOrder,
 }
 
 /// Whether the pod is going away, which is what makes exit order matter.
@@ -133,16 +138,26 @@ pub fn newest_by<T>(items: &[T], key: impl Fn(&T) -> (&str, u32, i64)) -> Vec<&T
     newest
 }
 
-/// The lower-priority containers (newest attempts) that may still run. Created-but-never-
-/// started containers do not block: the kubelet starts nothing in a pod that is being deleted.
+/// The lower-priority containers (newest attempts) that may still run, apart from those the
+/// kubelet stops only after `me` (see [`beyond_stop_order`]). Created-but-never-started
+/// containers do not block: the kubelet starts nothing in a pod that is being deleted.
 /// Unknown state may still be running, so it blocks until the deadline.
-fn blockers(newest: &[&Attempt], priority: u8) -> Vec<String> {
-    newest
-        .iter()
-        .filter(|a| a.priority < priority)
-        .filter(|a| matches!(a.state, RunState::Running | RunState::Unknown))
+fn blockers(newest: &[&Attempt], me: &Attempt, order: &StopOrder) -> Vec<String> {
+    lower_and_running(newest, me)
+        .filter(|a| !order.stops_after(&me.name, &a.name))
         .map(|a| a.name.clone())
         .collect()
+}
+
+fn lower_and_running<'a>(
+    newest: &'a [&'a Attempt],
+    me: &'a Attempt,
+) -> impl Iterator<Item = &'a Attempt> + 'a {
+    newest
+        .iter()
+        .copied()
+        .filter(move |a| a.priority < me.priority)
+        .filter(|a| matches!(a.state, RunState::Running | RunState::Unknown))
 }
 
 /// The containers `waiting` would still be waiting for, ignoring deadlines: what a deadline
@@ -150,7 +165,20 @@ fn blockers(newest: &[&Attempt], priority: u8) -> Vec<String> {
 pub fn still_running(pod: &PodFacts, waiting: &str) -> Vec<String> {
     let newest = newest_attempts(&pod.attempts);
     match newest.iter().find(|a| a.name == waiting) {
-        Some(me) => blockers(&newest, me.priority),
+        Some(me) => blockers(&newest, me, &pod.stop_order),
+        None => Vec::new(),
+    }
+}
+
+/// The lower-priority containers `waiting` does not wait for because the kubelet stops them
+/// only after it (native sidecars): waiting for them would hold the pod to its deadline.
+pub fn beyond_stop_order(pod: &PodFacts, waiting: &str) -> Vec<String> {
+    let newest = newest_attempts(&pod.attempts);
+    match newest.iter().find(|a| a.name == waiting) {
+        Some(me) => lower_and_running(&newest, me)
+            .filter(|a| pod.stop_order.stops_after(&me.name, &a.name))
+            .map(|a| a.name.clone())
+            .collect(),
         None => Vec::new(),
     }
 }
@@ -179,7 +207,7 @@ pub fn decide(pod: Option<&PodFacts>, waiting: &str, since: Instant, now: Instan
         // its answer.
         settled_at = (now < at).then_some(at);
     }
-    let mut blocked_by = blockers(&newest, me.priority);
+    let mut blocked_by = blockers(&newest, me, &pod.stop_order);
     blocked_by.extend(
         pod.unknown
             .iter()
@@ -219,6 +247,7 @@ mod tests {
             unknown: Vec::new(),
             deletion: Deletion::Deleting,
             deadline,
+            stop_order: StopOrder::default(),
         }
     }
 
@@ -277,6 +306,40 @@ mod tests {
             let p = pod(attempts, d);
             assert_eq!(decide(Some(&p), waiting, now, now), want, "{name}");
         }
+    }
+
+    #[test]
+    fn no_wait_for_a_container_the_kubelet_stops_later() {
+        let now = Instant::now();
+        let d = Some(now + Duration::from_secs(20));
+        // Declared: istio-proxy, then logs. The kubelet stops app, then logs, then
+        // istio-proxy. Priorities that contradict it: logs 2 above istio-proxy 1, and a main
+        // container above both.
+        let mut p = pod(
+            vec![
+                c("app", 0, Running, 0),
+                c("batch", 0, Running, 3),
+                c("istio-proxy", 0, Running, 1),
+                c("logs", 0, Running, 2),
+            ],
+            d,
+        );
+        p.stop_order = StopOrder::new(vec!["istio-proxy".into(), "logs".into()]);
+        assert_eq!(decide(Some(&p), "logs", now, now), wait(&["app"], d));
+        assert_eq!(beyond_stop_order(&p, "logs"), vec!["istio-proxy"]);
+        assert_eq!(decide(Some(&p), "batch", now, now), wait(&["app"], d));
+        assert_eq!(beyond_stop_order(&p, "batch"), vec!["istio-proxy", "logs"]);
+        // What the order allows is still waited for.
+        assert_eq!(decide(Some(&p), "istio-proxy", now, now), wait(&["app"], d));
+        assert!(beyond_stop_order(&p, "istio-proxy").is_empty());
+        p.attempts[0].state = Exited;
+        assert_eq!(decide(Some(&p), "logs", now, now), allow(Reason::Ordered));
+        // Without the order, the same priorities wait for the sidecar.
+        p.stop_order = StopOrder::default();
+        assert_eq!(
+            decide(Some(&p), "logs", now, now),
+            wait(&["istio-proxy"], d)
+        );
     }
 
     #[test]

@@ -13,6 +13,7 @@ use crate::podwatch::{ApiPod, ConfirmRequest, PodSignal};
 use crate::reader::Read;
 use crate::recorder::{ExitNotice, PodRef};
 use crate::share::{ExitKey, PodUid};
+use crate::stoporder::StopOrder;
 
 /// How long after a failed confirming read the next may be asked.
 const CONFIRM_RETRY: Duration = Duration::from_secs(1);
@@ -52,7 +53,7 @@ impl Agent {
     }
 
     /// The API server's current view of a pending pod.
-    fn api_pod(&self, pod: &PodUid) -> Option<ApiPod> {
+    pub(crate) fn api_pod(&self, pod: &PodUid) -> Option<ApiPod> {
         let api = self.api.as_ref()?;
         match self.sandbox(pod) {
             Some(sb) => api.get(&sb.namespace, &sb.name, pod.as_str()),
@@ -101,22 +102,37 @@ impl Agent {
         let v = self.view.pod(pod.as_str())?;
         let api_annotations = api.as_ref().map(|a| &a.annotations);
         let named = facts::pod_priorities(v, api_annotations);
-        let mut ordered = facts::order(v, named);
+        let stop_order = facts::stop_order(v, api.as_ref().map(|a| &a.native_sidecars[..]));
+        let mut ordered = facts::order(
+            v,
+            named,
+            stop_order.as_ref().unwrap_or(&StopOrder::default()),
+        );
         if api_annotations.is_none() && v.sandbox.is_none() && ordered.malformed.is_none() {
             // The pod's annotations (its sandbox) are being read: any priority may change.
             ordered.unknown.push("the pod's annotations".to_owned());
         }
         if let Some(e) = &ordered.malformed {
             let e = e.clone();
-            self.warn_once(pod, &e);
+            self.warn_once(pod, &e, "bad exit priority; pod treated as unordered");
         }
+        let stop_order = stop_order.unwrap_or_else(|e| {
+            self.warn_once(
+                pod,
+                &e,
+                "bad native sidecar list; the kubelet's stop order is not known",
+            );
+            StopOrder::default()
+        });
         let maybe_ours = latest_wait.is_some_and(|t| self.view.undescribed_seen_by(t));
         if maybe_ours && ordered.malformed.is_none() {
             // A container that started before this pod's exit file is being read: it may be
             // this pod's. One that started later cannot be (see `undescribed_seen_by`).
             ordered.unknown.push("a container being read".to_owned());
         }
-        Some(facts::assemble(ordered, deletion, &clock))
+        let facts = facts::assemble(ordered, deletion, &clock, stop_order);
+        self.explain_stop_order(pod, &facts, &waiting);
+        Some(facts)
     }
 
     /// Whether the pod is going away, and its grace clock: the grace period (the deletion's
@@ -145,22 +161,48 @@ impl Agent {
         Some((deletion, clock))
     }
 
-    fn warn_once(&mut self, pod: &PodUid, e: &crate::priority::PriorityError) {
+    fn warn_once(&mut self, pod: &PodUid, e: &dyn std::error::Error, consequence: &str) {
         if self.warned.insert((pod.clone(), e.to_string())) {
-            warn!(pod = %pod, error = %e, "bad exit priority; pod treated as unordered");
+            warn!(pod = %pod, error = %e, "{consequence}");
+        }
+    }
+
+    /// Says, once per wait, which lower-priority containers a wait does not wait for because
+    /// the kubelet stops them only after it (native sidecars): priorities asked for a wait
+    /// that would hold the pod to its deadline.
+    fn explain_stop_order(&mut self, pod: &PodUid, facts: &PodFacts, waiting: &[&str]) {
+        for w in waiting {
+            let skipped = decide::beyond_stop_order(facts, w);
+            if skipped.is_empty() {
+                continue;
+            }
+            let key = format!("stop order: {w} <- {}", skipped.join(","));
+            if self.warned.insert((pod.clone(), key)) {
+                warn!(
+                    event = "stop_order",
+                    pod = %pod,
+                    container = %w,
+                    not_waiting_for = %skipped.join(","),
+                    "the kubelet stops these native sidecars only after this container: it does not wait for them, although its exit priority is higher"
+                );
+            }
         }
     }
 
     pub(crate) fn on_pod_signal(&mut self, sig: PodSignal, dirty: &mut BTreeSet<PodUid>) {
         match sig {
             PodSignal::Changed(uid) => {
+                self.job_check(&uid);
                 if let Ok(pod) = PodUid::parse(&uid) {
                     if self.waits.pending.contains_key(&pod) {
                         dirty.insert(pod);
                     }
                 }
             }
-            PodSignal::Resync => dirty.extend(self.waits.pending.keys().cloned()),
+            PodSignal::Resync => {
+                self.job_check_all();
+                dirty.extend(self.waits.pending.keys().cloned());
+            }
             PodSignal::Confirmed {
                 uid,
                 asked_at,

@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use crate::decide::{self, Attempt, Deletion, PodFacts};
 use crate::priority::{self, PodPriorities, PriorityError};
+use crate::stoporder::{StopOrder, StopOrderError};
 use crate::view::{ContainerEntry, EnvPriority, PodEntry};
 
 /// Kubernetes' default terminationGracePeriodSeconds, used when nothing says otherwise.
@@ -38,6 +39,26 @@ pub fn pod_priorities(
     }
 }
 
+/// The kubelet's stop order: from the API server's pod spec when there is one (its init
+/// containers with `restartPolicy: Always`), else from the webhook's annotation on the
+/// sandbox. A malformed annotation gives no order (the priorities alone decide) and says why.
+pub fn stop_order(
+    pod: &PodEntry,
+    api_native: Option<&[String]>,
+) -> Result<StopOrder, StopOrderError> {
+    if let Some(native) = api_native {
+        return Ok(StopOrder::new(native.to_vec()));
+    }
+    pod.sandbox
+        .iter()
+        .flat_map(|s| {
+            s.annotations
+                .get(exitorder_contract::annotation::NATIVE_SIDECARS)
+        })
+        .next()
+        .map_or(Ok(StopOrder::default()), |v| StopOrder::from_annotation(v))
+}
+
 /// The newest attempt of each container name.
 fn newest(pod: &PodEntry) -> HashMap<&str, &ContainerEntry> {
     let mut out: HashMap<&str, &ContainerEntry> = HashMap::new();
@@ -57,7 +78,12 @@ fn newest(pod: &PodEntry) -> HashMap<&str, &ContainerEntry> {
 /// malformed annotation or env makes the whole pod unordered (every container 0): bad input
 /// never holds a pod. A newest attempt whose env is not known yet, and that the annotation
 /// does not name, has an unknown priority.
-pub fn order(pod: &PodEntry, named: Result<Option<PodPriorities>, PriorityError>) -> Ordered {
+/// Native sidecars (`stop`) default to priority 1.
+pub fn order(
+    pod: &PodEntry,
+    named: Result<Option<PodPriorities>, PriorityError>,
+    stop: &StopOrder,
+) -> Ordered {
     let (named, mut malformed) = match named {
         Ok(n) => (n, None),
         Err(e) => (None, Some(e)),
@@ -90,7 +116,12 @@ pub fn order(pod: &PodEntry, named: Result<Option<PodPriorities>, PriorityError>
             attempt: c.info.attempt,
             created_at: c.info.created_at,
             state: c.info.state,
-            priority: priority::resolve(&c.info.name, named.as_ref(), env),
+            priority: priority::resolve_as(
+                &c.info.name,
+                named.as_ref(),
+                env,
+                stop.is_native(&c.info.name),
+            ),
         });
     }
     if malformed.is_some() {
@@ -136,12 +167,18 @@ impl Clock {
 }
 
 /// The facts a decision takes.
-pub fn assemble(ordered: Ordered, deletion: Deletion, clock: &Clock) -> PodFacts {
+pub fn assemble(
+    ordered: Ordered,
+    deletion: Deletion,
+    clock: &Clock,
+    stop_order: StopOrder,
+) -> PodFacts {
     PodFacts {
         attempts: ordered.attempts,
         unknown: ordered.unknown,
         deletion,
         deadline: Some(clock.deadline()),
+        stop_order,
     }
 }
 
@@ -172,6 +209,7 @@ pub fn without_runtime(waiting: &[&str], deletion: Deletion, clock: &Clock) -> P
         unknown: Vec::new(),
         deletion,
         deadline: Some(clock.deadline()),
+        stop_order: StopOrder::default(),
     }
 }
 
@@ -277,7 +315,7 @@ mod tests {
         ];
         for (what, annotation, containers, want, unknown) in table {
             let p = pod(annotation, containers);
-            let o = order(&p, pod_priorities(&p, None));
+            let o = order(&p, pod_priorities(&p, None), &StopOrder::default());
             let want: Vec<(String, u32, u8)> = want
                 .into_iter()
                 .map(|(n, a, p)| (n.to_owned(), a, p))
@@ -298,8 +336,48 @@ mod tests {
             r#"{"proxy": 4}"#.to_owned(),
         )]
         .into();
-        let o = order(&p, pod_priorities(&p, Some(&api)));
+        let o = order(&p, pod_priorities(&p, Some(&api)), &StopOrder::default());
         assert_eq!(prios(&o), vec![("proxy".to_owned(), 0, 4)]);
+    }
+
+    #[test]
+    fn native_sidecars_from_the_api_or_the_sandbox_default_to_one() {
+        let mut p = pod(
+            None,
+            vec![
+                entry("a", "app", 0, Running, known(None)),
+                entry("l", "logs", 0, Running, known(None)),
+                entry("e", "envoy", 0, Running, known(Some(2))),
+            ],
+        );
+        assert_eq!(stop_order(&p, None), Ok(StopOrder::default()));
+        if let Some(s) = p.sandbox.as_mut() {
+            s.annotations.insert(
+                exitorder_contract::annotation::NATIVE_SIDECARS.to_owned(),
+                r#"["envoy","logs"]"#.to_owned(),
+            );
+        }
+        let from_sandbox = stop_order(&p, None).unwrap();
+        assert_eq!(from_sandbox.native(), ["envoy", "logs"]);
+        let o = order(&p, pod_priorities(&p, None), &from_sandbox);
+        assert_eq!(
+            prios(&o),
+            vec![
+                ("app".to_owned(), 0, 0),
+                ("envoy".to_owned(), 0, 2),
+                ("logs".to_owned(), 0, 1)
+            ]
+        );
+        // The API server's spec wins over the annotation.
+        let api = ["logs".to_owned()];
+        assert_eq!(stop_order(&p, Some(&api)).unwrap().native(), ["logs"]);
+        if let Some(s) = p.sandbox.as_mut() {
+            s.annotations.insert(
+                exitorder_contract::annotation::NATIVE_SIDECARS.to_owned(),
+                "not json".to_owned(),
+            );
+        }
+        assert!(stop_order(&p, None).is_err());
     }
 
     #[test]

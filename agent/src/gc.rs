@@ -64,5 +64,12 @@ impl Agent {
             }
         }
         self.gc_suspects = suspects;
+        for record in
+            crate::jobs::stale_records(&self.cfg.share_dir, |uid| self.view.pod(uid).is_some())
+        {
+            if let Err(e) = std::fs::remove_file(&record) {
+                warn!(file = %record.display(), error = %e, "cannot remove the Job record of a pod that is gone");
+            }
+        }
     }
 }

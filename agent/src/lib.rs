@@ -9,12 +9,14 @@ pub mod app;
 pub mod backoff;
 pub mod cli;
 pub mod cluster;
+pub mod completion;
 pub mod config;
 pub mod decide;
 mod decisions;
 pub mod elf;
 pub mod facts;
 mod gc;
+pub mod jobs;
 pub mod metrics;
 pub mod podwatch;
 pub mod priority;
@@ -24,10 +26,12 @@ pub mod runtime;
 pub mod share;
 pub mod source;
 pub mod stats;
+pub mod stoporder;
 pub mod telemetry;
 pub mod view;
 pub mod waits;
 pub mod watch;
+pub mod webhook;
 
 /// Generated from proto/runtime/v1/api.proto: the CRI v1 subset exitorder calls.
 #[allow(clippy::all, clippy::pedantic)]

@@ -1,6 +1,6 @@
 use anyhow::Context;
 use clap::Parser;
-use exitorder::cli::{self, AgentArgs, Cli, Command, TestbedArgs};
+use exitorder::cli::{self, AgentArgs, Cli, Command, TestbedArgs, WebhookArgs};
 use exitorder::{app, telemetry};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
@@ -11,13 +11,14 @@ async fn main() -> anyhow::Result<()> {
     telemetry::init_logging().context("logging setup")?;
     match cli.command {
         Command::Agent(args) => run_agent(args).await,
+        Command::Webhook(args) => run_webhook(args).await,
         Command::Demo(args) => run_testbed("demo", args),
         Command::Bench(args) => run_testbed("bench", args),
     }
 }
 
-/// SIGTERM (the kubelet's) or SIGINT starts the bounded graceful shutdown.
-async fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
+/// A token cancelled by SIGTERM (the kubelet's) or SIGINT: the bounded graceful shutdown.
+fn on_signal() -> CancellationToken {
     let cancel = CancellationToken::new();
     let on_signal = cancel.clone();
     tokio::spawn(
@@ -27,7 +28,22 @@ async fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
         }
         .instrument(tracing::info_span!("signals")),
     );
-    app::run(args.app_config(), cancel).await?;
+    cancel
+}
+
+async fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
+    app::run(args.app_config(), on_signal()).await?;
+    Ok(())
+}
+
+async fn run_webhook(args: WebhookArgs) -> anyhow::Result<()> {
+    let webhook = exitorder::webhook::Webhook::bind(args.config())
+        .await
+        .context("webhook start-up")?;
+    webhook
+        .run(on_signal())
+        .instrument(tracing::info_span!("webhook"))
+        .await;
     Ok(())
 }
 

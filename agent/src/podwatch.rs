@@ -55,6 +55,10 @@ pub struct ApiPod {
     pub grace: Option<Duration>,
     pub restart_policy: Option<String>,
     pub annotations: BTreeMap<String, String>,
+    /// Init containers with `restartPolicy: Always` (native sidecars), in declaration order.
+    pub native_sidecars: Vec<String>,
+    /// The main containers (spec.containers), in declaration order.
+    pub containers: Vec<String>,
 }
 
 fn seconds(s: Option<i64>) -> Option<Duration> {
@@ -77,6 +81,18 @@ impl ApiPod {
             grace: seconds(spec.and_then(|s| s.termination_grace_period_seconds)),
             restart_policy: spec.and_then(|s| s.restart_policy.clone()),
             annotations: meta.annotations.clone().unwrap_or_default(),
+            native_sidecars: spec
+                .and_then(|s| s.init_containers.as_ref())
+                .into_iter()
+                .flatten()
+                .filter(|c| c.restart_policy.as_deref() == Some("Always"))
+                .map(|c| c.name.clone())
+                .collect(),
+            containers: spec
+                .into_iter()
+                .flat_map(|s| s.containers.iter())
+                .map(|c| c.name.clone())
+                .collect(),
         })
     }
 

@@ -110,11 +110,29 @@ where
 
 /// The priority a container ends up with.
 pub fn resolve(container: &str, pod: Option<&PodPriorities>, env: Option<u8>) -> u8 {
+    resolve_as(container, pod, env, false)
+}
+
+/// The priority a native sidecar gets when neither the annotation nor its env names one:
+/// it is a sidecar, so it exits after the main containers.
+pub const NATIVE_DEFAULT: u8 = 1;
+
+/// [`resolve`] for a container that may be a native sidecar (an init container with
+/// `restartPolicy: Always`).
+pub fn resolve_as(
+    container: &str,
+    pod: Option<&PodPriorities>,
+    env: Option<u8>,
+    native: bool,
+) -> u8 {
     if let Some(n) = pod.and_then(|p| p.get(container)) {
         return *n;
     }
     if let Some(n) = env {
         return n;
+    }
+    if native {
+        return NATIVE_DEFAULT;
     }
     PRESETS
         .iter()
@@ -193,5 +211,17 @@ mod tests {
         assert_eq!(resolve("istio-proxy", Some(&pod), None), 1);
         assert_eq!(resolve("app", Some(&pod), None), 0);
         assert_eq!(resolve("app", None, Some(2)), 2);
+        assert_eq!(resolve_as("logs", None, None, true), NATIVE_DEFAULT);
+        assert_eq!(resolve_as("logs", None, Some(3), true), 3);
+        assert_eq!(resolve_as("logs", None, Some(0), true), 0);
+        assert_eq!(
+            resolve_as(
+                "logs",
+                Some(&[("logs".to_owned(), 2)].into()),
+                Some(3),
+                true
+            ),
+            2
+        );
     }
 }

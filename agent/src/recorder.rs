@@ -1,5 +1,7 @@
 //! Kubernetes Events about exits the agent held: Normal `SidecarExitAllowed` when a container
-//! waited, Warning `SidecarExitDeadline` when the grace deadline released it first.
+//! waited, Warning `SidecarExitDeadline` when the grace deadline released it first; and
+//! Warning `SidecarShutdownFailed` when a sidecar a finished Job's shutdown stopped exited
+//! with a failure status (which marks the Job's pod failed although its work succeeded).
 //!
 //! Off the hot path: the decision loop hands a notice to a bounded queue and moves on (a full
 //! queue drops the notice and counts it); one task posts them. Each notice is its own event
@@ -23,9 +25,11 @@ use crate::stats::Stats;
 
 pub const REASON_ALLOWED: &str = "SidecarExitAllowed";
 pub const REASON_DEADLINE: &str = "SidecarExitDeadline";
+pub const REASON_SHUTDOWN_FAILED: &str = "SidecarShutdownFailed";
 /// events.k8s.io/v1 `reportingController`.
 pub const REPORTING_CONTROLLER: &str = "exitorder.io/agent";
 const ACTION: &str = "AllowExit";
+const ACTION_SHUTDOWN: &str = "ShutdownSidecar";
 
 /// Notices queued before new ones are dropped: a whole node draining at once fits.
 pub const QUEUE: usize = 1024;
@@ -57,9 +61,68 @@ pub struct ExitNotice {
     pub at: SystemTime,
 }
 
+/// A sidecar that a finished Job's shutdown stopped, and that exited with a failure status.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShutdownNotice {
+    pub pod: PodRef,
+    pub container: String,
+    pub exit_code: i32,
+    /// How it was shut down ("HTTP shutdown URL", "StopContainer").
+    pub how: String,
+    pub at: SystemTime,
+}
+
+/// Anything an event is posted for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Notice {
+    Exit(ExitNotice),
+    Shutdown(ShutdownNotice),
+}
+
+impl From<ExitNotice> for Notice {
+    fn from(n: ExitNotice) -> Self {
+        Notice::Exit(n)
+    }
+}
+
+impl From<ShutdownNotice> for Notice {
+    fn from(n: ShutdownNotice) -> Self {
+        Notice::Shutdown(n)
+    }
+}
+
+impl Notice {
+    fn pod(&self) -> &PodRef {
+        match self {
+            Notice::Exit(n) => &n.pod,
+            Notice::Shutdown(n) => &n.pod,
+        }
+    }
+}
+
 /// The event for a notice, as posted.
-pub fn event_for(n: &ExitNotice, reporting_instance: &str) -> Event {
-    let at = Timestamp::try_from(n.at).unwrap_or_else(|_| Timestamp::now());
+pub fn event_for(n: &Notice, reporting_instance: &str) -> Event {
+    match n {
+        Notice::Exit(n) => exit_event(n, reporting_instance),
+        Notice::Shutdown(n) => {
+            let note = format!(
+                "container {} exited with status {} after exitorder shut it down ({}) once the \
+                 main containers had finished; the pod's phase counts this status",
+                n.container, n.exit_code, n.how
+            );
+            event(
+                &n.pod,
+                &n.container,
+                n.at,
+                ("Warning", REASON_SHUTDOWN_FAILED, ACTION_SHUTDOWN),
+                note,
+                reporting_instance,
+            )
+        }
+    }
+}
+
+fn exit_event(n: &ExitNotice, reporting_instance: &str) -> Event {
     let waited = format!("{:.3}s", n.waited.as_secs_f64());
     let (type_, reason, note) = if n.reason == Reason::Deadline {
         (
@@ -85,31 +148,51 @@ pub fn event_for(n: &ExitNotice, reporting_instance: &str) -> Event {
             ),
         )
     };
+    event(
+        &n.pod,
+        &n.container,
+        n.at,
+        (type_, reason, ACTION),
+        note,
+        reporting_instance,
+    )
+}
+
+/// An event about one container of a pod: (type, reason, action).
+fn event(
+    pod: &PodRef,
+    container: &str,
+    at: SystemTime,
+    (type_, reason, action): (&str, &str, &str),
+    note: String,
+    reporting_instance: &str,
+) -> Event {
+    let at = Timestamp::try_from(at).unwrap_or_else(|_| Timestamp::now());
     Event {
         metadata: ObjectMeta {
             // The kubelet's and client-go's naming: unique per object and instant.
             // Cut so the name stays within the 253 characters an object name may have.
             name: Some(format!(
                 "{}.{:x}",
-                truncate(&n.pod.name, 230).trim_end_matches(['-', '.']),
+                truncate(&pod.name, 230).trim_end_matches(['-', '.']),
                 at.as_nanosecond()
             )),
-            namespace: Some(n.pod.namespace.clone()),
+            namespace: Some(pod.namespace.clone()),
             ..Default::default()
         },
         event_time: Some(MicroTime(at)),
         type_: Some(type_.to_owned()),
         reason: Some(reason.to_owned()),
-        action: Some(ACTION.to_owned()),
+        action: Some(action.to_owned()),
         note: Some(truncate(&note, NOTE_MAX)),
         regarding: Some(ObjectReference {
             api_version: Some("v1".to_owned()),
             kind: Some("Pod".to_owned()),
-            namespace: Some(n.pod.namespace.clone()),
-            name: Some(n.pod.name.clone()),
-            uid: Some(n.pod.uid.clone()),
+            namespace: Some(pod.namespace.clone()),
+            name: Some(pod.name.clone()),
+            uid: Some(pod.uid.clone()),
             // The kubelet's own form, so `kubectl describe` groups it with container events.
-            field_path: Some(format!("spec.containers{{{}}}", n.container)),
+            field_path: Some(format!("spec.containers{{{container}}}")),
             ..Default::default()
         }),
         reporting_controller: Some(REPORTING_CONTROLLER.to_owned()),
@@ -129,14 +212,14 @@ fn truncate(s: &str, max: usize) -> String {
 /// The decision loop's side of the queue.
 #[derive(Clone)]
 pub struct EventSink {
-    tx: mpsc::Sender<ExitNotice>,
+    tx: mpsc::Sender<Notice>,
     stats: Arc<Stats>,
 }
 
 impl EventSink {
     /// Queues a notice; never waits.
-    pub fn emit(&self, notice: ExitNotice) {
-        if let Err(e) = self.tx.try_send(notice) {
+    pub fn emit(&self, notice: impl Into<Notice>) {
+        if let Err(e) = self.tx.try_send(notice.into()) {
             self.stats.pod_event("dropped");
             debug!(error = %e, "event queue full; event dropped");
         }
@@ -147,7 +230,7 @@ impl EventSink {
 pub struct Recorder {
     client: Client,
     instance: String,
-    rx: mpsc::Receiver<ExitNotice>,
+    rx: mpsc::Receiver<Notice>,
     stats: Arc<Stats>,
 }
 
@@ -194,20 +277,21 @@ impl Recorder {
         }
     }
 
-    async fn post(&self, n: &ExitNotice) {
+    async fn post(&self, n: &Notice) {
         let ev = event_for(n, &self.instance);
-        let api: Api<Event> = Api::namespaced(self.client.clone(), &n.pod.namespace);
+        let pod = n.pod();
+        let api: Api<Event> = Api::namespaced(self.client.clone(), &pod.namespace);
         match tokio::time::timeout(POST_TIMEOUT, api.create(&PostParams::default(), &ev)).await {
             Ok(Ok(_)) => self.stats.pod_event("posted"),
             Ok(Err(e)) => {
                 self.stats.pod_event("failed");
                 self.stats.api_error("event_create");
-                warn!(pod = %n.pod.name, namespace = %n.pod.namespace, error = %e, "cannot post event");
+                warn!(pod = %pod.name, namespace = %pod.namespace, error = %e, "cannot post event");
             }
             Err(_) => {
                 self.stats.pod_event("failed");
                 self.stats.api_error("event_timeout");
-                warn!(pod = %n.pod.name, namespace = %n.pod.namespace, "posting an event timed out");
+                warn!(pod = %pod.name, namespace = %pod.namespace, "posting an event timed out");
             }
         }
     }
@@ -217,7 +301,11 @@ impl Recorder {
 mod tests {
     use super::*;
 
-    fn notice(reason: Reason, still_running: &[&str]) -> ExitNotice {
+    fn notice(reason: Reason, still_running: &[&str]) -> Notice {
+        Notice::Exit(exit(reason, still_running))
+    }
+
+    fn exit(reason: Reason, still_running: &[&str]) -> ExitNotice {
         ExitNotice {
             pod: PodRef {
                 namespace: "shop".into(),
@@ -265,15 +353,43 @@ mod tests {
 
     #[test]
     fn long_names_stay_within_what_the_api_server_accepts() {
-        let mut n = notice(Reason::Deadline, &[]);
+        let mut n = exit(Reason::Deadline, &[]);
         n.still_running = (0..100).map(|i| format!("container-{i:03}")).collect();
         n.pod.name = format!("{}-{}", "a".repeat(229), "b".repeat(20));
-        let ev = event_for(&n, "node-a");
+        let ev = event_for(&Notice::Exit(n), "node-a");
         assert!(ev.note.unwrap_or_default().len() <= NOTE_MAX);
         let name = ev.metadata.name.unwrap_or_default();
         assert!(name.len() <= 253, "{}", name.len());
         // Cut right after the dash: the name part must not end in one.
         assert!(name.starts_with(&format!("{}.", "a".repeat(229))), "{name}");
+    }
+
+    #[test]
+    fn a_failed_shutdown_is_a_warning_naming_the_sidecar_and_its_status() {
+        let n = Notice::Shutdown(ShutdownNotice {
+            pod: PodRef {
+                namespace: "batch".into(),
+                name: "report-x7".into(),
+                uid: "9a1b".into(),
+            },
+            container: "linkerd-proxy".into(),
+            exit_code: 137,
+            how: "StopContainer".into(),
+            at: SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000),
+        });
+        let ev = event_for(&n, "node-a");
+        assert_eq!(ev.type_.as_deref(), Some("Warning"));
+        assert_eq!(ev.reason.as_deref(), Some(REASON_SHUTDOWN_FAILED));
+        let note = ev.note.unwrap_or_default();
+        assert!(
+            note.contains("linkerd-proxy") && note.contains("status 137"),
+            "{note}"
+        );
+        assert_eq!(
+            ev.regarding.and_then(|r| r.field_path).as_deref(),
+            Some("spec.containers{linkerd-proxy}")
+        );
+        assert_eq!(ev.metadata.namespace.as_deref(), Some("batch"));
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! The container runtime, through the CRI: which pods and containers exist, their states,
-//! annotations and env. Read-only calls only here; the agent never changes a container's life
-//! for the exit handshake.
+//! annotations and env. Read-only calls, apart from the two a finished Job needs (`ExecSync`
+//! of the entrypoint's shutdown in a sidecar, `StopContainer`): the agent never changes a
+//! container's life for the exit handshake.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -11,8 +12,9 @@ use tonic::transport::{Channel, Endpoint};
 
 use crate::cri::runtime_service_client::RuntimeServiceClient;
 use crate::cri::{
-    ContainerFilter, ContainerState, ContainerStatusRequest, ListContainersRequest,
-    ListPodSandboxRequest, PodSandboxFilter, VersionRequest, VersionResponse,
+    ContainerFilter, ContainerState, ContainerStatusRequest, ExecSyncRequest,
+    ListContainersRequest, ListPodSandboxRequest, PodSandboxFilter, StopContainerRequest,
+    VersionRequest, VersionResponse,
 };
 use crate::decide::RunState;
 use crate::view::{ContainerInfo, Listing, SandboxInfo};
@@ -251,6 +253,76 @@ impl Runtime {
                 })
                 .collect(),
         })
+    }
+
+    /// A container's exit code once it has exited; `None` while it runs or when the runtime
+    /// does not have it.
+    pub async fn exit_code(&self, id: &str) -> Result<Option<i32>, RuntimeError> {
+        let resp = self
+            .client
+            .clone()
+            .container_status(Self::request(ContainerStatusRequest {
+                container_id: id.to_owned(),
+                verbose: false,
+            }))
+            .await;
+        match resp {
+            Ok(r) => Ok(r
+                .into_inner()
+                .status
+                .filter(|s| s.state == ContainerState::ContainerExited as i32)
+                .map(|s| s.exit_code)),
+            Err(s) if s.code() == tonic::Code::NotFound => Ok(None),
+            Err(s) => Err(RuntimeError::call("ContainerStatus")(s)),
+        }
+    }
+
+    /// Runs `cmd` in the container and waits up to `timeout` for it: its exit code and
+    /// output (stderr, else stdout, cut short).
+    pub async fn exec_sync(
+        &self,
+        id: &str,
+        cmd: Vec<String>,
+        timeout: Duration,
+    ) -> Result<(i32, String), RuntimeError> {
+        let secs = i64::try_from(timeout.as_secs().max(1)).unwrap_or(i64::MAX);
+        let mut req = tonic::Request::new(ExecSyncRequest {
+            container_id: id.to_owned(),
+            cmd,
+            timeout: secs,
+        });
+        // The runtime's own timeout, with time for it to answer.
+        req.set_timeout(timeout + CALL_TIMEOUT);
+        let resp = self
+            .client
+            .clone()
+            .exec_sync(req)
+            .await
+            .map_err(RuntimeError::call("ExecSync"))?
+            .into_inner();
+        let out = if resp.stderr.is_empty() {
+            resp.stdout
+        } else {
+            resp.stderr
+        };
+        let mut text = String::from_utf8_lossy(&out[..out.len().min(512)]).into_owned();
+        text.truncate(text.trim_end().len());
+        Ok((resp.exit_code, text))
+    }
+
+    /// Stops the container: TERM, then KILL after `grace`; returns once it has stopped.
+    pub async fn stop_container(&self, id: &str, grace: Duration) -> Result<(), RuntimeError> {
+        let mut req = tonic::Request::new(StopContainerRequest {
+            container_id: id.to_owned(),
+            timeout: i64::try_from(grace.as_secs()).unwrap_or(i64::MAX),
+        });
+        req.set_timeout(grace + Duration::from_secs(10));
+        self.client
+            .clone()
+            .stop_container(req)
+            .await
+            .map_err(RuntimeError::call("StopContainer"))?;
+        Ok(())
     }
 
     /// One container, from its verbose status (the CRI has no other call that returns a

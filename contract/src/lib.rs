@@ -60,6 +60,11 @@ pub mod annotation {
     pub const TERMINATE_ON_COMPLETION: &str = "exitorder.io/terminate-sidecars-on-completion";
     /// `{"container": "URL"}`: the HTTP shutdown of a sidecar.
     pub const SIDECAR_SHUTDOWN: &str = "exitorder.io/sidecar-shutdown";
+    /// `["name", ...]`: the pod's native sidecars (init containers with `restartPolicy:
+    /// Always`) in declaration order, written by the webhook. The kubelet copies pod
+    /// annotations to the sandbox, so the agent knows the kubelet's stop order without the
+    /// API server.
+    pub const NATIVE_SIDECARS: &str = "exitorder.io/native-sidecars";
 }
 
 /// Container env.

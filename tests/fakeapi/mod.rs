@@ -59,6 +59,22 @@ impl Drop for ServedApi {
 }
 
 impl ServedApi {
+    /// Writes a kubeconfig for this server (no credentials) in `dir`; its path.
+    pub fn write_kubeconfig(&self, dir: &std::path::Path) -> std::path::PathBuf {
+        let path = dir.join("kubeconfig");
+        std::fs::write(
+            &path,
+            format!(
+                "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n    server: http://{}\n\
+                 contexts:\n- name: fake\n  context:\n    cluster: fake\n    user: fake\n\
+                 current-context: fake\nusers:\n- name: fake\n  user: {{}}\n",
+                self.addr
+            ),
+        )
+        .expect("write kubeconfig");
+        path
+    }
+
     /// A client for this server, configured as the agent configures its own.
     pub fn client(&self) -> kube::Client {
         let url = format!("http://{}", self.addr).parse().expect("url");

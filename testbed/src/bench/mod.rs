@@ -6,6 +6,7 @@
 //! 2. `allow` written -> waiter returned, for the static entrypoint and a 1 s polling shell.
 //! 3. The agent's memory and CPU, idle with many pods and while all of them are deleted at
 //!    once.
+//! 4. The admission webhook's answer time over HTTPS (no containerd needed).
 
 pub mod baseline;
 pub mod measure;
@@ -13,6 +14,7 @@ pub mod proc;
 pub mod report;
 pub mod returns;
 pub mod summary;
+pub mod webhook;
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
@@ -70,6 +72,8 @@ pub enum Part {
     Return,
     /// The agent's memory and CPU, idle and while deleting every pod at once.
     Resources,
+    /// The admission webhook's review latency over HTTPS.
+    Webhook,
 }
 
 #[derive(Debug, Clone, clap::Args)]
@@ -111,6 +115,9 @@ pub struct BenchArgs {
     pub json: bool,
     #[command(flatten)]
     pub binaries: crate::demo::BinaryArgs,
+    /// Admission reviews sent to the webhook, one after another on one connection.
+    #[arg(long, default_value_t = 1000, value_parser = positive)]
+    pub reviews: usize,
     /// Run only these parts (comma-separated); the others are null in the JSON.
     #[arg(long, value_enum, value_delimiter = ',')]
     pub only: Vec<Part>,
@@ -136,6 +143,7 @@ impl BenchArgs {
             idle_pods: self.idle_pods,
             burst_pods: self.burst_pods,
             start_concurrency: self.start_concurrency,
+            reviews: self.reviews,
         }
     }
 }
@@ -158,23 +166,35 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
 /// Runs the benchmark on a private containerd and returns the report.
 pub async fn measure(args: &BenchArgs) -> anyhow::Result<Report> {
     let started = Instant::now();
-    let entrypoint = crate::demo::static_entrypoint(args.binaries.entrypoint_binary.clone())?;
-    let bin = Binaries {
-        agent: crate::demo::agent_binary(args.binaries.agent_binary.clone())?,
-        entrypoint,
+    let agent = crate::demo::agent_binary(args.binaries.agent_binary.clone())?;
+    let mut report = if [Part::Detect, Part::Return, Part::Resources]
+        .iter()
+        .any(|p| args.runs(*p))
+    {
+        let bin = Binaries {
+            agent: agent.clone(),
+            entrypoint: crate::demo::static_entrypoint(args.binaries.entrypoint_binary.clone())?,
+        };
+        progress!("starting a private containerd (a one-node test bed)");
+        let node = Node::start(NodeOptions::default())
+            .await
+            .context("cannot start the benchmark's private containerd")?;
+        let outcome = tokio::select! {
+            res = measure_all(&node, args, &bin) => res,
+            () = exitorder::telemetry::shutdown_signal() => Err(anyhow!("interrupted")),
+        };
+        progress!("tearing the test bed down");
+        let teardown = node.shutdown().await;
+        let report = outcome?;
+        teardown.context("teardown")?;
+        report
+    } else {
+        Report::new("none (webhook only)".to_owned(), args.settings())
     };
-    progress!("starting a private containerd (a one-node test bed)");
-    let node = Node::start(NodeOptions::default())
-        .await
-        .context("cannot start the benchmark's private containerd")?;
-    let outcome = tokio::select! {
-        res = measure_all(&node, args, &bin) => res,
-        () = exitorder::telemetry::shutdown_signal() => Err(anyhow!("interrupted")),
-    };
-    progress!("tearing the test bed down");
-    let teardown = node.shutdown().await;
-    let mut report = outcome?;
-    teardown.context("teardown")?;
+    if args.runs(Part::Webhook) {
+        progress!("webhook: {} reviews over HTTPS", args.reviews);
+        report.webhook = Some(webhook::measure(&agent, args.reviews).await?);
+    }
     report.total_seconds = (started.elapsed().as_secs_f64() * 10.0).round() / 10.0;
     Ok(report)
 }
@@ -186,16 +206,10 @@ struct Binaries {
 
 async fn measure_all(node: &Node, args: &BenchArgs, bin: &Binaries) -> anyhow::Result<Report> {
     let v = node.version();
-    let mut report = Report {
-        runtime: format!("{} {}", v.runtime_name, v.runtime_version),
-        cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
-        total_seconds: 0.0,
-        settings: args.settings(),
-        detect_to_allow: None,
-        allow_to_return: None,
-        agent_idle: None,
-        agent_burst: None,
-    };
+    let mut report = Report::new(
+        format!("{} {}", v.runtime_name, v.runtime_version),
+        args.settings(),
+    );
     if args.runs(Part::Detect) {
         report.detect_to_allow = Some(DetectSection {
             containerd_events: detect_with_agent(node, args, bin, AgentSource::Events).await?,

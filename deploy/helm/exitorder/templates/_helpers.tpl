@@ -98,3 +98,48 @@ Labels on every object: commonLabels, then the chart's own; the selector labels 
 {{- printf "%s:%d" .Values.metrics.address (int .Values.metrics.port) }}
 {{- end }}
 {{- end }}
+
+{{/*
+The admission webhook's objects (rendered when webhook.enabled is true).
+*/}}
+
+{{/*
+Name of the webhook's Deployment, Service and serving Certificate: `<fullname>-webhook`, the
+full name cut so that the suffix always fits in 63 characters.
+*/}}
+{{- define "exitorder.webhook.fullname" -}}
+{{- printf "%s-webhook" (include "exitorder.fullname" . | trunc 55 | trimSuffix "-") }}
+{{- end }}
+
+{{/* The Secret holding the webhook's serving certificate and key (and its CA, ca.crt). */}}
+{{- define "exitorder.webhook.tlsSecret" -}}
+{{- printf "%s-tls" (include "exitorder.webhook.fullname" .) }}
+{{- end }}
+
+{{/*
+Labels that select the webhook's pods (immutable once the Deployment exists). They differ from
+the agent's in app.kubernetes.io/component, so neither the DaemonSet nor the PodMonitor
+selects a webhook pod.
+*/}}
+{{- define "exitorder.webhook.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "exitorder.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: webhook
+{{- end }}
+
+{{/* Labels on the webhook's objects and pods: the chart's labels, component webhook. */}}
+{{- define "exitorder.webhook.labels" -}}
+{{- $selector := include "exitorder.webhook.selectorLabels" . | fromYaml }}
+{{- $all := include "exitorder.labels" . | fromYaml }}
+{{- merge $selector $all | toYaml }}
+{{- end }}
+
+{{/*
+The DNS names the API server may use for the webhook's Service; the serving certificate names
+them all. The API server calls `<svc>.<ns>.svc`.
+*/}}
+{{- define "exitorder.webhook.dnsNames" -}}
+{{- $svc := include "exitorder.webhook.fullname" . }}
+{{- $ns := .Release.Namespace }}
+{{- list $svc (printf "%s.%s" $svc $ns) (printf "%s.%s.svc" $svc $ns) (printf "%s.%s.svc.cluster.local" $svc $ns) | toYaml }}
+{{- end }}

@@ -1,0 +1,278 @@
+//! Jobs that finish: once a Job pod's main containers are done, its sidecars are shut down,
+//! lowest priority first, each level after the one before has exited. Without it a meshed
+//! Job never completes, because its proxy never exits. Pure: the rules, tested by tables;
+//! the calls are in [`jobs`](crate::jobs).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use exitorder_contract::annotation;
+
+use crate::decide::RunState;
+
+/// The restart policies of pods that complete.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Completes {
+    /// restartPolicy Never: done when every main container has exited.
+    Never,
+    /// restartPolicy OnFailure: done when every main container has exited with status 0
+    /// (the kubelet restarts one that failed).
+    OnFailure,
+}
+
+/// Mesh proxies' shutdown endpoints, used when the pod's annotation names none.
+pub const SHUTDOWN_PRESETS: [(&str, &str); 2] = [
+    ("linkerd-proxy", "http://127.0.0.1:4191/shutdown"),
+    ("istio-proxy", "http://127.0.0.1:15020/quitquitquit"),
+];
+
+/// Whether a pod takes part, from its restart policy and annotations: it must complete, have
+/// opted in to exitorder (the webhook's annotation, or exit priorities of its own), and not
+/// have opted out of the shutdown.
+pub fn completes(
+    restart_policy: Option<&str>,
+    annotations: &BTreeMap<String, String>,
+) -> Option<Completes> {
+    let policy = match restart_policy {
+        Some("Never") => Completes::Never,
+        Some("OnFailure") => Completes::OnFailure,
+        _ => return None,
+    };
+    let has =
+        |k: &str, v: Option<&str>| annotations.get(k).is_some_and(|x| v.is_none_or(|v| x == v));
+    let opted_in = has(annotation::INJECT, Some("true"))
+        || has(annotation::INJECT_KRUISE, Some("true"))
+        || has(annotation::PRIORITY, None)
+        || has(annotation::PRIORITY_KRUISE, None);
+    let opted_out = has(annotation::TERMINATE_ON_COMPLETION, Some("false"));
+    (opted_in && !opted_out).then_some(policy)
+}
+
+/// The shutdown URL of each sidecar that has one: the pod's annotation (a JSON object of
+/// container to URL), else a mesh preset. A malformed annotation is reported and ignored:
+/// those sidecars are stopped through the runtime instead.
+pub fn shutdown_urls(
+    annotations: &BTreeMap<String, String>,
+) -> (BTreeMap<String, String>, Option<String>) {
+    let mut urls: BTreeMap<String, String> = SHUTDOWN_PRESETS
+        .iter()
+        .map(|(c, u)| ((*c).to_owned(), (*u).to_owned()))
+        .collect();
+    let Some(value) = annotations.get(annotation::SIDECAR_SHUTDOWN) else {
+        return (urls, None);
+    };
+    match serde_json::from_str::<BTreeMap<String, String>>(value) {
+        Ok(named) if value.len() <= 64 * 1024 => {
+            urls.extend(named);
+            (urls, None)
+        }
+        Ok(_) => (
+            urls,
+            Some(format!(
+                "annotation {} is too large",
+                annotation::SIDECAR_SHUTDOWN
+            )),
+        ),
+        Err(e) => (
+            urls,
+            Some(format!(
+                "annotation {} must be a JSON object of container name to URL: {e}",
+                annotation::SIDECAR_SHUTDOWN
+            )),
+        ),
+    }
+}
+
+/// One container of the pod's spec (newest attempt), as the runtime shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Member {
+    pub name: String,
+    pub priority: u8,
+    pub state: RunState,
+    /// Known once it has exited and its status was read.
+    pub exit_code: Option<i32>,
+}
+
+/// What to do next for a completing pod.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Step {
+    /// Not yet: a main container still runs (or failed, under OnFailure, and will be
+    /// restarted), or a level of sidecars asked to stop has not exited.
+    Wait,
+    /// These exit codes are needed first (OnFailure main containers that exited).
+    ReadExitCodes(Vec<String>),
+    /// Shut these sidecars down now (one priority level).
+    Shutdown(Vec<String>),
+    /// Every sidecar has exited: nothing left to do.
+    Done,
+}
+
+/// The next step. `members` are the spec's containers (main containers only: native
+/// sidecars are stopped by the kubelet itself); `asked` the sidecars already shut down.
+pub fn next_step(policy: Completes, members: &[Member], asked: &BTreeSet<String>) -> Step {
+    let (mains, sidecars): (Vec<&Member>, Vec<&Member>) =
+        members.iter().partition(|m| m.priority == 0);
+    if mains.is_empty() || sidecars.is_empty() {
+        return Step::Done;
+    }
+    if mains.iter().any(|m| m.state != RunState::Exited) {
+        return Step::Wait;
+    }
+    if policy == Completes::OnFailure {
+        let unread: Vec<String> = mains
+            .iter()
+            .filter(|m| m.exit_code.is_none())
+            .map(|m| m.name.clone())
+            .collect();
+        if !unread.is_empty() {
+            return Step::ReadExitCodes(unread);
+        }
+        if mains.iter().any(|m| m.exit_code != Some(0)) {
+            return Step::Wait;
+        }
+    }
+    let running: Vec<&&Member> = sidecars
+        .iter()
+        .filter(|m| m.state != RunState::Exited)
+        .collect();
+    let Some(level) = running.iter().map(|m| m.priority).min() else {
+        return Step::Done;
+    };
+    let now: Vec<String> = running
+        .iter()
+        .filter(|m| m.priority == level && !asked.contains(&m.name))
+        .map(|m| m.name.clone())
+        .collect();
+    if now.is_empty() {
+        Step::Wait
+    } else {
+        Step::Shutdown(now)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::RunState::{Created, Exited, Running};
+    use super::*;
+
+    fn m(name: &str, priority: u8, state: RunState, exit_code: Option<i32>) -> Member {
+        Member {
+            name: name.into(),
+            priority,
+            state,
+            exit_code,
+        }
+    }
+
+    fn asked(names: &[&str]) -> BTreeSet<String> {
+        names.iter().map(|s| (*s).to_owned()).collect()
+    }
+
+    fn shut(names: &[&str]) -> Step {
+        Step::Shutdown(names.iter().map(|s| (*s).to_owned()).collect())
+    }
+
+    /// What, the policy, the containers, the sidecars already asked, the step wanted.
+    type Case = (
+        &'static str,
+        Completes,
+        Vec<Member>,
+        &'static [&'static str],
+        Step,
+    );
+
+    #[test]
+    fn steps_table() {
+        use Completes::{Never, OnFailure};
+        #[rustfmt::skip]
+        let table: Vec<Case> = vec![
+            ("main still runs", Never,
+             vec![m("app", 0, Running, None), m("proxy", 1, Running, None)], &[], Step::Wait),
+            ("main not started yet", Never,
+             vec![m("app", 0, Created, None), m("proxy", 1, Running, None)], &[], Step::Wait),
+            ("main done: the proxy goes", Never,
+             vec![m("app", 0, Exited, Some(3)), m("proxy", 1, Running, None)], &[], shut(&["proxy"])),
+            ("asked, not exited yet", Never,
+             vec![m("app", 0, Exited, None), m("proxy", 1, Running, None)], &["proxy"], Step::Wait),
+            ("levels: lowest first", Never,
+             vec![m("app", 0, Exited, None), m("proxy", 1, Running, None), m("mesh", 1, Running, None), m("logs", 2, Running, None)],
+             &[], shut(&["proxy", "mesh"])),
+            ("levels: the next once the first exited", Never,
+             vec![m("app", 0, Exited, None), m("proxy", 1, Exited, None), m("logs", 2, Running, None)],
+             &["proxy"], shut(&["logs"])),
+            ("levels: not while the first runs", Never,
+             vec![m("app", 0, Exited, None), m("proxy", 1, Running, None), m("logs", 2, Running, None)],
+             &["proxy"], Step::Wait),
+            ("every sidecar exited", Never,
+             vec![m("app", 0, Exited, None), m("proxy", 1, Exited, None)], &["proxy"], Step::Done),
+            ("no sidecar at all", Never, vec![m("app", 0, Exited, None)], &[], Step::Done),
+            ("OnFailure: the code is read first", OnFailure,
+             vec![m("app", 0, Exited, None), m("proxy", 1, Running, None)], &[],
+             Step::ReadExitCodes(vec!["app".into()])),
+            ("OnFailure: a failure is restarted, not finished", OnFailure,
+             vec![m("app", 0, Exited, Some(1)), m("proxy", 1, Running, None)], &[], Step::Wait),
+            ("OnFailure: success", OnFailure,
+             vec![m("app", 0, Exited, Some(0)), m("proxy", 1, Running, None)], &[], shut(&["proxy"])),
+            ("two mains, one runs", Never,
+             vec![m("a", 0, Exited, None), m("b", 0, Running, None), m("proxy", 1, Running, None)], &[], Step::Wait),
+        ];
+        for (what, policy, members, asked_now, want) in table {
+            assert_eq!(
+                next_step(policy, &members, &asked(asked_now)),
+                want,
+                "{what}"
+            );
+        }
+    }
+
+    #[test]
+    fn who_takes_part() {
+        let ann = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+            pairs
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect()
+        };
+        let injected = ann(&[(annotation::INJECT, "true")]);
+        assert_eq!(completes(Some("Never"), &injected), Some(Completes::Never));
+        assert_eq!(
+            completes(Some("OnFailure"), &injected),
+            Some(Completes::OnFailure)
+        );
+        assert_eq!(completes(Some("Always"), &injected), None);
+        assert_eq!(completes(None, &injected), None);
+        assert_eq!(completes(Some("Never"), &ann(&[])), None);
+        assert_eq!(
+            completes(Some("Never"), &ann(&[(annotation::PRIORITY, "{}")])),
+            Some(Completes::Never)
+        );
+        assert_eq!(
+            completes(
+                Some("Never"),
+                &ann(&[
+                    (annotation::INJECT_KRUISE, "true"),
+                    (annotation::TERMINATE_ON_COMPLETION, "false")
+                ])
+            ),
+            None
+        );
+    }
+
+    #[test]
+    fn shutdown_urls_from_presets_and_the_annotation() {
+        let mut a = BTreeMap::new();
+        let (urls, bad) = shutdown_urls(&a);
+        assert_eq!(urls["linkerd-proxy"], "http://127.0.0.1:4191/shutdown");
+        assert_eq!(urls["istio-proxy"], "http://127.0.0.1:15020/quitquitquit");
+        assert!(bad.is_none());
+        a.insert(
+            annotation::SIDECAR_SHUTDOWN.to_owned(),
+            r#"{"envoy": "http://127.0.0.1:9901/quitquitquit"}"#.to_owned(),
+        );
+        let (urls, _) = shutdown_urls(&a);
+        assert_eq!(urls["envoy"], "http://127.0.0.1:9901/quitquitquit");
+        a.insert(annotation::SIDECAR_SHUTDOWN.to_owned(), "[1]".to_owned());
+        let (urls, bad) = shutdown_urls(&a);
+        assert!(bad.is_some_and(|b| b.contains(annotation::SIDECAR_SHUTDOWN)));
+        assert_eq!(urls.len(), 2);
+    }
+}

@@ -1,0 +1,526 @@
+//! What one sidecar gets: the share, its own directory, the entrypoint, `POD_UID`, and a
+//! preStop that waits for the agent's `allow` before doing what the sidecar's own preStop
+//! did. Each step first looks for what an earlier pass added, so a second pass changes
+//! nothing (the API server reinvokes the webhook after other injectors, with its own output).
+
+use std::time::Duration;
+
+use exitorder_contract::{env, mount, share};
+use k8s_openapi::api::core::v1::{
+    Container, EnvVar, EnvVarSource, ExecAction, HTTPGetAction, HostPathVolumeSource, Lifecycle,
+    LifecycleHandler, ObjectFieldSelector, PodSpec, Volume, VolumeMount,
+};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+
+/// The pod volume that holds the node's share.
+pub const VOLUME: &str = "exitorder-share";
+
+/// Adds the share's hostPath volume once; refuses a pod that already uses the name for
+/// something else.
+pub fn share_volume(spec: &mut PodSpec, share_dir: &str) -> Result<(), String> {
+    let volumes = spec.volumes.get_or_insert_with(Vec::new);
+    if let Some(v) = volumes.iter().find(|v| v.name == VOLUME) {
+        return match &v.host_path {
+            Some(h) if h.path == share_dir => Ok(()),
+            _ => Err(format!(
+                "volume {VOLUME:?} exists and is not the exitorder share (hostPath {share_dir})"
+            )),
+        };
+    }
+    volumes.push(Volume {
+        name: VOLUME.to_owned(),
+        host_path: Some(HostPathVolumeSource {
+            path: share_dir.to_owned(),
+            // The agent creates the share; a pod scheduled before it runs still starts (its
+            // preStop then gives up at once, which the kubelet ignores).
+            type_: Some("DirectoryOrCreate".to_owned()),
+        }),
+        ..Volume::default()
+    });
+    Ok(())
+}
+
+/// The injection for one sidecar.
+pub struct Sidecar {
+    /// The entrypoint's `--timeout`.
+    pub timeout: Duration,
+}
+
+impl Sidecar {
+    pub fn inject(&self, c: &mut Container, warnings: &mut Vec<String>) -> Result<(), String> {
+        pod_uid_env(c)?;
+        mounts(c)?;
+        self.pre_stop(c, warnings);
+        Ok(())
+    }
+
+    /// `exitorder-entrypoint wait --timeout T`, then what the sidecar's preStop did.
+    fn pre_stop(&self, c: &mut Container, warnings: &mut Vec<String>) {
+        let name = c.name.clone();
+        let lifecycle = c.lifecycle.get_or_insert_with(Lifecycle::default);
+        let hook = lifecycle.pre_stop.take().unwrap_or_default();
+        let mut argv = vec![
+            mount::ENTRYPOINT.to_owned(),
+            "wait".to_owned(),
+            "--timeout".to_owned(),
+            format!("{}s", self.timeout.as_secs()),
+        ];
+        let then = match then(&hook, c.ports.as_deref().unwrap_or_default()) {
+            Then::Wrapped => {
+                lifecycle.pre_stop = Some(hook);
+                return;
+            }
+            Then::Keep(why) => {
+                warnings.push(format!(
+                    "container {name:?}: its preStop {why}; it is kept as it is, and this \
+                     sidecar's exit is not ordered"
+                ));
+                lifecycle.pre_stop = Some(hook);
+                return;
+            }
+            Then::Args(args) => args,
+        };
+        argv.extend(then);
+        lifecycle.pre_stop = Some(LifecycleHandler {
+            exec: Some(ExecAction {
+                command: Some(argv),
+            }),
+            ..LifecycleHandler::default()
+        });
+    }
+}
+
+enum Then {
+    /// An earlier pass wrapped it.
+    Wrapped,
+    /// It cannot be wrapped, for this reason.
+    Keep(String),
+    /// What follows `wait --timeout T`.
+    Args(Vec<String>),
+}
+
+fn then(hook: &LifecycleHandler, ports: &[k8s_openapi::api::core::v1::ContainerPort]) -> Then {
+    if let Some(exec) = &hook.exec {
+        let command = exec.command.clone().unwrap_or_default();
+        if command.first().map(String::as_str) == Some(mount::ENTRYPOINT) {
+            return Then::Wrapped;
+        }
+        if command.is_empty() {
+            return Then::Args(Vec::new());
+        }
+        return Then::Args(std::iter::once("--".to_owned()).chain(command).collect());
+    }
+    if let Some(get) = &hook.http_get {
+        return match http_url(get, ports) {
+            Ok(url) => Then::Args(vec!["--http-get".to_owned(), url]),
+            Err(why) => Then::Keep(why),
+        };
+    }
+    if let Some(sleep) = &hook.sleep {
+        return Then::Args(vec![
+            "--sleep".to_owned(),
+            format!("{}s", sleep.seconds.max(0)),
+        ]);
+    }
+    if hook.tcp_socket.is_some() {
+        return Then::Keep("is a tcpSocket handler, which has no exec form".to_owned());
+    }
+    Then::Args(Vec::new())
+}
+
+/// The URL the entrypoint GETs for an httpGet preStop: the pod's own loopback, as the hook
+/// reaches the container itself. What the entrypoint cannot send is refused here.
+fn http_url(
+    get: &HTTPGetAction,
+    ports: &[k8s_openapi::api::core::v1::ContainerPort],
+) -> Result<String, String> {
+    if get
+        .scheme
+        .as_deref()
+        .is_some_and(|s| !s.eq_ignore_ascii_case("HTTP"))
+    {
+        return Err("is an httpGet over HTTPS, which the entrypoint does not speak".to_owned());
+    }
+    if get.http_headers.as_ref().is_some_and(|h| !h.is_empty()) {
+        return Err("is an httpGet with headers, which the entrypoint does not send".to_owned());
+    }
+    if let Some(host) = get.host.as_deref().filter(|h| !h.is_empty()) {
+        if !matches!(host, "127.0.0.1" | "localhost" | "::1") {
+            return Err(format!(
+                "is an httpGet to host {host:?}; the entrypoint only reaches the pod's loopback"
+            ));
+        }
+    }
+    let port = match &get.port {
+        IntOrString::Int(p) => u16::try_from(*p).ok().filter(|p| *p > 0),
+        IntOrString::String(name) => ports
+            .iter()
+            .find(|p| p.name.as_deref() == Some(name.as_str()))
+            .and_then(|p| u16::try_from(p.container_port).ok()),
+    }
+    .ok_or_else(|| {
+        format!(
+            "is an httpGet to port {:?}, which the container does not name",
+            get.port
+        )
+    })?;
+    let path = get.path.as_deref().unwrap_or("/");
+    let path = if path.starts_with('/') {
+        path.to_owned()
+    } else {
+        format!("/{path}")
+    };
+    Ok(format!("http://127.0.0.1:{port}{path}"))
+}
+
+/// Readiness endpoints of the mesh proxies, for sidecars that declare no readinessProbe.
+const READY_PRESETS: [(&str, &str); 2] = [
+    ("linkerd-proxy", "http://127.0.0.1:4191/ready"),
+    ("istio-proxy", "http://127.0.0.1:15021/healthz/ready"),
+];
+
+/// Start order (`exitorder.io/await-sidecars`): the sidecars named move before the main
+/// containers, in their own order, each with a postStart hook that returns once it is ready;
+/// the kubelet starts containers one by one and waits for each postStart, so the app starts
+/// after its sidecars are ready. A sidecar without a readiness endpoint the entrypoint can
+/// reach stays where it is, with a warning. Idempotent: an order already right is kept.
+pub fn start_first(containers: &mut Vec<Container>, sidecars: &[&str], warnings: &mut Vec<String>) {
+    let mut first = Vec::new();
+    for c in containers
+        .iter_mut()
+        .filter(|c| sidecars.contains(&c.name.as_str()))
+    {
+        match await_hook(c) {
+            Ok(()) => first.push(c.name.clone()),
+            Err(why) => warnings.push(format!(
+                "container {:?} is not started before the main containers: {why}",
+                c.name
+            )),
+        }
+    }
+    // A stable partition: moved sidecars first, everything else after, each in its order.
+    let (mut moved, rest): (Vec<Container>, Vec<Container>) = std::mem::take(containers)
+        .into_iter()
+        .partition(|c| first.contains(&c.name));
+    moved.extend(rest);
+    *containers = moved;
+}
+
+/// Gives `c` the postStart `exitorder-entrypoint await --http-get URL`.
+fn await_hook(c: &mut Container) -> Result<(), String> {
+    let url = ready_url(c)?;
+    let argv = vec![
+        mount::ENTRYPOINT.to_owned(),
+        "await".to_owned(),
+        "--http-get".to_owned(),
+        url,
+    ];
+    let lifecycle = c.lifecycle.get_or_insert_with(Lifecycle::default);
+    match lifecycle.post_start.as_ref().and_then(|h| h.exec.as_ref()) {
+        Some(e) if e.command.as_ref() == Some(&argv) => Ok(()),
+        _ if lifecycle.post_start.is_some() => Err("it has a postStart hook of its own".to_owned()),
+        _ => {
+            lifecycle.post_start = Some(LifecycleHandler {
+                exec: Some(ExecAction {
+                    command: Some(argv),
+                }),
+                ..LifecycleHandler::default()
+            });
+            Ok(())
+        }
+    }
+}
+
+/// Where `c` says it is ready: its readinessProbe's httpGet, else its mesh preset.
+fn ready_url(c: &Container) -> Result<String, String> {
+    if let Some(get) = c.readiness_probe.as_ref().and_then(|p| p.http_get.as_ref()) {
+        return http_url(get, c.ports.as_deref().unwrap_or_default())
+            .map_err(|why| format!("its readinessProbe {why}"));
+    }
+    READY_PRESETS
+        .iter()
+        .find(|(name, _)| *name == c.name)
+        .map(|(_, url)| (*url).to_owned())
+        .ok_or_else(|| "it has no httpGet readinessProbe and is not a known mesh proxy".to_owned())
+}
+
+/// `POD_UID` from the downward API: what the mount's `subPathExpr` expands.
+fn pod_uid_env(c: &mut Container) -> Result<(), String> {
+    let envs = c.env.get_or_insert_with(Vec::new);
+    if let Some(e) = envs.iter().find(|e| e.name == env::POD_UID) {
+        let is_uid = e
+            .value_from
+            .as_ref()
+            .and_then(|v| v.field_ref.as_ref())
+            .is_some_and(|f| f.field_path == "metadata.uid");
+        return if is_uid {
+            Ok(())
+        } else {
+            Err(format!(
+                "container {:?} sets {} to something other than the pod's UID; the exitorder \
+                 mount needs it (fieldRef metadata.uid)",
+                c.name,
+                env::POD_UID
+            ))
+        };
+    }
+    envs.push(EnvVar {
+        name: env::POD_UID.to_owned(),
+        value_from: Some(EnvVarSource {
+            field_ref: Some(ObjectFieldSelector {
+                field_path: "metadata.uid".to_owned(),
+                ..ObjectFieldSelector::default()
+            }),
+            ..EnvVarSource::default()
+        }),
+        ..EnvVar::default()
+    });
+    Ok(())
+}
+
+/// The container's own directory of the share, and the entrypoint read-only.
+fn mounts(c: &mut Container) -> Result<(), String> {
+    let own = VolumeMount {
+        name: VOLUME.to_owned(),
+        mount_path: mount::EXIT_DIR.to_owned(),
+        sub_path_expr: Some(format!(
+            "{}/$({})/{}",
+            share::PODS_DIR,
+            env::POD_UID,
+            c.name
+        )),
+        ..VolumeMount::default()
+    };
+    let bin = VolumeMount {
+        name: VOLUME.to_owned(),
+        mount_path: mount::BIN_DIR.to_owned(),
+        sub_path: Some(share::BIN_DIR.to_owned()),
+        read_only: Some(true),
+        ..VolumeMount::default()
+    };
+    let name = c.name.clone();
+    let mounts = c.volume_mounts.get_or_insert_with(Vec::new);
+    for want in [own, bin] {
+        match mounts.iter().find(|m| m.mount_path == want.mount_path) {
+            Some(m) if m.name == VOLUME => {}
+            Some(m) => {
+                return Err(format!(
+                    "container {name:?} mounts volume {:?} at {}, where exitorder mounts the share",
+                    m.name, m.mount_path
+                ))
+            }
+            None => mounts.push(want),
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::{ContainerPort, HTTPHeader, SleepAction};
+
+    fn get(port: IntOrString) -> HTTPGetAction {
+        HTTPGetAction {
+            port,
+            ..HTTPGetAction::default()
+        }
+    }
+
+    #[test]
+    fn http_get_urls() {
+        let ports = [ContainerPort {
+            name: Some("admin".into()),
+            container_port: 15000,
+            ..ContainerPort::default()
+        }];
+        let mut g = get(IntOrString::String("admin".into()));
+        g.path = Some("drain".into());
+        assert_eq!(
+            http_url(&g, &ports).unwrap(),
+            "http://127.0.0.1:15000/drain"
+        );
+        let g = get(IntOrString::Int(8080));
+        assert_eq!(http_url(&g, &ports).unwrap(), "http://127.0.0.1:8080/");
+        for (bad, want) in [
+            (get(IntOrString::String("nope".into())), "does not name"),
+            (get(IntOrString::Int(0)), "does not name"),
+            (
+                HTTPGetAction {
+                    scheme: Some("HTTPS".into()),
+                    ..get(IntOrString::Int(1))
+                },
+                "HTTPS",
+            ),
+            (
+                HTTPGetAction {
+                    host: Some("10.0.0.1".into()),
+                    ..get(IntOrString::Int(1))
+                },
+                "loopback",
+            ),
+            (
+                HTTPGetAction {
+                    http_headers: Some(vec![HTTPHeader {
+                        name: "a".into(),
+                        value: "b".into(),
+                    }]),
+                    ..get(IntOrString::Int(1))
+                },
+                "headers",
+            ),
+        ] {
+            let e = http_url(&bad, &ports).unwrap_err();
+            assert!(e.contains(want), "{e}");
+        }
+    }
+
+    fn prestop(hook: Option<LifecycleHandler>) -> (Vec<String>, Vec<String>) {
+        let mut c = Container {
+            name: "proxy".into(),
+            lifecycle: Some(Lifecycle {
+                pre_stop: hook,
+                ..Lifecycle::default()
+            }),
+            ..Container::default()
+        };
+        let mut warnings = Vec::new();
+        let s = Sidecar {
+            timeout: Duration::from_secs(25),
+        };
+        s.inject(&mut c, &mut warnings).unwrap();
+        let first = c.clone();
+        s.inject(&mut c, &mut warnings).unwrap();
+        assert_eq!(c, first, "a second pass changes nothing");
+        let argv = c
+            .lifecycle
+            .and_then(|l| l.pre_stop)
+            .and_then(|h| h.exec)
+            .and_then(|e| e.command)
+            .unwrap_or_default();
+        (argv, warnings)
+    }
+
+    #[test]
+    fn each_prestop_form_is_wrapped() {
+        let head = [mount::ENTRYPOINT, "wait", "--timeout", "25s"];
+        let with = |rest: &[&str]| -> Vec<String> {
+            head.iter().chain(rest).map(|s| (*s).to_owned()).collect()
+        };
+        assert_eq!(prestop(None).0, with(&[]));
+        let exec = LifecycleHandler {
+            exec: Some(ExecAction {
+                command: Some(vec!["/bin/drain".into(), "--now".into()]),
+            }),
+            ..LifecycleHandler::default()
+        };
+        assert_eq!(prestop(Some(exec)).0, with(&["--", "/bin/drain", "--now"]));
+        let sleep = LifecycleHandler {
+            sleep: Some(SleepAction { seconds: 3 }),
+            ..LifecycleHandler::default()
+        };
+        assert_eq!(prestop(Some(sleep)).0, with(&["--sleep", "3s"]));
+        let http = LifecycleHandler {
+            http_get: Some(HTTPGetAction {
+                path: Some("/quit".into()),
+                ..get(IntOrString::Int(9000))
+            }),
+            ..LifecycleHandler::default()
+        };
+        assert_eq!(
+            prestop(Some(http)).0,
+            with(&["--http-get", "http://127.0.0.1:9000/quit"])
+        );
+        let https = LifecycleHandler {
+            http_get: Some(HTTPGetAction {
+                scheme: Some("HTTPS".into()),
+                ..get(IntOrString::Int(9000))
+            }),
+            ..LifecycleHandler::default()
+        };
+        let (argv, warnings) = prestop(Some(https));
+        assert!(argv.is_empty());
+        assert!(warnings.iter().all(|w| w.contains("not ordered")) && !warnings.is_empty());
+    }
+
+    #[test]
+    fn sidecars_start_first_once_ready() {
+        use k8s_openapi::api::core::v1::Probe;
+        let named = |name: &str| Container {
+            name: name.into(),
+            ..Container::default()
+        };
+        let mut probed = named("envoy");
+        probed.ports = Some(vec![ContainerPort {
+            name: Some("admin".into()),
+            container_port: 9901,
+            ..ContainerPort::default()
+        }]);
+        probed.readiness_probe = Some(Probe {
+            http_get: Some(HTTPGetAction {
+                path: Some("/ready".into()),
+                ..get(IntOrString::String("admin".into()))
+            }),
+            ..Probe::default()
+        });
+        let mut cs = vec![named("app"), named("logs"), named("linkerd-proxy"), probed];
+        let mut warnings = Vec::new();
+        let sidecars = ["logs", "linkerd-proxy", "envoy"];
+        start_first(&mut cs, &sidecars, &mut warnings);
+        let order: Vec<&str> = cs.iter().map(|c| c.name.as_str()).collect();
+        assert_eq!(order, ["linkerd-proxy", "envoy", "app", "logs"]);
+        assert_eq!(warnings.len(), 1);
+        assert!(warnings[0].contains("\"logs\""), "{warnings:?}");
+        let hook = |c: &Container| {
+            c.lifecycle
+                .as_ref()
+                .and_then(|l| l.post_start.as_ref())
+                .and_then(|h| h.exec.as_ref())
+                .and_then(|e| e.command.clone())
+                .unwrap_or_default()
+        };
+        assert_eq!(hook(&cs[0])[3], "http://127.0.0.1:4191/ready");
+        assert_eq!(hook(&cs[1])[3], "http://127.0.0.1:9901/ready");
+        assert!(hook(&cs[2]).is_empty() && hook(&cs[3]).is_empty());
+        let before = cs.clone();
+        start_first(&mut cs, &sidecars, &mut Vec::new());
+        assert_eq!(cs, before, "a second pass changes nothing");
+    }
+
+    #[test]
+    fn conflicts_are_refused_by_name() {
+        let mut c = Container {
+            name: "proxy".into(),
+            env: Some(vec![EnvVar {
+                name: env::POD_UID.into(),
+                value: Some("x".into()),
+                ..EnvVar::default()
+            }]),
+            ..Container::default()
+        };
+        let s = Sidecar {
+            timeout: Duration::from_secs(1),
+        };
+        let e = s.inject(&mut c, &mut Vec::new()).unwrap_err();
+        assert!(e.contains("POD_UID"), "{e}");
+        let mut c = Container {
+            name: "proxy".into(),
+            volume_mounts: Some(vec![VolumeMount {
+                name: "other".into(),
+                mount_path: mount::EXIT_DIR.into(),
+                ..VolumeMount::default()
+            }]),
+            ..Container::default()
+        };
+        let e = s.inject(&mut c, &mut Vec::new()).unwrap_err();
+        assert!(e.contains("\"other\""), "{e}");
+        let mut spec = PodSpec {
+            volumes: Some(vec![Volume {
+                name: VOLUME.into(),
+                ..Volume::default()
+            }]),
+            ..PodSpec::default()
+        };
+        assert!(share_volume(&mut spec, "/var/lib/exitorder").is_err());
+    }
+}

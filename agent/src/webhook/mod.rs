@@ -1,0 +1,18 @@
+//! The admission webhook (`exitorder webhook`): pods that opt in with one annotation get the
+//! share, the mounts, `POD_UID` and a preStop that waits for the agent, on every sidecar.
+//!
+//! - [`mutate`]: the mutation, a pure function of the pod;
+//! - [`inject`]: what one sidecar gets;
+//! - [`review`]: AdmissionReview JSON in and out;
+//! - [`tls`]: the serving certificate, reloaded when it changes;
+//! - [`server`]: the HTTPS endpoint.
+
+pub mod inject;
+pub mod mutate;
+pub mod review;
+pub mod server;
+pub mod tls;
+
+pub use mutate::{mutate, Admission, Settings};
+pub use server::{Webhook, WebhookConfig, WebhookError};
+pub use tls::CertFiles;

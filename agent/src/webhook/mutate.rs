@@ -1,0 +1,450 @@
+//! The pod mutation, pure: a pod in, a JSONPatch (or a denial) out. Everything the webhook
+//! decides is here, apart from HTTP and TLS, so every rule is tested on plain values.
+//!
+//! The patch is the difference between the pod as received and the pod as mutated, both
+//! through the same typed round trip: it names only what exitorder changed, so fields this
+//! build does not know (a newer API server's) are left as they are.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use exitorder_contract::annotation;
+use k8s_openapi::api::core::v1::{Container, Pod};
+use serde_json::Value;
+
+use super::inject::{self, Sidecar};
+use crate::priority::{self, PodPriorities};
+use crate::stoporder::StopOrder;
+
+/// What the mutation needs to know of the node side.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// The share's host path, as the agent's `--share-dir`.
+    pub share_dir: String,
+    /// The agent's grace reserve: an entrypoint gives up this long before the pod's grace
+    /// period ends, as the agent releases it then.
+    pub grace_reserve: Duration,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            share_dir: exitorder_contract::share::DEFAULT_DIR.to_owned(),
+            grace_reserve: Duration::from_secs(5),
+        }
+    }
+}
+
+/// The webhook's answer for one pod.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Admission {
+    /// Admit, with this patch (empty: unchanged) and these warnings for the user.
+    Allow {
+        patch: json_patch::Patch,
+        warnings: Vec<String>,
+    },
+    /// Refuse the pod, saying why.
+    Deny(String),
+}
+
+impl Admission {
+    fn unchanged() -> Self {
+        Admission::Allow {
+            patch: json_patch::Patch::default(),
+            warnings: Vec::new(),
+        }
+    }
+}
+
+/// Kubernetes' default terminationGracePeriodSeconds.
+const DEFAULT_GRACE_SECONDS: i64 = 30;
+
+/// Whether the pod asks for injection (`"true"` under our name or the Kruise alias).
+pub fn opted_in(annotations: &BTreeMap<String, String>) -> bool {
+    [annotation::INJECT, annotation::INJECT_KRUISE]
+        .iter()
+        .any(|k| annotations.get(*k).is_some_and(|v| v == "true"))
+}
+
+/// Mutates one pod object, as the API server sent it.
+pub fn mutate(object: &Value, settings: &Settings) -> Admission {
+    let pod: Pod = match serde_json::from_value(object.clone()) {
+        Ok(p) => p,
+        Err(e) => return Admission::Deny(format!("the object is not a valid Pod: {e}")),
+    };
+    let annotations = pod.metadata.annotations.clone().unwrap_or_default();
+    if !opted_in(&annotations) {
+        return Admission::unchanged();
+    }
+    let mut mutated = pod.clone();
+    let warnings = match inject_into(&mut mutated, &annotations, settings) {
+        Ok(w) => w,
+        Err(message) => return Admission::Deny(message),
+    };
+    let (Ok(before), Ok(after)) = (serde_json::to_value(&pod), serde_json::to_value(&mutated))
+    else {
+        return Admission::Deny("the pod could not be serialized".to_owned());
+    };
+    Admission::Allow {
+        patch: json_patch::diff(&before, &after),
+        warnings,
+    }
+}
+
+/// One container the rules look at: a main container or a native sidecar.
+struct Member {
+    name: String,
+    native: bool,
+    priority: u8,
+}
+
+/// The pod's containers and native sidecars with their exit priorities, as the agent will
+/// resolve them; an error names the bad annotation or env.
+fn members(pod: &Pod, named: Option<&PodPriorities>) -> Result<Vec<Member>, String> {
+    let Some(spec) = pod.spec.as_ref() else {
+        return Ok(Vec::new());
+    };
+    let main = spec.containers.iter().map(|c| (c, false));
+    let native = spec
+        .init_containers
+        .iter()
+        .flatten()
+        .filter(|c| is_native(c))
+        .map(|c| (c, true));
+    main.chain(native)
+        .map(|(c, native)| {
+            let env = env_priority(c)?;
+            Ok(Member {
+                name: c.name.clone(),
+                native,
+                priority: priority::resolve_as(&c.name, named, env, native),
+            })
+        })
+        .collect()
+}
+
+fn is_native(c: &Container) -> bool {
+    c.restart_policy.as_deref() == Some("Always")
+}
+
+/// A container's priority from a literal env value (one set from a Secret or a field is
+/// read by the agent from the runtime, where it has its value).
+fn env_priority(c: &Container) -> Result<Option<u8>, String> {
+    let literal = c
+        .env
+        .iter()
+        .flatten()
+        .filter_map(|e| e.value.as_deref().map(|v| (e.name.as_str(), v)));
+    priority::from_env(literal).map_err(|e| format!("container {:?}: {e}", c.name))
+}
+
+fn inject_into(
+    pod: &mut Pod,
+    annotations: &BTreeMap<String, String>,
+    settings: &Settings,
+) -> Result<Vec<String>, String> {
+    let mut warnings = Vec::new();
+    let named =
+        priority::from_annotations(annotations.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .map_err(|e| e.to_string())?;
+    let members = members(pod, named.as_ref())?;
+    if let Some(named) = &named {
+        let key = if annotations.contains_key(priority::ANNOTATION) {
+            priority::ANNOTATION
+        } else {
+            priority::ANNOTATION_KRUISE
+        };
+        let all = all_names(pod);
+        for name in named.keys().filter(|n| !all.contains(&n.as_str())) {
+            warnings.push(format!(
+                "{key} names {name:?}, which is not a container of this pod"
+            ));
+        }
+    }
+    let order = StopOrder::new(
+        members
+            .iter()
+            .filter(|m| m.native)
+            .map(|m| m.name.clone())
+            .collect(),
+    );
+    check_stop_order(&members, &order)?;
+    let sidecars: Vec<&Member> = members.iter().filter(|m| m.priority > 0).collect();
+    if sidecars.is_empty() {
+        return Ok(warnings);
+    }
+    let grace = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.termination_grace_period_seconds)
+        .unwrap_or(DEFAULT_GRACE_SECONDS);
+    let timeout = entrypoint_timeout(grace, settings.grace_reserve);
+    let Some(spec) = pod.spec.as_mut() else {
+        return Ok(warnings);
+    };
+    inject::share_volume(spec, &settings.share_dir)?;
+    let sidecar = Sidecar { timeout };
+    for c in spec.containers.iter_mut().chain(
+        spec.init_containers
+            .iter_mut()
+            .flatten()
+            .filter(|c| is_native(c)),
+    ) {
+        if sidecars.iter().any(|m| m.name == c.name) {
+            sidecar.inject(c, &mut warnings)?;
+        }
+    }
+    if annotations
+        .get(annotation::AWAIT_SIDECARS)
+        .is_some_and(|v| v == "true")
+    {
+        let names: Vec<&str> = sidecars
+            .iter()
+            .filter(|m| !m.native)
+            .map(|m| m.name.as_str())
+            .collect();
+        inject::start_first(&mut spec.containers, &names, &mut warnings);
+    }
+    if !order.native().is_empty() {
+        pod.metadata
+            .annotations
+            .get_or_insert_with(BTreeMap::new)
+            .insert(
+                annotation::NATIVE_SIDECARS.to_owned(),
+                order.to_annotation(),
+            );
+    }
+    Ok(warnings)
+}
+
+fn all_names(pod: &Pod) -> Vec<&str> {
+    pod.spec
+        .iter()
+        .flat_map(|s| {
+            s.containers
+                .iter()
+                .chain(s.init_containers.iter().flatten())
+        })
+        .map(|c| c.name.as_str())
+        .collect()
+}
+
+/// Refuses priorities the kubelet's stop order cannot satisfy: the pod would be held to its
+/// deadline on every deletion.
+fn check_stop_order(members: &[Member], order: &StopOrder) -> Result<(), String> {
+    let prios: Vec<(&str, u8)> = members
+        .iter()
+        .map(|m| (m.name.as_str(), m.priority))
+        .collect();
+    let Some(&(waiter, other)) = order.contradictions(&prios).first() else {
+        return Ok(());
+    };
+    let prio = |name: &str| {
+        prios
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map_or(0, |(_, p)| *p)
+    };
+    let waiter_is_native = order.is_native(waiter);
+    let why = if waiter_is_native {
+        format!(
+            "native sidecars stop in reverse declaration order and {other:?} is declared before \
+             {waiter:?}; give {other:?} an exit priority of at least {}, or declare it after {waiter:?}",
+            prio(waiter)
+        )
+    } else {
+        format!(
+            "the kubelet stops native sidecars only after every main container has exited; give \
+             {waiter:?} an exit priority of at most {}",
+            prio(other)
+        )
+    };
+    Err(format!(
+        "{} {waiter:?} (exit priority {}) would wait for native sidecar {other:?} (exit priority \
+         {}), which the kubelet stops only after it: the pod would be held until its grace \
+         period ends; {why}",
+        if waiter_is_native {
+            "native sidecar"
+        } else {
+            "container"
+        },
+        prio(waiter),
+        prio(other),
+    ))
+}
+
+/// The entrypoint's own deadline: the pod's grace period minus the agent's reserve, and at
+/// least a second.
+fn entrypoint_timeout(grace_seconds: i64, reserve: Duration) -> Duration {
+    let grace = Duration::from_secs(u64::try_from(grace_seconds).unwrap_or(0));
+    grace.saturating_sub(reserve).max(Duration::from_secs(1))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn apply(object: &Value, admission: &Admission) -> Value {
+        let Admission::Allow { patch, .. } = admission else {
+            panic!("denied: {admission:?}");
+        };
+        let mut out = object.clone();
+        json_patch::patch(&mut out, patch).unwrap();
+        out
+    }
+
+    fn pod(annotations: Value, spec: Value) -> Value {
+        json!({"apiVersion": "v1", "kind": "Pod",
+               "metadata": {"name": "p", "namespace": "ns", "annotations": annotations},
+               "spec": spec})
+    }
+
+    fn denied(a: &Admission) -> &str {
+        match a {
+            Admission::Deny(m) => m,
+            other => panic!("allowed: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_pod_that_did_not_opt_in_is_left_alone() {
+        let p = pod(
+            json!({"exitorder.io/container-exit-priority": "not json"}),
+            json!({"containers": [{"name": "app", "image": "x"}, {"name": "linkerd-proxy", "image": "y"}]}),
+        );
+        assert_eq!(mutate(&p, &Settings::default()), Admission::unchanged());
+        for v in ["false", "True", "yes", ""] {
+            let p = pod(json!({"exitorder.io/inject": v}), json!({"containers": []}));
+            assert_eq!(
+                mutate(&p, &Settings::default()),
+                Admission::unchanged(),
+                "{v}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_entrypoint_timeout_follows_the_grace_period() {
+        let r = Duration::from_secs(5);
+        assert_eq!(entrypoint_timeout(30, r), Duration::from_secs(25));
+        assert_eq!(entrypoint_timeout(120, r), Duration::from_secs(115));
+        assert_eq!(entrypoint_timeout(3, r), Duration::from_secs(1));
+        assert_eq!(entrypoint_timeout(-1, r), Duration::from_secs(1));
+    }
+
+    #[test]
+    fn priorities_contradicting_the_kubelet_are_denied_naming_both() {
+        let spec = json!({
+            "initContainers": [
+                {"name": "istio-proxy", "image": "p", "restartPolicy": "Always"},
+                {"name": "logs", "image": "l", "restartPolicy": "Always"}],
+            "containers": [{"name": "app", "image": "a"}]});
+        let p = pod(
+            json!({"exitorder.io/inject": "true",
+                   "exitorder.io/container-exit-priority": r#"{"istio-proxy": 1, "logs": 2}"#}),
+            spec.clone(),
+        );
+        let m = denied(&mutate(&p, &Settings::default())).to_owned();
+        assert!(
+            m.contains("\"logs\"") && m.contains("\"istio-proxy\""),
+            "{m}"
+        );
+        assert!(m.contains("reverse declaration order"), "{m}");
+        let p = pod(
+            json!({"exitorder.io/inject": "true",
+                   "exitorder.io/container-exit-priority": r#"{"app": 2}"#}),
+            spec.clone(),
+        );
+        let m = denied(&mutate(&p, &Settings::default())).to_owned();
+        assert!(
+            m.contains("container \"app\"") && m.contains("\"istio-proxy\""),
+            "{m}"
+        );
+        // Agreeing priorities are admitted.
+        let p = pod(
+            json!({"exitorder.io/inject": "true",
+                   "exitorder.io/container-exit-priority": r#"{"istio-proxy": 2}"#}),
+            spec,
+        );
+        let out = apply(&p, &mutate(&p, &Settings::default()));
+        assert_eq!(
+            out["metadata"]["annotations"]["exitorder.io/native-sidecars"],
+            json!(r#"["istio-proxy","logs"]"#)
+        );
+    }
+
+    #[test]
+    fn malformed_priorities_are_denied_with_the_annotation_named() {
+        for (key, value, want) in [
+            (
+                "exitorder.io/container-exit-priority",
+                "nope",
+                "not valid JSON",
+            ),
+            (
+                "exitorder.io/container-exit-priority",
+                "[1]",
+                "must be a JSON object",
+            ),
+            (
+                "kruise.io/container-exit-priority",
+                r#"{"a": 300}"#,
+                "\"a\" is 300",
+            ),
+            (
+                "exitorder.io/container-exit-priority",
+                r#"{"a": -1}"#,
+                "\"a\" is -1",
+            ),
+            (
+                "exitorder.io/container-exit-priority",
+                r#"{"a": "1"}"#,
+                "\"a\" is \"1\"",
+            ),
+        ] {
+            let p = pod(
+                json!({"exitorder.io/inject": "true", key: value}),
+                json!({"containers": [{"name": "a", "image": "x"}]}),
+            );
+            let m = denied(&mutate(&p, &Settings::default())).to_owned();
+            assert!(m.contains(key) && m.contains(want), "{value}: {m}");
+        }
+        let p = pod(
+            json!({"exitorder.io/inject": "true"}),
+            json!({"containers": [{"name": "a", "image": "x",
+                                   "env": [{"name": "EXITORDER_EXIT_PRIORITY", "value": "high"}]}]}),
+        );
+        let m = denied(&mutate(&p, &Settings::default())).to_owned();
+        assert!(
+            m.contains("\"a\"") && m.contains("EXITORDER_EXIT_PRIORITY"),
+            "{m}"
+        );
+    }
+
+    #[test]
+    fn a_name_that_matches_no_container_is_a_warning() {
+        let p = pod(
+            json!({"exitorder.io/inject": "true",
+                   "exitorder.io/container-exit-priority": r#"{"proxy": 1, "ghost": 2}"#}),
+            json!({"containers": [{"name": "app", "image": "a"}, {"name": "proxy", "image": "p"}]}),
+        );
+        let Admission::Allow { warnings, patch } = mutate(&p, &Settings::default()) else {
+            panic!("denied");
+        };
+        assert_eq!(warnings.len(), 1, "{warnings:?}");
+        assert!(warnings[0].contains("\"ghost\""), "{warnings:?}");
+        assert!(!patch.0.is_empty());
+    }
+
+    #[test]
+    fn not_a_pod_is_denied() {
+        let m = denied(&mutate(
+            &json!({"metadata": {"annotations": {"exitorder.io/inject": "true"}},
+                    "spec": {"containers": "nope"}}),
+            &Settings::default(),
+        ))
+        .to_owned();
+        assert!(m.contains("not a valid Pod"), "{m}");
+    }
+}

@@ -1,0 +1,345 @@
+//! The webhook's HTTPS endpoint: `POST /mutate` (AdmissionReview), `GET /healthz`,
+//! `GET /readyz`, `GET /metrics`, all on one TLS port.
+//!
+//! The API server gives a webhook `timeoutSeconds` (at most 10 s) and then goes on without
+//! it (failurePolicy Ignore): every request here is answered well within that or dropped, a
+//! slow or endless body included, and no body is read past its limit.
+
+use std::convert::Infallible;
+use std::fmt::Write as _;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::net::TcpListener;
+use tokio_rustls::TlsAcceptor;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::{debug, info, warn, Instrument};
+
+use super::mutate::Settings;
+use super::review::{self, Outcome};
+use super::tls::{CertFiles, ReloadCounts, Reloading, TlsError};
+use crate::stats::{Histogram, LATENCY_BUCKETS};
+
+/// Larger than any pod the API server accepts (its request limit is 3 MiB), with room for
+/// the review around it.
+pub const MAX_BODY: usize = 4 * 1024 * 1024;
+/// A TLS handshake, the request head and its body each get this long.
+const IO_TIMEOUT: Duration = Duration::from_secs(5);
+
+#[derive(Debug, thiserror::Error)]
+pub enum WebhookError {
+    #[error("address {addr}: {source}")]
+    Listen {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("serving certificate: {0}")]
+    Tls(#[from] TlsError),
+}
+
+/// Everything the webhook needs.
+#[derive(Debug, Clone)]
+pub struct WebhookConfig {
+    pub addr: SocketAddr,
+    pub files: CertFiles,
+    pub settings: Settings,
+    /// How often the certificate files are checked for a change.
+    pub reload_interval: Duration,
+    /// How long the in-flight requests get after `cancel`.
+    pub shutdown_timeout: Duration,
+}
+
+/// What the endpoint counts.
+#[derive(Default)]
+pub struct WebhookStats {
+    reviews: [AtomicU64; Outcome::ALL.len()],
+    invalid: AtomicU64,
+    latency: Histogram,
+    reloads: Arc<ReloadCounts>,
+}
+
+impl WebhookStats {
+    fn render(&self) -> String {
+        let mut out = String::with_capacity(2048);
+        let _ = writeln!(
+            out,
+            "# HELP exitorder_webhook_reviews_total Admission reviews answered, by outcome.\n\
+             # TYPE exitorder_webhook_reviews_total counter"
+        );
+        for o in Outcome::ALL {
+            let n = self.reviews[o as usize].load(Ordering::Relaxed);
+            let _ = writeln!(
+                out,
+                "exitorder_webhook_reviews_total{{outcome=\"{}\"}} {n}",
+                o.as_str()
+            );
+        }
+        let _ = writeln!(
+            out,
+            "exitorder_webhook_reviews_total{{outcome=\"invalid\"}} {}",
+            self.invalid.load(Ordering::Relaxed)
+        );
+        let _ = writeln!(
+            out,
+            "# HELP exitorder_webhook_review_seconds Time from a review's request head to its answer.\n\
+             # TYPE exitorder_webhook_review_seconds histogram"
+        );
+        let (buckets, count, sum) = self.latency.read();
+        for (le, n) in LATENCY_BUCKETS.iter().zip(buckets) {
+            let _ = writeln!(
+                out,
+                "exitorder_webhook_review_seconds_bucket{{le=\"{le}\"}} {n}"
+            );
+        }
+        let _ = writeln!(
+            out,
+            "exitorder_webhook_review_seconds_bucket{{le=\"+Inf\"}} {count}\n\
+             exitorder_webhook_review_seconds_sum {sum}\n\
+             exitorder_webhook_review_seconds_count {count}"
+        );
+        let _ = writeln!(
+            out,
+            "# HELP exitorder_webhook_certificate_reloads_total Serving certificate reloads, by result.\n\
+             # TYPE exitorder_webhook_certificate_reloads_total counter\n\
+             exitorder_webhook_certificate_reloads_total{{result=\"ok\"}} {}\n\
+             exitorder_webhook_certificate_reloads_total{{result=\"failed\"}} {}",
+            self.reloads.ok.load(Ordering::Relaxed),
+            self.reloads.failed.load(Ordering::Relaxed)
+        );
+        out
+    }
+}
+
+/// A bound webhook, ready to serve.
+pub struct Webhook {
+    listener: TcpListener,
+    acceptor: TlsAcceptor,
+    certs: Arc<Reloading>,
+    cfg: WebhookConfig,
+    stats: Arc<WebhookStats>,
+}
+
+impl Webhook {
+    /// Loads the certificate and binds the port: what can fail at start-up fails here.
+    pub async fn bind(cfg: WebhookConfig) -> Result<Self, WebhookError> {
+        let certs = Reloading::new(cfg.files.clone())?;
+        let acceptor = TlsAcceptor::from(Arc::new(certs.server_config()?));
+        let listener =
+            TcpListener::bind(cfg.addr)
+                .await
+                .map_err(|source| WebhookError::Listen {
+                    addr: cfg.addr,
+                    source,
+                })?;
+        Ok(Webhook {
+            listener,
+            acceptor,
+            certs,
+            cfg,
+            stats: Arc::new(WebhookStats::default()),
+        })
+    }
+
+    pub fn local_addr(&self) -> Option<SocketAddr> {
+        self.listener.local_addr().ok()
+    }
+
+    /// Serves until `cancel`, then lets the requests in flight finish within the shutdown
+    /// timeout; connections still open then are dropped.
+    pub async fn run(self, cancel: CancellationToken) {
+        let Webhook {
+            listener,
+            acceptor,
+            certs,
+            cfg,
+            stats,
+        } = self;
+        if let Ok(addr) = listener.local_addr() {
+            info!(addr = %addr, "webhook listening (TLS)");
+        }
+        let reload = tokio::spawn(
+            certs
+                .watch(cfg.reload_interval, Arc::clone(&stats.reloads))
+                .instrument(tracing::info_span!("certificate_reload")),
+        );
+        let settings = Arc::new(cfg.settings);
+        let tracker = TaskTracker::new();
+        loop {
+            let (tcp, peer) = tokio::select! {
+                () = cancel.cancelled() => break,
+                accepted = listener.accept() => match accepted {
+                    Ok(c) => c,
+                    Err(e) => {
+                        debug!(error = %e, "accept failed");
+                        continue;
+                    }
+                },
+            };
+            let conn = Connection {
+                acceptor: acceptor.clone(),
+                settings: Arc::clone(&settings),
+                stats: Arc::clone(&stats),
+                cancel: cancel.clone(),
+            };
+            tracker.spawn(
+                conn.serve(tcp)
+                    .instrument(tracing::debug_span!("webhook_conn", %peer)),
+            );
+        }
+        info!("webhook shutting down");
+        drop(listener);
+        tracker.close();
+        if tokio::time::timeout(cfg.shutdown_timeout, tracker.wait())
+            .await
+            .is_err()
+        {
+            warn!(timeout = ?cfg.shutdown_timeout, "connections still open at the end of the shutdown; dropped");
+        }
+        reload.abort();
+    }
+}
+
+struct Connection {
+    acceptor: TlsAcceptor,
+    settings: Arc<Settings>,
+    stats: Arc<WebhookStats>,
+    cancel: CancellationToken,
+}
+
+impl Connection {
+    async fn serve(self, tcp: tokio::net::TcpStream) {
+        let tls = match tokio::time::timeout(IO_TIMEOUT, self.acceptor.accept(tcp)).await {
+            Ok(Ok(s)) => s,
+            Ok(Err(e)) => {
+                debug!(error = %e, "TLS handshake failed");
+                return;
+            }
+            Err(_) => {
+                debug!("TLS handshake timed out");
+                return;
+            }
+        };
+        let (settings, stats) = (self.settings, self.stats);
+        let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
+            let (settings, stats) = (Arc::clone(&settings), Arc::clone(&stats));
+            async move { Ok::<_, Infallible>(respond(req, &settings, &stats).await) }
+        });
+        let conn = hyper::server::conn::http1::Builder::new()
+            .timer(TokioTimer::new())
+            .header_read_timeout(IO_TIMEOUT)
+            .serve_connection(TokioIo::new(tls), svc);
+        tokio::pin!(conn);
+        tokio::select! {
+            res = conn.as_mut() => {
+                if let Err(e) = res {
+                    debug!(error = %e, "connection ended");
+                }
+            }
+            () = self.cancel.cancelled() => {
+                conn.as_mut().graceful_shutdown();
+                let _ = conn.await;
+            }
+        }
+    }
+}
+
+fn text(code: StatusCode, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
+    let mut r = Response::new(Full::new(body.into()));
+    *r.status_mut() = code;
+    r
+}
+
+async fn respond(
+    req: Request<Incoming>,
+    settings: &Settings,
+    stats: &WebhookStats,
+) -> Response<Full<Bytes>> {
+    match (req.method(), req.uri().path()) {
+        (&Method::POST, "/mutate") => mutate(req, settings, stats).await,
+        (&Method::GET, "/healthz") => text(StatusCode::OK, "ok\n"),
+        // Serving at all means a certificate loaded: start-up fails without one.
+        (&Method::GET, "/readyz") => text(StatusCode::OK, "ready\n"),
+        (&Method::GET, "/metrics") => {
+            let mut r = text(StatusCode::OK, stats.render());
+            r.headers_mut().insert(
+                hyper::header::CONTENT_TYPE,
+                hyper::header::HeaderValue::from_static("text/plain; version=0.0.4"),
+            );
+            r
+        }
+        (_, "/mutate" | "/healthz" | "/readyz" | "/metrics") => {
+            text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n")
+        }
+        _ => text(StatusCode::NOT_FOUND, "not found\n"),
+    }
+}
+
+async fn mutate(
+    req: Request<Incoming>,
+    settings: &Settings,
+    stats: &WebhookStats,
+) -> Response<Full<Bytes>> {
+    let started = Instant::now();
+    let invalid = |code: StatusCode, why: String| {
+        stats.invalid.fetch_add(1, Ordering::Relaxed);
+        debug!(event = "review_invalid", reason = %why, "request refused");
+        text(code, format!("{why}\n"))
+    };
+    let declared = req
+        .headers()
+        .get(hyper::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > MAX_BODY as u64) {
+        // Refused before reading any of it.
+        return invalid(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("the body is larger than {MAX_BODY} bytes"),
+        );
+    }
+    let body = Limited::new(req.into_body(), MAX_BODY);
+    let bytes = match tokio::time::timeout(IO_TIMEOUT, body.collect()).await {
+        Ok(Ok(b)) => b.to_bytes(),
+        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => {
+            return invalid(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!("the body is larger than {MAX_BODY} bytes"),
+            )
+        }
+        Ok(Err(e)) => return invalid(StatusCode::BAD_REQUEST, format!("reading the body: {e}")),
+        Err(_) => {
+            return invalid(
+                StatusCode::REQUEST_TIMEOUT,
+                format!("the body took longer than {IO_TIMEOUT:?}"),
+            )
+        }
+    };
+    match review::answer(&bytes, settings) {
+        Ok(a) => {
+            stats.reviews[a.outcome as usize].fetch_add(1, Ordering::Relaxed);
+            stats.latency.observe(started.elapsed());
+            match &a.message {
+                Some(m) => {
+                    info!(event = "review", outcome = a.outcome.as_str(), pod = %a.pod, reason = %m, "pod refused")
+                }
+                None => debug!(event = "review", outcome = a.outcome.as_str(), pod = %a.pod),
+            }
+            let mut r = text(StatusCode::OK, a.body);
+            r.headers_mut().insert(
+                hyper::header::CONTENT_TYPE,
+                hyper::header::HeaderValue::from_static("application/json"),
+            );
+            r
+        }
+        Err(e) => invalid(StatusCode::BAD_REQUEST, e.to_string()),
+    }
+}

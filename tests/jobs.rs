@@ -1,0 +1,446 @@
+//! Jobs that finish, and sidecars that start first, on a real containerd: Job pods of
+//! deploy/examples/, mutated by the webhook's `mutate`, run by the test bed's Pod runner with
+//! the real agent. The agent learns the pods' restart policy and main containers from an API
+//! server (a fake one over HTTP, fed the same pods), as it does in a cluster.
+//!
+//! Needs root and `containerd runc busybox-static`; without them each test prints
+//! "SKIPPED: <reason>" and passes, except in CI (`CI` set), where they are mandatory.
+
+mod fakeapi;
+mod support;
+
+use std::time::Duration;
+
+use exitorder_testbed::{manifest, AgentOptions, AgentProcess, Phase, RunningPod, What};
+use fakeapi::{FakeApi, ServedApi};
+use serde_json::{json, Value};
+use support::{Bed, AGENT_BIN};
+
+const NODE: &str = "bed-node";
+
+fn secs(s: u64) -> Duration {
+    Duration::from_secs(s)
+}
+
+/// A node, a fake API server, and the agent watching it.
+struct JobBed {
+    bed: Bed,
+    api: ServedApi,
+    _dir: tempfile::TempDir,
+}
+
+impl JobBed {
+    async fn start() -> Option<JobBed> {
+        let node = support::node_or_skip().await?;
+        let api = FakeApi::default().serve();
+        let dir = tempfile::tempdir().expect("tempdir");
+        let kubeconfig = api.write_kubeconfig(dir.path());
+        let mut opts = AgentOptions::new(AGENT_BIN, &node, support::static_entrypoint());
+        opts.env = vec![
+            ("KUBECONFIG".to_owned(), kubeconfig.display().to_string()),
+            ("NODE_NAME".to_owned(), NODE.to_owned()),
+        ];
+        let agent = AgentProcess::start(&opts)
+            .await
+            .unwrap_or_else(|e| panic!("agent did not start: {e}"));
+        Some(JobBed {
+            bed: Bed {
+                agent,
+                agent_opts: opts,
+                node,
+            },
+            api,
+            _dir: dir,
+        })
+    }
+
+    /// Runs `pod` and tells the API server about it, as scheduled to this node.
+    async fn run(&self, pod: &Value) -> RunningPod {
+        let opts = exitorder_testbed::kubelet::RunOptions {
+            force_host_network: true,
+            ..Default::default()
+        };
+        let running = self
+            .bed
+            .node
+            .run_pod(pod, &opts)
+            .await
+            .unwrap_or_else(|e| panic!("run pod: {e}"));
+        let mut api_pod = pod.clone();
+        api_pod["metadata"]["uid"] = running.uid().into();
+        api_pod["metadata"]["name"] = running.name().into();
+        api_pod["metadata"]["namespace"] = running.namespace().into();
+        api_pod["spec"]["nodeName"] = NODE.into();
+        api_pod["status"] = json!({"phase": "Running"});
+        self.api.api.apply(api_pod);
+        running
+    }
+
+    /// Runs `pod` until it completes; its status, with the agent's log on failure.
+    async fn complete(&self, pod: &Value) -> (RunningPod, exitorder_testbed::PodStatus) {
+        let running = self.run(pod).await;
+        let status = running
+            .wait_completed(secs(90))
+            .await
+            .unwrap_or_else(|e| panic!("{e}\n{}", self.bed.agent.log_tail(30)));
+        eprintln!("{}", show(&status.timeline));
+        (running, status)
+    }
+
+    async fn restart_agent(&mut self) {
+        self.bed
+            .restart_agent()
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+    }
+
+    async fn finish(self) {
+        self.bed.finish().await;
+    }
+}
+
+/// The Job example's pod, injected by the webhook, its proxy on `port` (tests run at once on
+/// one network).
+fn job_pod(port: u16, edit: impl FnOnce(&mut Value)) -> Value {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/examples/job.yaml");
+    let text = std::fs::read_to_string(&path).expect("job example");
+    let text = text.replace("4191", &port.to_string());
+    let docs = manifest::documents(&text).expect("YAML");
+    let mut pod = manifest::pod_of(&docs[0]).expect("the Job's pod");
+    edit(&mut pod);
+    inject(pod)
+}
+
+/// Without the shutdown URL: the proxy is stopped through the runtime.
+fn without_url(pod: &mut Value) {
+    pod["metadata"]["annotations"]
+        .as_object_mut()
+        .expect("annotations")
+        .remove("exitorder.io/sidecar-shutdown");
+}
+
+fn inject(mut pod: Value) -> Value {
+    match exitorder::webhook::mutate(&pod, &exitorder::webhook::Settings::default()) {
+        exitorder::webhook::Admission::Allow { patch, .. } => {
+            json_patch::patch(&mut pod, &patch).expect("the patch applies");
+            pod
+        }
+        exitorder::webhook::Admission::Deny(m) => panic!("denied: {m}"),
+    }
+}
+
+fn show(t: &exitorder_testbed::Timeline) -> String {
+    t.render(t.sorted().first().map_or(0, |e| e.at_ns))
+}
+
+fn log_count(running: &RunningPod, container: &str, needle: &str) -> usize {
+    running.container_log(container).matches(needle).count()
+}
+
+fn exit_code(running: &RunningPod, container: &str) -> Option<i32> {
+    running
+        .status()
+        .container(container)
+        .and_then(|c| c.last_exit.as_ref().map(|e| e.exit_code))
+}
+
+fn finished_at(running: &RunningPod, container: &str) -> i64 {
+    running
+        .status()
+        .container(container)
+        .and_then(|c| c.last_exit.as_ref().map(|e| e.finished_at_ns))
+        .unwrap_or_else(|| panic!("{container} has not exited"))
+}
+
+#[tokio::test]
+async fn a_meshed_job_completes_with_every_status_zero() {
+    let Some(jb) = JobBed::start().await else {
+        return;
+    };
+    let (running, status) = jb.complete(&job_pod(24191, |_| {})).await;
+    assert_eq!(
+        status.phase,
+        Phase::Succeeded,
+        "{}",
+        jb.bed.agent.log_tail(30)
+    );
+    assert_eq!(exit_code(&running, "app"), Some(0));
+    assert_eq!(exit_code(&running, "proxy"), Some(0));
+    assert!(finished_at(&running, "proxy") > finished_at(&running, "app"));
+    // Through its own endpoint, once.
+    assert_eq!(log_count(&running, "proxy", "shutdown requested"), 1);
+    // Logged once the shutdown call returned, which may be after the pod completed.
+    jb.bed
+        .agent
+        .wait_for("the shutdown logged", secs(10), |l| {
+            l.is(
+                "job_shutdown",
+                &[
+                    ("pod", running.uid()),
+                    ("container", "proxy"),
+                    ("how", "http"),
+                ],
+            )
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let after_ms = (finished_at(&running, "proxy") - finished_at(&running, "app")) / 1_000_000;
+    eprintln!("the proxy exited {after_ms} ms after the app");
+    let _ = running.delete().await;
+    jb.finish().await;
+}
+
+#[tokio::test]
+async fn a_sidecar_without_a_url_is_stopped_through_the_runtime() {
+    let Some(jb) = JobBed::start().await else {
+        return;
+    };
+    let pod = job_pod(24192, without_url);
+    let (running, status) = jb.complete(&pod).await;
+    assert_eq!(
+        status.phase,
+        Phase::Succeeded,
+        "{}",
+        jb.bed.agent.log_tail(30)
+    );
+    // TERM from the runtime: the proxy's trap, not its endpoint.
+    assert_eq!(log_count(&running, "proxy", "shutdown requested"), 0);
+    assert_eq!(log_count(&running, "proxy", "TERM: proxy exiting"), 1);
+    assert_eq!(exit_code(&running, "proxy"), Some(0));
+    jb.bed
+        .agent
+        .wait_for("the stop logged", secs(10), |l| {
+            l.is("job_shutdown", &[("container", "proxy"), ("how", "stop")])
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let _ = running.delete().await;
+    jb.finish().await;
+}
+
+#[tokio::test]
+async fn a_sidecar_that_fails_its_shutdown_is_reported() {
+    let Some(jb) = JobBed::start().await else {
+        return;
+    };
+    let pod = job_pod(24197, |p| {
+        without_url(p);
+        support::edit_script(p, "proxy", "exit 0' TERM", "exit 3' TERM");
+    });
+    let (running, status) = jb.complete(&pod).await;
+    // The Job did its work, and is failed by its sidecar: the user is told which and why.
+    assert_eq!(status.phase, Phase::Failed);
+    assert_eq!(exit_code(&running, "app"), Some(0));
+    assert_eq!(exit_code(&running, "proxy"), Some(3));
+    let events = jb.api.api.wait_events(1, secs(10)).await;
+    let ev = events
+        .iter()
+        .find(|e| e["reason"] == exitorder::recorder::REASON_SHUTDOWN_FAILED)
+        .unwrap_or_else(|| panic!("no shutdown event in {events:?}"));
+    assert_eq!(ev["type"], "Warning");
+    assert_eq!(ev["regarding"]["uid"], running.uid());
+    assert_eq!(ev["regarding"]["fieldPath"], "spec.containers{proxy}");
+    let note = ev["note"].as_str().unwrap_or_default();
+    assert!(
+        note.contains("status 3") && note.contains("proxy"),
+        "{note}"
+    );
+    let _ = running.delete().await;
+    jb.finish().await;
+}
+
+#[tokio::test]
+async fn on_failure_waits_for_the_main_containers_success() {
+    let Some(jb) = JobBed::start().await else {
+        return;
+    };
+    let pod = job_pod(24193, |p| {
+        p["spec"]["restartPolicy"] = "OnFailure".into();
+        p["spec"]["volumes"] = json!([{"name": "state", "emptyDir": {}}]);
+        let app = &mut p["spec"]["containers"][0];
+        app["volumeMounts"] = json!([{"name": "state", "mountPath": "/state"}]);
+        app["command"] = json!(["sh", "-c",
+            "if [ ! -e /state/tried ]; then touch /state/tried; echo failing; exit 1; fi; echo done"]);
+    });
+    let (running, status) = jb.complete(&pod).await;
+    assert_eq!(
+        status.phase,
+        Phase::Succeeded,
+        "{}",
+        jb.bed.agent.log_tail(30)
+    );
+    let app = status.container("app").expect("app");
+    assert!(app.attempt >= 1, "the app was not restarted: {app:?}");
+    assert_eq!(exit_code(&running, "app"), Some(0));
+    // The proxy was asked once, after the successful attempt.
+    assert_eq!(log_count(&running, "proxy", "shutdown requested"), 1);
+    let success = finished_at(&running, "app");
+    let asked = jb
+        .bed
+        .agent
+        .wait_for("the shutdown logged", secs(10), |l| {
+            l.is("job_shutdown", &[("container", "proxy")])
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .at_ns()
+        .expect("timestamped");
+    assert!(asked >= success, "{}", jb.bed.agent.log_tail(30));
+    let _ = running.delete().await;
+    jb.finish().await;
+}
+
+#[tokio::test]
+async fn the_opt_out_leaves_the_sidecar_running() {
+    let Some(jb) = JobBed::start().await else {
+        return;
+    };
+    let pod = job_pod(24194, |p| {
+        p["metadata"]["annotations"]["exitorder.io/terminate-sidecars-on-completion"] =
+            "false".into();
+    });
+    let running = jb.run(&pod).await;
+    running
+        .wait_for("the app done", secs(30), |s| {
+            s.container("app").is_some_and(|c| c.finished)
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    // The agent has seen the app's exit (it re-decides on every change) and did nothing.
+    jb.bed
+        .agent
+        .wait_for("the app's exit seen", secs(10), |l| {
+            l.says("pod watch current", &[])
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let deadline = tokio::time::Instant::now() + secs(2);
+    while tokio::time::Instant::now() < deadline {
+        assert!(
+            running
+                .status()
+                .container("proxy")
+                .is_some_and(|c| c.running),
+            "the proxy stopped"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(jb
+        .bed
+        .agent
+        .find(|l| l.is("job_shutdown", &[("pod", running.uid())]))
+        .is_none());
+    let _ = running.delete().await;
+    jb.finish().await;
+}
+
+#[tokio::test]
+async fn a_restarted_agent_neither_misses_nor_repeats_a_shutdown() {
+    let Some(mut jb) = JobBed::start().await else {
+        return;
+    };
+    // Missed: the agent is down when the app finishes.
+    let pod = job_pod(24195, |p| {
+        p["spec"]["containers"][0]["command"] =
+            json!(["sh", "-c", "echo working; sleep 3; echo done"]);
+    });
+    let running = jb.run(&pod).await;
+    jb.bed
+        .agent
+        .wait_for("the pod watch", secs(10), |l| {
+            l.says("pod watch current", &[])
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    jb.bed.agent.kill();
+    running
+        .wait_for("the app done", secs(30), |s| {
+            s.container("app").is_some_and(|c| c.finished)
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    jb.restart_agent().await;
+    let status = running
+        .wait_completed(secs(60))
+        .await
+        .unwrap_or_else(|e| panic!("{e}\n{}", jb.bed.agent.log_tail(30)));
+    assert_eq!(status.phase, Phase::Succeeded);
+    assert_eq!(log_count(&running, "proxy", "shutdown requested"), 1);
+    let _ = running.delete().await;
+
+    // Repeated: the agent restarts after the shutdown, while the proxy is still draining.
+    let pod = job_pod(24196, |p| {
+        support::edit_script(
+            p,
+            "proxy",
+            "trap 'echo \"TERM: proxy exiting\"; exit 0' TERM",
+            "trap 'echo \"TERM: proxy draining\"; sleep 3; exit 0' TERM",
+        );
+    });
+    let running = jb.run(&pod).await;
+    jb.bed
+        .agent
+        .wait_for("the shutdown", secs(30), |l| {
+            l.is(
+                "job_shutdown",
+                &[("pod", running.uid()), ("container", "proxy")],
+            )
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    jb.restart_agent().await;
+    let status = running
+        .wait_completed(secs(60))
+        .await
+        .unwrap_or_else(|e| panic!("{e}\n{}", jb.bed.agent.log_tail(30)));
+    assert_eq!(status.phase, Phase::Succeeded);
+    assert_eq!(log_count(&running, "proxy", "shutdown requested"), 1);
+    assert!(
+        jb.bed
+            .agent
+            .find(|l| l.is("job_shutdown", &[("pod", running.uid())]))
+            .is_none(),
+        "the new agent shut the proxy down again"
+    );
+    let _ = running.delete().await;
+    jb.finish().await;
+}
+
+#[tokio::test]
+async fn the_app_starts_after_its_proxy_is_ready() {
+    let Some(jb) = JobBed::start().await else {
+        return;
+    };
+    let pod = inject(support::example("await-sidecars"));
+    let names: Vec<&str> = pod["spec"]["containers"]
+        .as_array()
+        .expect("containers")
+        .iter()
+        .filter_map(|c| c["name"].as_str())
+        .collect();
+    assert_eq!(names, ["proxy", "app"]);
+    let running = jb.run(&pod).await;
+    let status = running
+        .wait_ready(secs(60))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    eprintln!("{}", show(&status.timeline));
+    let t = &status.timeline;
+    let at = |c: &str, f: &dyn Fn(&What) -> bool| t.first(c, f).map(|e| e.at_ns);
+    let hook_done = at("proxy", &|w| {
+        matches!(w, What::PostStartEnded { ok: true, .. })
+    })
+    .expect("the proxy's postStart returned ok");
+    let app_created = at("app", &|w| matches!(w, What::Created { .. })).expect("app created");
+    let proxy_started = at("proxy", &|w| matches!(w, What::Started { .. })).expect("started");
+    // The proxy answers /ready 2 s after it starts; the app is created only after that.
+    let shown = t.render(proxy_started);
+    assert!(app_created >= hook_done, "{shown}");
+    assert!(
+        hook_done - proxy_started >= 1_500_000_000,
+        "the postStart returned {} ms after the proxy started: before it could be ready\n{shown}",
+        (hook_done - proxy_started) / 1_000_000
+    );
+    let _ = running.delete().await;
+    jb.finish().await;
+}

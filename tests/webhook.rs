@@ -1,0 +1,820 @@
+//! The admission webhook over real HTTPS (a test CA, rustls on both ends), with real
+//! AdmissionReview JSON: each returned patch is applied (json-patch) and the result checked
+//! field by field, as a k8s-openapi `Pod`, and for idempotence. Then from YAML to an ordered
+//! exit: the example pods of deploy/examples/ go through the running `exitorder webhook`
+//! binary, and the patched pods run on the test bed's real containerd with the real agent.
+
+mod support;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use base64::Engine as _;
+use exitorder::webhook::{CertFiles, Settings, Webhook, WebhookConfig};
+use k8s_openapi::api::core::v1::{Container, Pod};
+use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
+use serde_json::{json, Value};
+use support::{assert_exited_after, example, Bed};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio_util::sync::CancellationToken;
+
+const ENTRYPOINT: &str = "/var/run/exitorder-bin/exitorder-entrypoint";
+
+/// A test CA and serving certificates it signs.
+struct Pki {
+    ca: CertifiedIssuer<'static, KeyPair>,
+    dir: tempfile::TempDir,
+}
+
+impl Pki {
+    fn new() -> Pki {
+        let mut params = CertificateParams::new(Vec::<String>::new()).expect("CA params");
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        let ca =
+            CertifiedIssuer::self_signed(params, KeyPair::generate().expect("CA key")).expect("CA");
+        Pki {
+            ca,
+            dir: tempfile::tempdir().expect("tempdir"),
+        }
+    }
+
+    /// Writes a new serving pair for 127.0.0.1 and localhost (temp + rename, as a Secret
+    /// update replaces files); returns the certificate's DER.
+    fn issue(&self) -> Vec<u8> {
+        let names = vec!["localhost".to_owned(), "127.0.0.1".to_owned()];
+        let key = KeyPair::generate().expect("key");
+        let cert = CertificateParams::new(names)
+            .expect("params")
+            .signed_by(&key, &self.ca)
+            .expect("sign");
+        for (name, text) in [("tls.crt", cert.pem()), ("tls.key", key.serialize_pem())] {
+            let tmp = self.dir.path().join(format!(".{name}.tmp"));
+            std::fs::write(&tmp, text).expect("write");
+            std::fs::rename(&tmp, self.dir.path().join(name)).expect("rename");
+        }
+        cert.der().to_vec()
+    }
+
+    fn files(&self) -> CertFiles {
+        CertFiles {
+            cert: self.dir.path().join("tls.crt"),
+            key: self.dir.path().join("tls.key"),
+        }
+    }
+
+    fn connector(&self) -> tokio_rustls::TlsConnector {
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(self.ca.der().clone()).expect("CA root");
+        let cfg = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .expect("versions")
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+        tokio_rustls::TlsConnector::from(Arc::new(cfg))
+    }
+}
+
+/// One HTTP/1.1 exchange over a verified TLS connection.
+struct Reply {
+    status: u16,
+    body: Vec<u8>,
+    /// The certificate the server presented.
+    cert: Vec<u8>,
+}
+
+async fn exchange(pki: &Pki, addr: SocketAddr, head: &str, body: &[u8]) -> Reply {
+    let tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let name = rustls::pki_types::ServerName::try_from("localhost").expect("name");
+    let mut tls = pki.connector().connect(name, tcp).await.expect("TLS");
+    let cert = tls
+        .get_ref()
+        .1
+        .peer_certificates()
+        .and_then(|c| c.first())
+        .map(|c| c.to_vec())
+        .unwrap_or_default();
+    tls.write_all(head.as_bytes()).await.expect("write head");
+    tls.write_all(body).await.expect("write body");
+    tls.flush().await.expect("flush");
+    let mut out = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(30), tls.read_to_end(&mut out)).await;
+    // A TLS close without close_notify is an error here, but the bytes read so far are whole.
+    let _ = read.expect("an answer within 30 s");
+    let split = out
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .unwrap_or_else(|| panic!("no HTTP head in {:?}", String::from_utf8_lossy(&out)));
+    let status_line = String::from_utf8_lossy(&out[..split]).to_string();
+    let status = status_line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("bad status line {status_line}"));
+    Reply {
+        status,
+        body: out[split + 4..].to_vec(),
+        cert,
+    }
+}
+
+async fn post(pki: &Pki, addr: SocketAddr, body: &[u8]) -> Reply {
+    let head = format!(
+        "POST /mutate HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    exchange(pki, addr, &head, body).await
+}
+
+async fn get(pki: &Pki, addr: SocketAddr, path: &str) -> Reply {
+    let head = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
+    exchange(pki, addr, &head, b"").await
+}
+
+/// A webhook served in this process.
+struct Served {
+    pki: Pki,
+    addr: SocketAddr,
+    cancel: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Served {
+    async fn start() -> Served {
+        let pki = Pki::new();
+        pki.issue();
+        let cfg = WebhookConfig {
+            addr: "127.0.0.1:0".parse().expect("addr"),
+            files: pki.files(),
+            settings: Settings::default(),
+            reload_interval: Duration::from_millis(50),
+            shutdown_timeout: Duration::from_secs(5),
+        };
+        let webhook = Webhook::bind(cfg).await.expect("bind");
+        let addr = webhook.local_addr().expect("bound");
+        let cancel = CancellationToken::new();
+        let task = tokio::spawn(webhook.run(cancel.clone()));
+        Served {
+            pki,
+            addr,
+            cancel,
+            task,
+        }
+    }
+
+    /// Reviews `pod`; the response object.
+    async fn review(&self, pod: &Value) -> Value {
+        let reply = post(&self.pki, self.addr, &review_body(pod)).await;
+        assert_eq!(
+            reply.status,
+            200,
+            "{}",
+            String::from_utf8_lossy(&reply.body)
+        );
+        let out: Value = serde_json::from_slice(&reply.body).expect("JSON answer");
+        assert_eq!(out["apiVersion"], "admission.k8s.io/v1");
+        assert_eq!(out["kind"], "AdmissionReview");
+        assert_eq!(
+            out["response"]["uid"],
+            "7e0e7f3c-1d2b-4d7e-9a43-2f1c0f1e1a01"
+        );
+        out["response"].clone()
+    }
+
+    async fn stop(self) {
+        self.cancel.cancel();
+        tokio::time::timeout(Duration::from_secs(10), self.task)
+            .await
+            .expect("the webhook stops within its shutdown timeout")
+            .expect("webhook task");
+    }
+}
+
+/// An AdmissionReview of a pod creation, as the API server sends it.
+fn review_body(pod: &Value) -> Vec<u8> {
+    serde_json::to_vec(&json!({
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": "7e0e7f3c-1d2b-4d7e-9a43-2f1c0f1e1a01",
+            "kind": {"group": "", "version": "v1", "kind": "Pod"},
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "requestKind": {"group": "", "version": "v1", "kind": "Pod"},
+            "requestResource": {"group": "", "version": "v1", "resource": "pods"},
+            "name": pod["metadata"]["name"],
+            "namespace": "default",
+            "operation": "CREATE",
+            "userInfo": {"username": "system:serviceaccount:kube-system:replicaset-controller",
+                         "groups": ["system:serviceaccounts", "system:authenticated"]},
+            "object": pod,
+            "oldObject": null,
+            "dryRun": false,
+            "options": {"kind": "CreateOptions", "apiVersion": "meta.k8s.io/v1"}
+        }
+    }))
+    .expect("review JSON")
+}
+
+/// Applies an allowed response's patch; also checks the result is a valid Pod.
+fn patched(pod: &Value, response: &Value) -> Value {
+    assert_eq!(response["allowed"], true, "denied: {response}");
+    let mut out = pod.clone();
+    if let Some(b64) = response["patch"].as_str() {
+        assert_eq!(response["patchType"], "JSONPatch");
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(b64)
+            .expect("base64 patch");
+        let patch: json_patch::Patch = serde_json::from_slice(&bytes).expect("JSONPatch");
+        json_patch::patch(&mut out, &patch).expect("the patch applies");
+    }
+    let _: Pod = serde_json::from_value(out.clone()).expect("still a Pod");
+    out
+}
+
+/// Reviews `pod`, applies the patch, and checks a second pass changes nothing.
+async fn inject(w: &Served, pod: &Value) -> (Value, Vec<String>) {
+    let response = w.review(pod).await;
+    let out = patched(pod, &response);
+    let again = w.review(&out).await;
+    assert_eq!(again["allowed"], true);
+    assert!(
+        again.get("patch").is_none(),
+        "a second pass patched: {again}"
+    );
+    let warnings = response["warnings"]
+        .as_array()
+        .map(|w| {
+            w.iter()
+                .filter_map(|s| s.as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default();
+    (out, warnings)
+}
+
+fn container(pod: &Value, name: &str) -> Container {
+    let pod: Pod = serde_json::from_value(pod.clone()).expect("pod");
+    let spec = pod.spec.expect("spec");
+    spec.containers
+        .into_iter()
+        .chain(spec.init_containers.unwrap_or_default())
+        .find(|c| c.name == name)
+        .unwrap_or_else(|| panic!("no container {name}"))
+}
+
+fn prestop(c: &Container) -> Vec<String> {
+    c.lifecycle
+        .as_ref()
+        .and_then(|l| l.pre_stop.as_ref())
+        .and_then(|h| h.exec.as_ref())
+        .and_then(|e| e.command.clone())
+        .unwrap_or_default()
+}
+
+/// Asserts `name` got the share, its directory, the entrypoint, POD_UID and a waiting
+/// preStop ending in `then`.
+fn assert_injected(pod: &Value, name: &str, timeout: &str, then: &[&str]) {
+    let c = container(pod, name);
+    let mounts = c.volume_mounts.clone().unwrap_or_default();
+    let own = mounts
+        .iter()
+        .find(|m| m.mount_path == "/var/run/exitorder")
+        .unwrap_or_else(|| panic!("{name}: no exit directory mount"));
+    assert_eq!(own.name, "exitorder-share");
+    assert_eq!(
+        own.sub_path_expr.as_deref(),
+        Some(format!("pods/$(POD_UID)/{name}").as_str())
+    );
+    let bin = mounts
+        .iter()
+        .find(|m| m.mount_path == "/var/run/exitorder-bin")
+        .unwrap_or_else(|| panic!("{name}: no entrypoint mount"));
+    assert_eq!(
+        (bin.sub_path.as_deref(), bin.read_only),
+        (Some("bin"), Some(true))
+    );
+    let uid = c
+        .env
+        .iter()
+        .flatten()
+        .find(|e| e.name == "POD_UID")
+        .unwrap_or_else(|| panic!("{name}: no POD_UID"));
+    assert_eq!(
+        uid.value_from
+            .as_ref()
+            .and_then(|v| v.field_ref.as_ref())
+            .map(|f| f.field_path.as_str()),
+        Some("metadata.uid")
+    );
+    let want: Vec<String> = [ENTRYPOINT, "wait", "--timeout", timeout]
+        .iter()
+        .chain(then)
+        .map(|s| (*s).to_owned())
+        .collect();
+    assert_eq!(prestop(&c), want, "{name}");
+    let volume = pod["spec"]["volumes"]
+        .as_array()
+        .and_then(|v| v.iter().find(|v| v["name"] == "exitorder-share"))
+        .expect("the share volume");
+    assert_eq!(volume["hostPath"]["path"], "/var/lib/exitorder");
+}
+
+fn assert_untouched(before: &Value, after: &Value, name: &str) {
+    assert_eq!(
+        container(before, name),
+        container(after, name),
+        "{name} was changed"
+    );
+}
+
+#[tokio::test]
+async fn an_opted_in_pod_gets_its_sidecar_injected() {
+    let w = Served::start().await;
+    let pod = example("injected");
+    let (out, warnings) = inject(&w, &pod).await;
+    assert!(warnings.is_empty(), "{warnings:?}");
+    assert_injected(&out, "proxy", "25s", &[]);
+    assert_untouched(&pod, &out, "app");
+    // Nothing else of the pod changed.
+    assert_eq!(
+        out["metadata"]["annotations"],
+        pod["metadata"]["annotations"]
+    );
+    w.stop().await;
+}
+
+#[tokio::test]
+async fn a_linkerd_pod_needs_no_priority() {
+    let w = Served::start().await;
+    let pod = example("linkerd");
+    let (out, _) = inject(&w, &pod).await;
+    assert_injected(&out, "linkerd-proxy", "25s", &[]);
+    assert_untouched(&pod, &out, "app");
+    w.stop().await;
+}
+
+#[tokio::test]
+async fn an_istio_native_sidecar_drains_after_the_wait() {
+    let w = Served::start().await;
+    let pod = example("istio-native");
+    let (out, _) = inject(&w, &pod).await;
+    assert_injected(
+        &out,
+        "istio-proxy",
+        "25s",
+        &[
+            "--",
+            "sh",
+            "-c",
+            "echo drain started; sleep 1; echo drained",
+        ],
+    );
+    assert_untouched(&pod, &out, "app");
+    assert_eq!(
+        out["metadata"]["annotations"]["exitorder.io/native-sidecars"],
+        r#"["istio-proxy"]"#
+    );
+    // The istio injector's real preStop, and a grace period of its own.
+    let mut real = pod.clone();
+    real["spec"]["terminationGracePeriodSeconds"] = 60.into();
+    real["spec"]["initContainers"][0]["lifecycle"]["preStop"]["exec"]["command"] =
+        json!(["pilot-agent", "request", "POST", "drain"]);
+    let (out, _) = inject(&w, &real).await;
+    assert_injected(
+        &out,
+        "istio-proxy",
+        "55s",
+        &["--", "pilot-agent", "request", "POST", "drain"],
+    );
+    w.stop().await;
+}
+
+#[tokio::test]
+async fn the_kruise_alias_and_every_prestop_form() {
+    let w = Served::start().await;
+    let pod = support::pod(
+        r#"
+apiVersion: v1
+kind: Pod
+metadata:
+  name: forms
+  annotations:
+    container-exit-priority.kruise.io/auto-inject-prestop: "true"
+    kruise.io/container-exit-priority: '{"exec": 1, "http": 2, "sleeper": 3, "named-port": 1, "ghost": 4}'
+spec:
+  terminationGracePeriodSeconds: 45
+  containers:
+    - {name: app, image: busybox:1.36}
+    - name: exec
+      image: busybox:1.36
+      lifecycle: {preStop: {exec: {command: [/bin/drain, --now]}}}
+    - name: http
+      image: busybox:1.36
+      lifecycle: {preStop: {httpGet: {path: /quitquitquit, port: 15020}}}
+    - name: named-port
+      image: busybox:1.36
+      ports: [{name: admin, containerPort: 9901}]
+      lifecycle: {preStop: {httpGet: {path: drain, port: admin}}}
+    - name: sleeper
+      image: busybox:1.36
+      lifecycle: {preStop: {sleep: {seconds: 3}}}
+    - name: envd
+      image: busybox:1.36
+      env: [{name: KRUISE_EXIT_PRIORITY, value: "2"}]
+"#,
+    );
+    let (out, warnings) = inject(&w, &pod).await;
+    assert_injected(&out, "exec", "40s", &["--", "/bin/drain", "--now"]);
+    assert_injected(
+        &out,
+        "http",
+        "40s",
+        &["--http-get", "http://127.0.0.1:15020/quitquitquit"],
+    );
+    assert_injected(
+        &out,
+        "named-port",
+        "40s",
+        &["--http-get", "http://127.0.0.1:9901/drain"],
+    );
+    assert_injected(&out, "sleeper", "40s", &["--sleep", "3s"]);
+    assert_injected(&out, "envd", "40s", &[]);
+    assert_untouched(&pod, &out, "app");
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert!(
+        warnings[0].contains("\"ghost\"")
+            && warnings[0].contains("kruise.io/container-exit-priority"),
+        "{warnings:?}"
+    );
+    w.stop().await;
+}
+
+#[tokio::test]
+async fn pods_are_refused_with_the_problem_named() {
+    let w = Served::start().await;
+    let base = example("istio-native");
+    let with = |key: &str, value: &str| {
+        let mut p = base.clone();
+        p["metadata"]["annotations"][key] = value.into();
+        p
+    };
+    let key = "exitorder.io/container-exit-priority";
+    let cases = [
+        (with(key, "{not json"), vec![key, "not valid JSON"]),
+        (with(key, "[1]"), vec![key, "JSON object"]),
+        (with(key, r#"{"app": 256}"#), vec![key, "\"app\" is 256"]),
+        (with(key, r#"{"app": -1}"#), vec![key, "\"app\" is -1"]),
+        (with(key, r#"{"app": 1.5}"#), vec![key, "\"app\" is 1.5"]),
+        (with(key, r#"{"app": "1"}"#), vec![key, "\"app\" is \"1\""]),
+        // The app would wait for the native proxy, which the kubelet stops after it.
+        (
+            with(key, r#"{"app": 2}"#),
+            vec!["\"app\"", "\"istio-proxy\"", "stops only after"],
+        ),
+    ];
+    for (pod, wants) in cases {
+        let r = w.review(&pod).await;
+        assert_eq!(r["allowed"], false, "{r}");
+        assert_eq!(r["status"]["code"], 403);
+        let m = r["status"]["message"].as_str().unwrap_or_default();
+        for want in wants {
+            assert!(m.contains(want), "{want:?} not in {m}");
+        }
+    }
+    // Two native sidecars whose priorities contradict their declaration order.
+    let mut two = base.clone();
+    let mut logs = two["spec"]["initContainers"][0].clone();
+    logs["name"] = "logs".into();
+    two["spec"]["initContainers"]
+        .as_array_mut()
+        .expect("init containers")
+        .push(logs);
+    two["metadata"]["annotations"][key] = r#"{"istio-proxy": 1, "logs": 2}"#.into();
+    let r = w.review(&two).await;
+    let m = r["status"]["message"].as_str().unwrap_or_default();
+    assert_eq!(r["allowed"], false, "{r}");
+    assert!(
+        m.contains("native sidecar \"logs\"") && m.contains("\"istio-proxy\""),
+        "{m}"
+    );
+    // The same priorities, declared in the kubelet's order, are admitted.
+    two["metadata"]["annotations"][key] = r#"{"istio-proxy": 2, "logs": 1}"#.into();
+    let (out, _) = inject(&w, &two).await;
+    assert_eq!(
+        out["metadata"]["annotations"]["exitorder.io/native-sidecars"],
+        r#"["istio-proxy","logs"]"#
+    );
+    w.stop().await;
+}
+
+#[tokio::test]
+async fn a_pod_that_did_not_opt_in_is_not_touched() {
+    let w = Served::start().await;
+    let mut pod = example("linkerd");
+    pod["metadata"]["annotations"]
+        .as_object_mut()
+        .expect("annotations")
+        .remove("exitorder.io/inject");
+    // Even a malformed priority is not this webhook's business then.
+    pod["metadata"]["annotations"]["exitorder.io/container-exit-priority"] = "nope".into();
+    let r = w.review(&pod).await;
+    assert_eq!(r["allowed"], true);
+    assert!(r.get("patch").is_none() && r.get("status").is_none(), "{r}");
+    w.stop().await;
+}
+
+#[tokio::test]
+async fn broken_and_oversized_requests_get_an_answer() {
+    let w = Served::start().await;
+    for body in [
+        &b""[..],
+        b"{",
+        b"\x00\xff garbage",
+        b"[]",
+        br#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview"}"#,
+        br#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":5}}"#,
+    ] {
+        let r = post(&w.pki, w.addr, body).await;
+        assert_eq!(r.status, 400, "{:?}", String::from_utf8_lossy(body));
+    }
+    // Oversized: refused from its declared length, before any of it is read.
+    let head = "POST /mutate HTTP/1.1\r\nHost: localhost\r\nContent-Length: 67108864\r\n\
+                Connection: close\r\n\r\n";
+    let r = exchange(&w.pki, w.addr, head, b"").await;
+    assert_eq!(r.status, 413, "{}", String::from_utf8_lossy(&r.body));
+    // A body that never comes: answered when the webhook stops waiting for it.
+    let head = "POST /mutate HTTP/1.1\r\nHost: localhost\r\nContent-Length: 100\r\n\
+                Connection: close\r\n\r\n";
+    let r = exchange(&w.pki, w.addr, head, b"{").await;
+    assert_eq!(r.status, 408, "{}", String::from_utf8_lossy(&r.body));
+    // Not a route, not a method.
+    assert_eq!(get(&w.pki, w.addr, "/nope").await.status, 404);
+    assert_eq!(get(&w.pki, w.addr, "/mutate").await.status, 405);
+    // Still serving, and it counted what it refused.
+    assert_eq!(get(&w.pki, w.addr, "/healthz").await.status, 200);
+    assert_eq!(get(&w.pki, w.addr, "/readyz").await.status, 200);
+    let metrics = String::from_utf8(get(&w.pki, w.addr, "/metrics").await.body).expect("text");
+    assert!(
+        metrics.contains("exitorder_webhook_reviews_total{outcome=\"invalid\"} 8"),
+        "{metrics}"
+    );
+    w.stop().await;
+}
+
+#[tokio::test]
+async fn a_rotated_certificate_is_served_without_a_restart() {
+    let w = Served::start().await;
+    let first = get(&w.pki, w.addr, "/healthz").await.cert;
+    let second = w.pki.issue();
+    assert_ne!(first, second);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let served = get(&w.pki, w.addr, "/healthz").await.cert;
+        if served == second {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the new certificate was not served within 20 s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // A broken pair keeps the current certificate.
+    std::fs::write(w.pki.files().key, "not a key").expect("write");
+    let metrics = loop {
+        let m = String::from_utf8(get(&w.pki, w.addr, "/metrics").await.body).expect("text");
+        if m.contains("exitorder_webhook_certificate_reloads_total{result=\"failed\"} 1") {
+            break m;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the bad key was not noticed: {m}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(metrics.contains("exitorder_webhook_certificate_reloads_total{result=\"ok\"} 1"));
+    assert_eq!(get(&w.pki, w.addr, "/healthz").await.cert, second);
+    w.stop().await;
+}
+
+#[tokio::test]
+async fn a_missing_certificate_stops_the_start() {
+    let pki = Pki::new();
+    let cfg = WebhookConfig {
+        addr: "127.0.0.1:0".parse().expect("addr"),
+        files: pki.files(),
+        settings: Settings::default(),
+        reload_interval: Duration::from_secs(1),
+        shutdown_timeout: Duration::from_secs(1),
+    };
+    let Err(e) = Webhook::bind(cfg).await else {
+        panic!("started without a certificate");
+    };
+    assert!(e.to_string().contains("tls.crt"), "{e}");
+}
+
+// ---- From YAML to an ordered exit, through the real binary -------------------------------
+
+/// `exitorder webhook` as a process, with the test CA's certificate.
+struct WebhookProcess {
+    child: tokio::process::Child,
+    pki: Pki,
+    addr: SocketAddr,
+}
+
+impl WebhookProcess {
+    async fn start(grace_reserve: &str) -> WebhookProcess {
+        let pki = Pki::new();
+        pki.issue();
+        // A port of our own: bind, read it, release it for the webhook.
+        let addr = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port");
+        let files = pki.files();
+        let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_exitorder"))
+            .args(["webhook", "--cert"])
+            .arg(&files.cert)
+            .arg("--key")
+            .arg(&files.key)
+            .args([
+                "--addr",
+                &addr.to_string(),
+                "--grace-reserve",
+                grace_reserve,
+            ])
+            .env("EXITORDER_LOG_FORMAT", "plain")
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn exitorder webhook");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while tokio::net::TcpStream::connect(addr).await.is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "the webhook did not listen within 20 s"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(get(&pki, addr, "/readyz").await.status, 200);
+        WebhookProcess { child, pki, addr }
+    }
+
+    async fn mutate(&self, pod: &Value) -> Value {
+        let reply = post(&self.pki, self.addr, &review_body(pod)).await;
+        assert_eq!(reply.status, 200);
+        let out: Value = serde_json::from_slice(&reply.body).expect("JSON");
+        patched(pod, &out["response"])
+    }
+
+    /// SIGTERM, as the kubelet stops it: it exits 0 within its shutdown timeout.
+    async fn stop(mut self) {
+        let pid = self.child.id().expect("running");
+        let _ = std::process::Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status();
+        let status = tokio::time::timeout(Duration::from_secs(15), self.child.wait())
+            .await
+            .expect("exited within 15 s")
+            .expect("wait");
+        assert!(status.success(), "{status}");
+    }
+}
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).to_path_buf()
+}
+
+/// Runs `example` through the webhook and on the bed, deletes it, and checks `sidecar`
+/// exited after `app`, released in order.
+async fn ordered_through_the_webhook(example_name: &str, sidecar: &str) {
+    assert!(root()
+        .join("deploy/examples")
+        .join(format!("{example_name}.yaml"))
+        .is_file());
+    let Some(bed) = Bed::start(Duration::from_secs(3)).await else {
+        return;
+    };
+    let webhook = WebhookProcess::start("3s").await;
+    let pod = webhook.mutate(&example(example_name)).await;
+    let running = bed.run_ready(&pod).await;
+    let uid = running.uid().to_owned();
+    let d = running.delete().await.expect("delete pod");
+    bed.show(example_name, &d);
+    assert_exited_after(&bed, &d, sidecar, "app");
+    for c in &d.containers {
+        assert_eq!(c.exit_code, 0, "{}{}", c.name, bed.context(&d));
+    }
+    let allow = bed.allowed(&uid, sidecar).await;
+    assert_eq!(
+        allow.field("reason").as_deref(),
+        Some("ordered"),
+        "{}",
+        bed.context(&d)
+    );
+    let app_finished = d.container("app").expect("app").finished_at_ns;
+    let allowed_at = allow.at_ns().expect("timestamped");
+    assert!(
+        allowed_at >= app_finished,
+        "allowed {} ms before the app finished{}",
+        (app_finished - allowed_at) / 1_000_000,
+        bed.context(&d)
+    );
+    let hook = d
+        .container(sidecar)
+        .and_then(|c| c.prestop.as_ref())
+        .expect("the sidecar's preStop ran");
+    assert!(hook.ok, "{}", bed.context(&d));
+    if example_name == "istio-native" {
+        // The kubelet started the hook at once, but the drain inside it ran only once the
+        // agent allowed it, after the app had exited.
+        assert!(hook.started_ns < app_finished, "{}", bed.context(&d));
+        assert!(
+            hook.detail.contains("drain started") && hook.detail.contains("drained"),
+            "the drain did not run: {}{}",
+            hook.detail,
+            bed.context(&d)
+        );
+        assert!(hook.returned_ns >= allowed_at, "{}", bed.context(&d));
+    }
+    webhook.stop().await;
+    bed.finish().await;
+}
+
+#[tokio::test]
+async fn one_annotation_orders_the_exit_on_the_bed() {
+    ordered_through_the_webhook("injected", "proxy").await;
+}
+
+#[tokio::test]
+async fn a_linkerd_proxy_leaves_after_the_app_on_the_bed() {
+    ordered_through_the_webhook("linkerd", "linkerd-proxy").await;
+}
+
+#[tokio::test]
+async fn an_istio_native_sidecar_drains_after_the_app_on_the_bed() {
+    ordered_through_the_webhook("istio-native", "istio-proxy").await;
+}
+
+/// A pod the webhook would refuse, given anyway (its priorities edited after admission, or
+/// injected by other means): `logs` is declared after `istio-proxy`, so the kubelet stops it
+/// first, and its priority asks it to wait for istio-proxy. The agent does not hold it for
+/// istio-proxy (the pod would be held to its deadline), says so, and both exit in order
+/// after the app, on the real containerd.
+#[tokio::test]
+async fn the_agent_keeps_the_kubelets_order_for_native_sidecars_on_the_bed() {
+    let mut pod = example("istio-native");
+    let mut logs = pod["spec"]["initContainers"][0].clone();
+    logs["name"] = "logs".into();
+    logs["lifecycle"]["preStop"]["exec"]["command"] = json!(["sh", "-c", "echo flushed"]);
+    pod["spec"]["initContainers"]
+        .as_array_mut()
+        .expect("init containers")
+        .push(logs);
+    let exitorder::webhook::Admission::Allow { patch, .. } =
+        exitorder::webhook::mutate(&pod, &Settings::default())
+    else {
+        panic!("denied");
+    };
+    json_patch::patch(&mut pod, &patch).expect("patch");
+    pod["metadata"]["annotations"]["exitorder.io/container-exit-priority"] =
+        r#"{"istio-proxy": 1, "logs": 2}"#.into();
+    support::set_grace(&mut pod, 20);
+    let Some(bed) = Bed::start(Duration::from_secs(3)).await else {
+        return;
+    };
+    let running = bed.run_ready(&pod).await;
+    let uid = running.uid().to_owned();
+    let d = running.delete().await.expect("delete pod");
+    bed.show("native_order", &d);
+    for sidecar in ["istio-proxy", "logs"] {
+        assert_exited_after(&bed, &d, sidecar, "app");
+        let allow = bed.allowed(&uid, sidecar).await;
+        assert_eq!(
+            allow.field("reason").as_deref(),
+            Some("ordered"),
+            "{sidecar}{}",
+            bed.context(&d)
+        );
+    }
+    // The kubelet's order: logs (declared last) stopped before istio-proxy.
+    assert_exited_after(&bed, &d, "istio-proxy", "logs");
+    let said = bed.agent.find(|l| {
+        l.is(
+            "stop_order",
+            &[
+                ("pod", &uid),
+                ("container", "logs"),
+                ("not_waiting_for", "istio-proxy"),
+            ],
+        )
+    });
+    assert!(
+        said.is_some(),
+        "no stop_order line:\n{}",
+        bed.agent.log_tail(30)
+    );
+    bed.finish().await;
+}
