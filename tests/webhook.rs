@@ -145,6 +145,10 @@ struct Served {
 
 impl Served {
     async fn start() -> Served {
+        Served::start_draining(Duration::ZERO).await
+    }
+
+    async fn start_draining(drain_delay: Duration) -> Served {
         let pki = Pki::new();
         pki.issue();
         let cfg = WebhookConfig {
@@ -153,6 +157,7 @@ impl Served {
             settings: Settings::default(),
             reload_interval: Duration::from_millis(50),
             shutdown_timeout: Duration::from_secs(5),
+            drain_delay,
         };
         let webhook = Webhook::bind(cfg).await.expect("bind");
         let addr = webhook.local_addr().expect("bound");
@@ -565,6 +570,10 @@ async fn broken_and_oversized_requests_get_an_answer() {
     w.stop().await;
 }
 
+async fn metrics(w: &Served) -> String {
+    String::from_utf8(get(&w.pki, w.addr, "/metrics").await.body).expect("text")
+}
+
 #[tokio::test]
 async fn a_rotated_certificate_is_served_without_a_restart() {
     let w = Served::start().await;
@@ -583,22 +592,56 @@ async fn a_rotated_certificate_is_served_without_a_restart() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    // A broken pair keeps the current certificate.
-    std::fs::write(w.pki.files().key, "not a key").expect("write");
-    let metrics = loop {
-        let m = String::from_utf8(get(&w.pki, w.addr, "/metrics").await.body).expect("text");
-        if m.contains("exitorder_webhook_certificate_reloads_total{result=\"failed\"} 1") {
-            break m;
+    // A broken pair keeps the current certificate (written whole, as a Secret update is).
+    let failed = |m: &str| -> u64 {
+        m.lines()
+            .find_map(|l| {
+                l.strip_prefix("exitorder_webhook_certificate_reloads_total{result=\"failed\"} ")
+            })
+            .and_then(|n| n.trim().parse().ok())
+            .expect("the failed reloads counter")
+    };
+    let before = failed(&metrics(&w).await);
+    let key = w.pki.files().key;
+    let tmp = key.with_extension("tmp");
+    std::fs::write(&tmp, "not a key").expect("write");
+    std::fs::rename(&tmp, &key).expect("rename");
+    loop {
+        let m = metrics(&w).await;
+        if failed(&m) > before {
+            assert!(
+                m.contains("exitorder_webhook_certificate_reloads_total{result=\"ok\"} 1"),
+                "{m}"
+            );
+            break;
         }
         assert!(
             Instant::now() < deadline,
             "the bad key was not noticed: {m}"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
-    };
-    assert!(metrics.contains("exitorder_webhook_certificate_reloads_total{result=\"ok\"} 1"));
+    }
     assert_eq!(get(&w.pki, w.addr, "/healthz").await.cert, second);
     w.stop().await;
+}
+
+#[tokio::test]
+async fn a_stopping_webhook_answers_while_it_drains() {
+    let w = Served::start_draining(Duration::from_secs(5)).await;
+    w.cancel.cancel();
+    // Not ready any more, so the Service stops sending; still answering what it sends.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while get(&w.pki, w.addr, "/readyz").await.status != 503 {
+        assert!(Instant::now() < deadline, "never said it was draining");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let r = post(&w.pki, w.addr, &review_body(&example("injected"))).await;
+    assert_eq!(r.status, 200);
+    // Then it stops, within the drain and the shutdown timeout.
+    tokio::time::timeout(Duration::from_secs(20), w.task)
+        .await
+        .expect("stopped after the drain")
+        .expect("webhook task");
 }
 
 #[tokio::test]
@@ -610,6 +653,7 @@ async fn a_missing_certificate_stops_the_start() {
         settings: Settings::default(),
         reload_interval: Duration::from_secs(1),
         shutdown_timeout: Duration::from_secs(1),
+        drain_delay: Duration::ZERO,
     };
     let Err(e) = Webhook::bind(cfg).await else {
         panic!("started without a certificate");
@@ -630,34 +674,47 @@ impl WebhookProcess {
     async fn start(grace_reserve: &str) -> WebhookProcess {
         let pki = Pki::new();
         pki.issue();
-        // A port of our own: bind, read it, release it for the webhook.
-        let addr = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("a free port");
         let files = pki.files();
-        let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_exitorder"))
+        let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_exitorder"))
             .args(["webhook", "--cert"])
             .arg(&files.cert)
             .arg("--key")
             .arg(&files.key)
             .args([
                 "--addr",
-                &addr.to_string(),
+                "127.0.0.1:0",
                 "--grace-reserve",
                 grace_reserve,
+                "--drain-delay",
+                "1s",
             ])
-            .env("EXITORDER_LOG_FORMAT", "plain")
+            .env("EXITORDER_LOG_FORMAT", "json")
+            .stderr(std::process::Stdio::piped())
             .kill_on_drop(true)
             .spawn()
             .expect("spawn exitorder webhook");
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while tokio::net::TcpStream::connect(addr).await.is_err() {
-            assert!(
-                Instant::now() < deadline,
-                "the webhook did not listen within 20 s"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        // Its port, from its own log (port 0: no other socket can take it meanwhile).
+        let stderr = child.stderr.take().expect("stderr");
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        tokio::spawn(async move {
+            use tokio::io::AsyncBufReadExt;
+            let mut lines = tokio::io::BufReader::new(stderr).lines();
+            let mut tx = Some(tx);
+            while let Ok(Some(line)) = lines.next_line().await {
+                let v: Value = serde_json::from_str(&line).unwrap_or_default();
+                if v["fields"]["message"] == "webhook listening (TLS)" {
+                    if let (Some(tx), Some(addr)) = (tx.take(), v["fields"]["addr"].as_str()) {
+                        let _ = tx.send(addr.to_owned());
+                    }
+                }
+            }
+        });
+        let addr: SocketAddr = tokio::time::timeout(Duration::from_secs(20), rx)
+            .await
+            .expect("the webhook listened within 20 s")
+            .expect("its log")
+            .parse()
+            .expect("an address");
         assert_eq!(get(&pki, addr, "/readyz").await.status, 200);
         WebhookProcess { child, pki, addr }
     }

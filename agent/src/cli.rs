@@ -162,7 +162,11 @@ pub struct WebhookArgs {
     /// How often the certificate files are checked for a change.
     #[arg(long, env = "EXITORDER_WEBHOOK_RELOAD_INTERVAL", default_value = "5s", value_parser = parse_duration)]
     pub reload_interval: Duration,
-    /// How long the requests in flight get after SIGTERM.
+    /// After SIGTERM: how long it goes on answering while /readyz says "draining", so that
+    /// requests sent before the Service drops this pod still find it.
+    #[arg(long, env = "EXITORDER_WEBHOOK_DRAIN_DELAY", default_value = "5s", value_parser = parse_duration)]
+    pub drain_delay: Duration,
+    /// How long the requests in flight get after the drain.
     #[arg(long, env = "EXITORDER_SHUTDOWN_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
     pub shutdown_timeout: Duration,
 }
@@ -181,6 +185,7 @@ impl WebhookArgs {
             },
             reload_interval: self.reload_interval.max(Duration::from_millis(10)),
             shutdown_timeout: self.shutdown_timeout,
+            drain_delay: self.drain_delay,
         }
     }
 }

@@ -25,17 +25,27 @@ pub const SHUTDOWN_PRESETS: [(&str, &str); 2] = [
     ("istio-proxy", "http://127.0.0.1:15020/quitquitquit"),
 ];
 
+/// Whether a pod's sidecars are shut down when its work is done.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Participation {
+    /// Not a completing pod, or not opted in to exitorder.
+    Off,
+    /// A completing, opted-in pod that opted out of the shutdown.
+    OptedOut(Completes),
+    On(Completes),
+}
+
 /// Whether a pod takes part, from its restart policy and annotations: it must complete, have
 /// opted in to exitorder (the webhook's annotation, or exit priorities of its own), and not
 /// have opted out of the shutdown.
 pub fn completes(
     restart_policy: Option<&str>,
     annotations: &BTreeMap<String, String>,
-) -> Option<Completes> {
+) -> Participation {
     let policy = match restart_policy {
         Some("Never") => Completes::Never,
         Some("OnFailure") => Completes::OnFailure,
-        _ => return None,
+        _ => return Participation::Off,
     };
     let has =
         |k: &str, v: Option<&str>| annotations.get(k).is_some_and(|x| v.is_none_or(|v| x == v));
@@ -43,8 +53,13 @@ pub fn completes(
         || has(annotation::INJECT_KRUISE, Some("true"))
         || has(annotation::PRIORITY, None)
         || has(annotation::PRIORITY_KRUISE, None);
-    let opted_out = has(annotation::TERMINATE_ON_COMPLETION, Some("false"));
-    (opted_in && !opted_out).then_some(policy)
+    if !opted_in {
+        Participation::Off
+    } else if has(annotation::TERMINATE_ON_COMPLETION, Some("false")) {
+        Participation::OptedOut(policy)
+    } else {
+        Participation::On(policy)
+    }
 }
 
 /// The shutdown URL of each sidecar that has one: the pod's annotation (a JSON object of
@@ -232,18 +247,19 @@ mod tests {
                 .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
                 .collect()
         };
+        use Participation::{Off, On, OptedOut};
         let injected = ann(&[(annotation::INJECT, "true")]);
-        assert_eq!(completes(Some("Never"), &injected), Some(Completes::Never));
+        assert_eq!(completes(Some("Never"), &injected), On(Completes::Never));
         assert_eq!(
             completes(Some("OnFailure"), &injected),
-            Some(Completes::OnFailure)
+            On(Completes::OnFailure)
         );
-        assert_eq!(completes(Some("Always"), &injected), None);
-        assert_eq!(completes(None, &injected), None);
-        assert_eq!(completes(Some("Never"), &ann(&[])), None);
+        assert_eq!(completes(Some("Always"), &injected), Off);
+        assert_eq!(completes(None, &injected), Off);
+        assert_eq!(completes(Some("Never"), &ann(&[])), Off);
         assert_eq!(
             completes(Some("Never"), &ann(&[(annotation::PRIORITY, "{}")])),
-            Some(Completes::Never)
+            On(Completes::Never)
         );
         assert_eq!(
             completes(
@@ -253,7 +269,7 @@ mod tests {
                     (annotation::TERMINATE_ON_COMPLETION, "false")
                 ])
             ),
-            None
+            OptedOut(Completes::Never)
         );
     }
 

@@ -15,6 +15,9 @@ use crate::recorder::{ExitNotice, PodRef};
 use crate::share::{ExitKey, PodUid};
 use crate::stoporder::StopOrder;
 
+/// How far behind the clock a file's timestamp may be (a kernel tick is 1 to 10 ms).
+const FILE_CLOCK_SLACK: Duration = Duration::from_millis(50);
+
 /// How long after a failed confirming read the next may be asked.
 const CONFIRM_RETRY: Duration = Duration::from_secs(1);
 
@@ -124,7 +127,11 @@ impl Agent {
             );
             StopOrder::default()
         });
-        let maybe_ours = latest_wait.is_some_and(|t| self.view.undescribed_seen_by(t));
+        // An exit file's time comes from its timestamp, which the kernel takes from a coarse
+        // clock (up to a tick behind): a container seen just after it may have started just
+        // before it.
+        let maybe_ours =
+            latest_wait.is_some_and(|t| self.view.undescribed_seen_by(t + FILE_CLOCK_SLACK));
         if maybe_ours && ordered.malformed.is_none() {
             // A container that started before this pod's exit file is being read: it may be
             // this pod's. One that started later cannot be (see `undescribed_seen_by`).

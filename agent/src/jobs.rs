@@ -18,7 +18,7 @@ use tokio::sync::mpsc;
 use tracing::{debug, info, warn, Instrument};
 
 use crate::agent::Agent;
-use crate::completion::{self, Completes, Member, Step};
+use crate::completion::{self, Completes, Member, Participation, Step};
 use crate::decide::RunState;
 use crate::facts;
 use crate::recorder::{EventSink, PodRef, ShutdownNotice};
@@ -87,10 +87,12 @@ pub fn start(
 
 #[derive(Default)]
 struct PodJob {
+    /// Container ids (attempts) shut down: a sidecar the kubelet restarted (OnFailure) is a
+    /// new attempt, shut down again.
     asked: BTreeSet<String>,
     /// Exit codes read, by container id.
     codes: HashMap<String, i32>,
-    /// Container ids whose exit was reported.
+    /// Container ids whose exit after a shutdown was reported.
     reported: BTreeSet<String>,
 }
 
@@ -107,8 +109,8 @@ impl JobsTask {
     /// Runs until every link is dropped (the agent stopped). Shutdowns in flight go on in
     /// their own tasks: a StopContainer the runtime has accepted completes without us.
     pub async fn run(mut self) {
-        if let Err(e) = std::fs::create_dir_all(&self.dir) {
-            warn!(dir = %self.dir.display(), error = %e, "cannot create the Job records' directory; shutdowns are not recorded");
+        if let Err(e) = records_dir(&self.dir) {
+            warn!(dir = %self.dir.display(), error = %e, "cannot use the Job records' directory; shutdowns are not recorded");
         }
         while let Some(snap) = self.rx.recv().await {
             // Only the latest of a burst of snapshots of one pod matters.
@@ -125,15 +127,21 @@ impl JobsTask {
 
     async fn handle(&mut self, snap: JobSnapshot) {
         let dir = self.dir.clone();
-        let job = self.pods.entry(snap.uid.clone()).or_insert_with(|| PodJob {
-            asked: load(&dir, &snap.uid),
-            ..PodJob::default()
+        let job = self.pods.entry(snap.uid.clone()).or_insert_with(|| {
+            let (asked, reported) = load(&dir, &snap.uid);
+            PodJob {
+                asked,
+                reported,
+                ..PodJob::default()
+            }
         });
+        let asked =
+            |m: &SnapMember, job: &PodJob| m.id.as_ref().is_some_and(|id| job.asked.contains(id));
         // Exit codes: of sidecars that were shut down (to report a failure), and of main
         // containers when only a success finishes the pod.
         for m in &snap.members {
             let Some(id) = m.id.as_deref() else { continue };
-            let wanted = job.asked.contains(&m.name)
+            let wanted = (asked(m, job) && !job.reported.contains(id))
                 || (snap.policy == Completes::OnFailure && m.priority == 0);
             if m.state == RunState::Exited && wanted && !job.codes.contains_key(id) {
                 match exit_code(&self.runtime, id).await {
@@ -155,10 +163,11 @@ impl JobsTask {
             let Some(&code) = job.codes.get(id) else {
                 continue;
             };
-            if !job.asked.contains(&m.name) || job.reported.contains(id) {
+            if !asked(m, job) || job.reported.contains(id) {
                 continue;
             }
             job.reported.insert(id.to_owned());
+            append(&dir, &snap.uid, &format!("reported {id}"), &self.stats);
             if code == 0 {
                 info!(event = "job_sidecar_exited", pod = %snap.uid, container = %m.name, exit_code = code, "sidecar exited after the Job's shutdown");
                 continue;
@@ -185,18 +194,23 @@ impl JobsTask {
                 exit_code: m.id.as_ref().and_then(|id| job.codes.get(id).copied()),
             })
             .collect();
-        match completion::next_step(snap.policy, &members, &job.asked) {
+        let asked_names: BTreeSet<String> = snap
+            .members
+            .iter()
+            .filter(|m| asked(m, job))
+            .map(|m| m.name.clone())
+            .collect();
+        match completion::next_step(snap.policy, &members, &asked_names) {
             Step::Wait | Step::ReadExitCodes(_) => {}
             Step::Done => {
                 if !job.asked.is_empty() {
                     info!(event = "job_completed", pod = %snap.uid, "every sidecar of the finished Job has exited");
-                    remove(&dir, &snap.uid);
                 }
-                // Nothing is kept: a later snapshot finds no record, so nothing to do.
+                // The record stays until the pod is gone (gc): a later snapshot finds what
+                // was done and reported, and does nothing.
                 self.pods.remove(&snap.uid);
             }
             Step::Shutdown(names) => {
-                job.asked.extend(names.iter().cloned());
                 for name in names {
                     let Some(id) = snap
                         .members
@@ -206,6 +220,7 @@ impl JobsTask {
                     else {
                         continue;
                     };
+                    job.asked.insert(id.clone());
                     let action = shut_down(
                         Shutdown {
                             runtime: self.runtime.clone(),
@@ -268,19 +283,32 @@ struct Shutdown {
 /// once it took effect: an agent that stops before that leaves it to its successor.
 async fn shut_down(s: Shutdown, stats: Arc<Stats>) {
     let (pod, name) = (&s.pod, &s.name);
+    let done = format!("shutdown {}", s.id);
     if let Some(url) = &s.url {
         let cmd = vec![
             exitorder_contract::mount::ENTRYPOINT.to_owned(),
             "shutdown".to_owned(),
             "--post".to_owned(),
             url.clone(),
+            "--timeout".to_owned(),
+            format!(
+                "{}s",
+                HTTP_SHUTDOWN_TIMEOUT.as_secs().saturating_sub(2).max(1)
+            ),
         ];
-        match s.runtime.exec_sync(&s.id, cmd, HTTP_SHUTDOWN_TIMEOUT).await {
-            Ok((0, _)) => {
-                record_done(&s.dir, pod, name, &stats);
-                info!(event = "job_shutdown", pod = %pod, container = %name, how = "http", url = %url, "sidecar asked to shut down: the Job's main containers have finished");
-                return;
-            }
+        let res = s.runtime.exec_sync(&s.id, cmd, HTTP_SHUTDOWN_TIMEOUT).await;
+        // A sidecar that exits on the request can take the entrypoint with it (the kernel
+        // kills what is left in its PID namespace) before it reports success.
+        let took = match &res {
+            Ok((0, _)) => true,
+            _ => matches!(s.runtime.exit_code(&s.id).await, Ok(Some(_))),
+        };
+        if took {
+            append(&s.dir, pod, &done, &stats);
+            info!(event = "job_shutdown", pod = %pod, container = %name, how = "http", url = %url, "sidecar asked to shut down: the Job's main containers have finished");
+            return;
+        }
+        match res {
             Ok((code, out)) => {
                 warn!(pod = %pod, container = %name, url = %url, exit_code = code, output = %out, "HTTP shutdown failed; stopping the sidecar through the runtime");
             }
@@ -292,7 +320,7 @@ async fn shut_down(s: Shutdown, stats: Arc<Stats>) {
     }
     // Recorded first: StopContainer returns only once the sidecar has stopped, and the
     // runtime finishes a stop it accepted whether or not the agent is still there.
-    record_done(&s.dir, pod, name, &stats);
+    append(&s.dir, pod, &done, &stats);
     info!(event = "job_shutdown", pod = %pod, container = %name, how = "stop", grace_seconds = s.grace.as_secs(), "stopping the sidecar: the Job's main containers have finished");
     if let Err(e) = s.runtime.stop_container(&s.id, s.grace).await {
         stats.runtime_error(e.kind());
@@ -304,51 +332,90 @@ fn record(dir: &Path, pod: &PodUid) -> PathBuf {
     dir.join(pod.as_str())
 }
 
-/// The sidecars already shut down, as recorded.
-fn load(dir: &Path, pod: &PodUid) -> BTreeSet<String> {
-    let path = record(dir, pod);
-    let Ok(meta) = std::fs::symlink_metadata(&path) else {
-        return BTreeSet::new();
-    };
-    if !meta.is_file() || meta.len() > MAX_RECORD_BYTES {
-        warn!(file = %path.display(), "ignoring a Job record that is not a small regular file");
-        return BTreeSet::new();
+/// The records' directory: created if missing, and refused unless it is a real directory
+/// (the agent runs as root and follows no link in the share).
+fn records_dir(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    match std::fs::DirBuilder::new().mode(0o700).create(dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(e),
     }
-    std::fs::read_to_string(&path)
-        .map(|text| {
-            text.lines()
-                .map(str::trim)
-                .filter(|l| !l.is_empty())
-                .map(str::to_owned)
-                .collect()
-        })
-        .unwrap_or_default()
+    let meta = std::fs::symlink_metadata(dir)?;
+    if meta.is_dir() {
+        Ok(())
+    } else {
+        Err(std::io::Error::other(format!(
+            "{} is not a directory",
+            dir.display()
+        )))
+    }
 }
 
-/// Adds a sidecar to the pod's record: one short line appended (`O_APPEND`: the shutdowns of
-/// one level, in their own tasks, never interleave), synced before the caller goes on.
-fn record_done(dir: &Path, pod: &PodUid, name: &str, stats: &Stats) {
-    let res = std::fs::create_dir_all(dir).and_then(|()| {
-        let mut f = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(record(dir, pod))?;
-        f.write_all(format!("{name}\n").as_bytes())?;
+fn open_record(dir: &Path, pod: &PodUid, append: bool) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    records_dir(dir)?;
+    let mut opts = std::fs::OpenOptions::new();
+    if append {
+        opts.create(true).append(true).mode(0o600);
+    } else {
+        opts.read(true);
+    }
+    opts.custom_flags(nofollow()).open(record(dir, pod))
+}
+
+/// `O_NOFOLLOW`: a link in place of a record is refused, not followed.
+fn nofollow() -> i32 {
+    rustix::fs::OFlags::NOFOLLOW.bits() as i32
+}
+
+/// What the record says: the attempts shut down, and those whose exit was reported.
+fn load(dir: &Path, pod: &PodUid) -> (BTreeSet<String>, BTreeSet<String>) {
+    use std::io::Read as _;
+    let mut text = String::new();
+    let read = open_record(dir, pod, false)
+        .and_then(|f| f.take(MAX_RECORD_BYTES).read_to_string(&mut text));
+    let (mut asked, mut reported) = (BTreeSet::new(), BTreeSet::new());
+    if let Err(e) = read {
+        if e.kind() != std::io::ErrorKind::NotFound {
+            warn!(pod = %pod, error = %e, "cannot read the Job's record; starting from nothing");
+        }
+        return (asked, reported);
+    }
+    for line in text.lines() {
+        match line.split_once(' ') {
+            Some(("shutdown", id)) => {
+                asked.insert(id.trim().to_owned());
+            }
+            Some(("reported", id)) => {
+                reported.insert(id.trim().to_owned());
+            }
+            _ => {}
+        }
+    }
+    (asked, reported)
+}
+
+/// Adds a line to the pod's record: appended (`O_APPEND`: the shutdowns of one level, in
+/// their own tasks, never interleave), synced before the caller goes on.
+fn append(dir: &Path, pod: &PodUid, line: &str, stats: &Stats) {
+    let res = open_record(dir, pod, true).and_then(|mut f| {
+        f.write_all(format!("{line}\n").as_bytes())?;
         f.sync_data()
     });
     if let Err(e) = res {
         stats.share_error();
-        warn!(pod = %pod, container = %name, error = %e, "cannot record the Job's shutdown; an agent restarted now would repeat it");
+        warn!(pod = %pod, line = %line, error = %e, "cannot write the Job's record; an agent restarted now would repeat it");
     }
-}
-
-fn remove(dir: &Path, pod: &PodUid) {
-    let _ = std::fs::remove_file(record(dir, pod));
 }
 
 /// Records of pods the runtime no longer has (deleted before their Job finished).
 pub fn stale_records(share_dir: &Path, live: impl Fn(&str) -> bool) -> Vec<PathBuf> {
-    let Ok(entries) = std::fs::read_dir(share_dir.join(JOBS_DIR)) else {
+    let dir = share_dir.join(JOBS_DIR);
+    if !std::fs::symlink_metadata(&dir).is_ok_and(|m| m.is_dir()) {
+        return Vec::new();
+    }
+    let Ok(entries) = std::fs::read_dir(&dir) else {
         return Vec::new();
     };
     entries
@@ -376,10 +443,12 @@ impl Agent {
         let Some(api) = self.api_pod(&pod) else {
             return;
         };
-        let Some(policy) = completion::completes(api.restart_policy.as_deref(), &api.annotations)
-        else {
-            return;
-        };
+        let (policy, opted_out) =
+            match completion::completes(api.restart_policy.as_deref(), &api.annotations) {
+                Participation::Off => return,
+                Participation::OptedOut(p) => (p, true),
+                Participation::On(p) => (p, false),
+            };
         if api.deleting {
             // A deletion stops every container; its exits are ordered by the waits.
             return;
@@ -395,7 +464,7 @@ impl Agent {
             debug!(pod = %pod, unknown = ?ordered.unknown, "completing pod: priorities not known yet");
             return;
         }
-        let members = api
+        let members: Vec<SnapMember> = api
             .containers
             .iter()
             .map(|name| {
@@ -417,6 +486,20 @@ impl Agent {
                 }
             })
             .collect();
+        if opted_out {
+            let done = members
+                .iter()
+                .filter(|m: &&SnapMember| m.priority == 0)
+                .all(|m| m.state == RunState::Exited);
+            if done
+                && self
+                    .warned
+                    .insert((pod.clone(), "job: left running".to_owned()))
+            {
+                info!(event = "job_left_running", pod = %pod, "main containers done; sidecars left running (exitorder.io/terminate-sidecars-on-completion: \"false\")");
+            }
+            return;
+        }
         let (urls, bad) = completion::shutdown_urls(&api.annotations);
         if let Some(bad) = bad {
             let key = format!("job: {bad}");

@@ -40,6 +40,55 @@ pub fn share_volume(spec: &mut PodSpec, share_dir: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// Nothing in an opted-in pod reaches the share but the two mounts a sidecar is given (its
+/// own directory, the entrypoint read-only): a container holding the whole share could
+/// replace the entrypoint every sidecar on the node runs, or answer other pods' waits. Where
+/// a policy allows hostPath only for the share, this is what keeps it to that.
+pub fn share_only_as_injected(spec: &PodSpec, share_dir: &str) -> Result<(), String> {
+    let share = share_dir.trim_end_matches('/');
+    for v in spec.volumes.iter().flatten() {
+        let Some(h) = &v.host_path else { continue };
+        let path = h.path.trim_end_matches('/');
+        let inside = path == share || path.starts_with(&format!("{share}/"));
+        if inside && v.name != VOLUME {
+            return Err(format!(
+                "volume {:?} is a hostPath of the exitorder share ({}); only exitorder's own \
+                 volume may reach it",
+                v.name, h.path
+            ));
+        }
+    }
+    let containers = spec
+        .containers
+        .iter()
+        .chain(spec.init_containers.iter().flatten());
+    for c in containers {
+        for m in c
+            .volume_mounts
+            .iter()
+            .flatten()
+            .filter(|m| m.name == VOLUME)
+        {
+            let own_dir = m.mount_path == mount::EXIT_DIR
+                && m.sub_path.is_none()
+                && m.sub_path_expr.as_deref()
+                    == Some(format!("{}/$({})/{}", share::PODS_DIR, env::POD_UID, c.name).as_str());
+            let bin = m.mount_path == mount::BIN_DIR
+                && m.sub_path_expr.is_none()
+                && m.sub_path.as_deref() == Some(share::BIN_DIR)
+                && m.read_only == Some(true);
+            if !(own_dir || bin) {
+                return Err(format!(
+                    "container {:?} mounts volume {VOLUME:?} at {}: only the container's own \
+                     directory and the entrypoint (read-only) may be mounted from the share",
+                    c.name, m.mount_path
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// The injection for one sidecar.
 pub struct Sidecar {
     /// The entrypoint's `--timeout`.
@@ -179,12 +228,16 @@ const READY_PRESETS: [(&str, &str); 2] = [
     ("istio-proxy", "http://127.0.0.1:15021/healthz/ready"),
 ];
 
-/// Start order (`exitorder.io/await-sidecars`): the sidecars named move before the main
-/// containers, in their own order, each with a postStart hook that returns once it is ready;
-/// the kubelet starts containers one by one and waits for each postStart, so the app starts
-/// after its sidecars are ready. A sidecar without a readiness endpoint the entrypoint can
-/// reach stays where it is, with a warning. Idempotent: an order already right is kept.
-pub fn start_first(containers: &mut Vec<Container>, sidecars: &[&str], warnings: &mut Vec<String>) {
+/// Start order (`exitorder.io/await-sidecars`): each sidecar named gets a postStart hook that
+/// returns once it is ready; the ones returned are to move before the main containers, in
+/// their order (the kubelet starts containers one by one and waits for each postStart, so
+/// the app starts after its sidecars are ready). A sidecar without a readiness endpoint the
+/// entrypoint can reach stays where it is, with a warning.
+pub fn start_first(
+    containers: &mut [Container],
+    sidecars: &[&str],
+    warnings: &mut Vec<String>,
+) -> Vec<String> {
     let mut first = Vec::new();
     for c in containers
         .iter_mut()
@@ -198,12 +251,7 @@ pub fn start_first(containers: &mut Vec<Container>, sidecars: &[&str], warnings:
             )),
         }
     }
-    // A stable partition: moved sidecars first, everything else after, each in its order.
-    let (mut moved, rest): (Vec<Container>, Vec<Container>) = std::mem::take(containers)
-        .into_iter()
-        .partition(|c| first.contains(&c.name));
-    moved.extend(rest);
-    *containers = moved;
+    first
 }
 
 /// Gives `c` the postStart `exitorder-entrypoint await --http-get URL`.
@@ -466,9 +514,8 @@ mod tests {
         let mut cs = vec![named("app"), named("logs"), named("linkerd-proxy"), probed];
         let mut warnings = Vec::new();
         let sidecars = ["logs", "linkerd-proxy", "envoy"];
-        start_first(&mut cs, &sidecars, &mut warnings);
-        let order: Vec<&str> = cs.iter().map(|c| c.name.as_str()).collect();
-        assert_eq!(order, ["linkerd-proxy", "envoy", "app", "logs"]);
+        let first = start_first(&mut cs, &sidecars, &mut warnings);
+        assert_eq!(first, ["linkerd-proxy", "envoy"]);
         assert_eq!(warnings.len(), 1);
         assert!(warnings[0].contains("\"logs\""), "{warnings:?}");
         let hook = |c: &Container| {
@@ -479,12 +526,59 @@ mod tests {
                 .and_then(|e| e.command.clone())
                 .unwrap_or_default()
         };
-        assert_eq!(hook(&cs[0])[3], "http://127.0.0.1:4191/ready");
-        assert_eq!(hook(&cs[1])[3], "http://127.0.0.1:9901/ready");
-        assert!(hook(&cs[2]).is_empty() && hook(&cs[3]).is_empty());
+        assert_eq!(hook(&cs[2])[3], "http://127.0.0.1:4191/ready");
+        assert_eq!(hook(&cs[3])[3], "http://127.0.0.1:9901/ready");
+        assert!(hook(&cs[0]).is_empty() && hook(&cs[1]).is_empty());
         let before = cs.clone();
-        start_first(&mut cs, &sidecars, &mut Vec::new());
+        assert_eq!(start_first(&mut cs, &sidecars, &mut Vec::new()), first);
         assert_eq!(cs, before, "a second pass changes nothing");
+    }
+
+    #[test]
+    fn only_the_injected_mounts_reach_the_share() {
+        let share = "/var/lib/exitorder";
+        let mut spec = PodSpec {
+            containers: vec![Container {
+                name: "proxy".into(),
+                ..Container::default()
+            }],
+            ..PodSpec::default()
+        };
+        share_volume(&mut spec, share).unwrap();
+        Sidecar {
+            timeout: Duration::from_secs(1),
+        }
+        .inject(&mut spec.containers[0], &mut Vec::new())
+        .unwrap();
+        assert!(share_only_as_injected(&spec, share).is_ok());
+        let mut whole = spec.clone();
+        whole.containers.push(Container {
+            name: "app".into(),
+            volume_mounts: Some(vec![VolumeMount {
+                name: VOLUME.into(),
+                mount_path: "/x".into(),
+                ..VolumeMount::default()
+            }]),
+            ..Container::default()
+        });
+        let e = share_only_as_injected(&whole, share).unwrap_err();
+        assert!(e.contains("\"app\"") && e.contains("/x"), "{e}");
+        let mut writable_bin = spec.clone();
+        if let Some(m) = writable_bin.containers[0].volume_mounts.as_mut() {
+            m[1].read_only = None;
+        }
+        assert!(share_only_as_injected(&writable_bin, share).is_err());
+        let mut other = spec.clone();
+        other.volumes.get_or_insert_with(Vec::new).push(Volume {
+            name: "mine".into(),
+            host_path: Some(HostPathVolumeSource {
+                path: "/var/lib/exitorder/bin/".into(),
+                type_: None,
+            }),
+            ..Volume::default()
+        });
+        let e = share_only_as_injected(&other, share).unwrap_err();
+        assert!(e.contains("\"mine\""), "{e}");
     }
 
     #[test]

@@ -68,16 +68,27 @@ pub fn opted_in(annotations: &BTreeMap<String, String>) -> bool {
 
 /// Mutates one pod object, as the API server sent it.
 pub fn mutate(object: &Value, settings: &Settings) -> Admission {
+    // Opt-in is read from the object as sent: a pod that did not opt in is never refused,
+    // even one this build's types cannot read.
+    let raw_annotations: BTreeMap<String, String> = object
+        .pointer("/metadata/annotations")
+        .and_then(Value::as_object)
+        .map(|m| {
+            m.iter()
+                .filter_map(|(k, v)| v.as_str().map(|v| (k.clone(), v.to_owned())))
+                .collect()
+        })
+        .unwrap_or_default();
+    if !opted_in(&raw_annotations) {
+        return Admission::unchanged();
+    }
     let pod: Pod = match serde_json::from_value(object.clone()) {
         Ok(p) => p,
         Err(e) => return Admission::Deny(format!("the object is not a valid Pod: {e}")),
     };
     let annotations = pod.metadata.annotations.clone().unwrap_or_default();
-    if !opted_in(&annotations) {
-        return Admission::unchanged();
-    }
     let mut mutated = pod.clone();
-    let warnings = match inject_into(&mut mutated, &annotations, settings) {
+    let (warnings, first) = match inject_into(&mut mutated, &annotations, settings) {
         Ok(w) => w,
         Err(message) => return Admission::Deny(message),
     };
@@ -85,10 +96,47 @@ pub fn mutate(object: &Value, settings: &Settings) -> Admission {
     else {
         return Admission::Deny("the pod could not be serialized".to_owned());
     };
-    Admission::Allow {
-        patch: json_patch::diff(&before, &after),
-        warnings,
+    let mut patch = json_patch::diff(&before, &after);
+    // The start order moves whole containers, as `move` operations after the edits (which
+    // name the containers' original places): a container's fields this build does not know
+    // move with it.
+    let names: Vec<String> = pod
+        .spec
+        .iter()
+        .flat_map(|s| s.containers.iter().map(|c| c.name.clone()))
+        .collect();
+    patch.0.extend(moves_first(&names, &first));
+    Admission::Allow { patch, warnings }
+}
+
+/// `move` operations that bring `first` (in this order) before the other containers, which
+/// keep theirs; none when they already are.
+fn moves_first(names: &[String], first: &[String]) -> Vec<json_patch::PatchOperation> {
+    let target: Vec<&String> = first
+        .iter()
+        .chain(names.iter().filter(|n| !first.contains(n)))
+        .collect();
+    let mut current: Vec<&String> = names.iter().collect();
+    let mut ops = Vec::new();
+    for (k, want) in target.iter().enumerate() {
+        let Some(p) = current.iter().position(|n| n == want) else {
+            continue;
+        };
+        if p == k {
+            continue;
+        }
+        let name = current.remove(p);
+        current.insert(k, name);
+        let op = serde_json::json!({
+            "op": "move",
+            "from": format!("/spec/containers/{p}"),
+            "path": format!("/spec/containers/{k}"),
+        });
+        if let Ok(op) = serde_json::from_value(op) {
+            ops.push(op);
+        }
     }
+    ops
 }
 
 /// One container the rules look at: a main container or a native sidecar.
@@ -138,11 +186,12 @@ fn env_priority(c: &Container) -> Result<Option<u8>, String> {
     priority::from_env(literal).map_err(|e| format!("container {:?}: {e}", c.name))
 }
 
+/// Injects into `pod`; the warnings, and the containers to move first (start order).
 fn inject_into(
     pod: &mut Pod,
     annotations: &BTreeMap<String, String>,
     settings: &Settings,
-) -> Result<Vec<String>, String> {
+) -> Result<(Vec<String>, Vec<String>), String> {
     let mut warnings = Vec::new();
     let named =
         priority::from_annotations(annotations.iter().map(|(k, v)| (k.as_str(), v.as_str())))
@@ -171,7 +220,10 @@ fn inject_into(
     check_stop_order(&members, &order)?;
     let sidecars: Vec<&Member> = members.iter().filter(|m| m.priority > 0).collect();
     if sidecars.is_empty() {
-        return Ok(warnings);
+        if let Some(spec) = &pod.spec {
+            inject::share_only_as_injected(spec, &settings.share_dir)?;
+        }
+        return Ok((warnings, Vec::new()));
     }
     let grace = pod
         .spec
@@ -180,7 +232,7 @@ fn inject_into(
         .unwrap_or(DEFAULT_GRACE_SECONDS);
     let timeout = entrypoint_timeout(grace, settings.grace_reserve);
     let Some(spec) = pod.spec.as_mut() else {
-        return Ok(warnings);
+        return Ok((warnings, Vec::new()));
     };
     inject::share_volume(spec, &settings.share_dir)?;
     let sidecar = Sidecar { timeout };
@@ -194,6 +246,8 @@ fn inject_into(
             sidecar.inject(c, &mut warnings)?;
         }
     }
+    inject::share_only_as_injected(spec, &settings.share_dir)?;
+    let mut first = Vec::new();
     if annotations
         .get(annotation::AWAIT_SIDECARS)
         .is_some_and(|v| v == "true")
@@ -203,7 +257,7 @@ fn inject_into(
             .filter(|m| !m.native)
             .map(|m| m.name.as_str())
             .collect();
-        inject::start_first(&mut spec.containers, &names, &mut warnings);
+        first = inject::start_first(&mut spec.containers, &names, &mut warnings);
     }
     if !order.native().is_empty() {
         pod.metadata
@@ -214,7 +268,7 @@ fn inject_into(
                 order.to_annotation(),
             );
     }
-    Ok(warnings)
+    Ok((warnings, first))
 }
 
 fn all_names(pod: &Pod) -> Vec<&str> {
@@ -435,6 +489,49 @@ mod tests {
         assert_eq!(warnings.len(), 1, "{warnings:?}");
         assert!(warnings[0].contains("\"ghost\""), "{warnings:?}");
         assert!(!patch.0.is_empty());
+    }
+
+    #[test]
+    fn sidecars_move_first_as_whole_containers() {
+        let p = pod(
+            json!({"exitorder.io/inject": "true", "exitorder.io/await-sidecars": "true"}),
+            json!({"containers": [
+                {"name": "app", "image": "a", "futureField": {"kept": true}},
+                {"name": "logs", "image": "l", "env": [{"name": "EXITORDER_EXIT_PRIORITY", "value": "2"}]},
+                {"name": "linkerd-proxy", "image": "p", "futureField": 7}]}),
+        );
+        let a = mutate(&p, &Settings::default());
+        let out = apply(&p, &a);
+        let names: Vec<&str> = out["spec"]["containers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["name"].as_str().unwrap())
+            .collect();
+        // logs has no readiness endpoint: it stays, with a warning.
+        assert_eq!(names, ["linkerd-proxy", "app", "logs"]);
+        // Fields this build does not know travel with their container.
+        assert_eq!(out["spec"]["containers"][0]["futureField"], 7);
+        assert_eq!(
+            out["spec"]["containers"][1]["futureField"],
+            json!({"kept": true})
+        );
+        let Admission::Allow { patch, warnings } = mutate(&out, &Settings::default()) else {
+            panic!("denied");
+        };
+        assert!(patch.0.is_empty(), "a second pass: {patch:?}");
+        assert_eq!(warnings.len(), 1, "{warnings:?}");
+        assert_eq!(
+            moves_first(&["a".into(), "b".into()], &["a".into()]),
+            vec![]
+        );
+    }
+
+    #[test]
+    fn a_pod_that_did_not_opt_in_is_never_refused() {
+        let p =
+            json!({"metadata": {"annotations": {"other": "x"}}, "spec": {"containers": "nope"}});
+        assert_eq!(mutate(&p, &Settings::default()), Admission::unchanged());
     }
 
     #[test]

@@ -56,11 +56,17 @@ pub struct WebhookConfig {
     pub reload_interval: Duration,
     /// How long the in-flight requests get after `cancel`.
     pub shutdown_timeout: Duration,
+    /// How long it goes on serving after `cancel`, saying it is not ready: the Service's
+    /// endpoints are removed some time after the pod is told to stop, and a request sent
+    /// meanwhile must not meet a closed port (failurePolicy Ignore would admit the pod
+    /// without its injection).
+    pub drain_delay: Duration,
 }
 
 /// What the endpoint counts.
 #[derive(Default)]
 pub struct WebhookStats {
+    draining: std::sync::atomic::AtomicBool,
     reviews: [AtomicU64; Outcome::ALL.len()],
     invalid: AtomicU64,
     latency: Histogram,
@@ -173,9 +179,23 @@ impl Webhook {
         );
         let settings = Arc::new(cfg.settings);
         let tracker = TaskTracker::new();
+        // Connections stop at the end of the drain, not at `cancel`.
+        let stop = CancellationToken::new();
+        let drained = {
+            let (cancel, stop, stats) = (cancel.clone(), stop.clone(), Arc::clone(&stats));
+            let delay = cfg.drain_delay;
+            async move {
+                cancel.cancelled().await;
+                stats.draining.store(true, Ordering::Relaxed);
+                info!(delay = ?delay, "webhook draining: not ready, still answering");
+                tokio::time::sleep(delay).await;
+                stop.cancel();
+            }
+        };
+        tokio::pin!(drained);
         loop {
             let (tcp, peer) = tokio::select! {
-                () = cancel.cancelled() => break,
+                () = &mut drained => break,
                 accepted = listener.accept() => match accepted {
                     Ok(c) => c,
                     Err(e) => {
@@ -188,7 +208,7 @@ impl Webhook {
                 acceptor: acceptor.clone(),
                 settings: Arc::clone(&settings),
                 stats: Arc::clone(&stats),
-                cancel: cancel.clone(),
+                cancel: stop.clone(),
             };
             tracker.spawn(
                 conn.serve(tcp)
@@ -266,6 +286,9 @@ async fn respond(
     match (req.method(), req.uri().path()) {
         (&Method::POST, "/mutate") => mutate(req, settings, stats).await,
         (&Method::GET, "/healthz") => text(StatusCode::OK, "ok\n"),
+        (&Method::GET, "/readyz") if stats.draining.load(Ordering::Relaxed) => {
+            text(StatusCode::SERVICE_UNAVAILABLE, "draining\n")
+        }
         // Serving at all means a certificate loaded: start-up fails without one.
         (&Method::GET, "/readyz") => text(StatusCode::OK, "ready\n"),
         (&Method::GET, "/metrics") => {

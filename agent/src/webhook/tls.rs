@@ -112,6 +112,8 @@ impl CertFiles {
 pub struct Reloading {
     files: CertFiles,
     current: RwLock<Arc<CertifiedKey>>,
+    /// The files as they were just before the first load: a change after it is seen.
+    first_seen: Option<[(SystemTime, u64, u64); 2]>,
 }
 
 impl ResolvesServerCert for Reloading {
@@ -130,10 +132,12 @@ pub struct ReloadCounts {
 impl Reloading {
     /// Loads the pair once; an error here stops the webhook from starting.
     pub fn new(files: CertFiles) -> Result<Arc<Self>, TlsError> {
+        let first_seen = files.fingerprint();
         let first = files.load()?;
         Ok(Arc::new(Reloading {
             files,
             current: RwLock::new(Arc::new(first)),
+            first_seen,
         }))
     }
 
@@ -151,7 +155,7 @@ impl Reloading {
     /// loads.
     pub async fn watch(self: Arc<Self>, every: Duration, counts: Arc<ReloadCounts>) {
         use std::sync::atomic::Ordering;
-        let mut seen = self.files.fingerprint();
+        let mut seen = self.first_seen;
         // A pair caught mid-update (the certificate new, the key not yet) fails to load: it
         // is tried again on every tick until it loads, and reported once per change.
         let mut failed = None;
