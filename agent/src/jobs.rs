@@ -32,7 +32,7 @@ pub const JOBS_DIR: &str = "jobs";
 /// How long a sidecar's HTTP shutdown may take.
 const HTTP_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long an announced exit may take to show in the runtime's container status.
-const EXIT_CODE_WAIT: Duration = Duration::from_secs(2);
+const EXIT_CODE_WAIT: Duration = Duration::from_secs(5);
 /// A record lists container names; nothing valid is this large.
 const MAX_RECORD_BYTES: u64 = 64 * 1024;
 
@@ -301,7 +301,8 @@ async fn shut_down(s: Shutdown, stats: Arc<Stats>) {
         // kills what is left in its PID namespace) before it reports success.
         let took = match &res {
             Ok((0, _)) => true,
-            _ => matches!(s.runtime.exit_code(&s.id).await, Ok(Some(_))),
+            // Its status says "exited" a little after the exit itself.
+            _ => matches!(exit_code(&s.runtime, &s.id).await, Ok(Some(_))),
         };
         if took {
             append(&s.dir, pod, &done, &stats);

@@ -1,0 +1,212 @@
+//! Properties of the exit decision over random pods: priorities, states, restarts, native
+//! sidecars, listing orders and times (proptest, thousands of cases each).
+//!
+//! - never an ordered allow while a lower-priority container may still run, unless the
+//!   kubelet stops that one only after the waiting container;
+//! - always an allow at or after the deadline;
+//! - the verdict does not depend on the order the runtime lists containers in;
+//! - a container never waits for one the kubelet stops after it.
+
+use std::time::{Duration, Instant};
+
+use exitorder::decide::{
+    decide, newest_attempts, Attempt, Deletion, PodFacts, Reason, RunState, Verdict,
+};
+use exitorder::stoporder::StopOrder;
+use proptest::prelude::*;
+
+const NAMES: [&str; 6] = ["app", "worker", "proxy", "logs", "mesh", "agent"];
+
+fn state() -> impl Strategy<Value = RunState> {
+    prop_oneof![
+        Just(RunState::Created),
+        Just(RunState::Running),
+        Just(RunState::Exited),
+        Just(RunState::Unknown),
+    ]
+}
+
+/// A pod: 1 to 6 containers, each with 1 to 3 attempts (the newest decides), a priority per
+/// name, some of them native sidecars in some declaration order.
+#[derive(Debug, Clone)]
+struct Pod {
+    attempts: Vec<Attempt>,
+    native: Vec<String>,
+    waiting: String,
+    deadline_in_ms: u64,
+    now_in_ms: u64,
+}
+
+fn pod() -> impl Strategy<Value = Pod> {
+    (1..=NAMES.len())
+        .prop_flat_map(|n| {
+            (
+                proptest::collection::vec((0u8..4, proptest::collection::vec(state(), 1..=3)), n),
+                proptest::sample::subsequence((0..n).collect::<Vec<_>>(), 0..=n),
+                any::<proptest::sample::Index>(),
+                Just(n),
+                0u64..10_000,
+                0u64..12_000,
+            )
+        })
+        .prop_flat_map(|(containers, native, waiting, n, deadline, now)| {
+            let native_len = native.len();
+            (
+                Just(containers),
+                Just(native).prop_shuffle(),
+                Just(waiting.index(n)),
+                Just(deadline),
+                Just(now),
+                Just(native_len),
+            )
+        })
+        .prop_map(|(containers, native, waiting, deadline, now, _)| {
+            let mut attempts = Vec::new();
+            for (i, (priority, states)) in containers.iter().enumerate() {
+                for (a, st) in states.iter().enumerate() {
+                    // Older attempts have exited: the kubelet starts a new one after.
+                    let state = if a + 1 < states.len() {
+                        RunState::Exited
+                    } else {
+                        *st
+                    };
+                    attempts.push(Attempt {
+                        name: NAMES[i].to_owned(),
+                        attempt: a as u32,
+                        created_at: (a as i64) * 1000 + i as i64,
+                        state,
+                        priority: *priority,
+                    });
+                }
+            }
+            Pod {
+                attempts,
+                native: native.iter().map(|i| NAMES[*i].to_owned()).collect(),
+                waiting: NAMES[waiting].to_owned(),
+                deadline_in_ms: deadline,
+                now_in_ms: now,
+            }
+        })
+}
+
+fn facts(p: &Pod, start: Instant) -> PodFacts {
+    PodFacts {
+        attempts: p.attempts.clone(),
+        unknown: Vec::new(),
+        deletion: Deletion::Deleting,
+        deadline: Some(start + Duration::from_millis(p.deadline_in_ms)),
+        stop_order: StopOrder::new(p.native.clone()),
+    }
+}
+
+fn verdict(p: &Pod, attempts: Vec<Attempt>, start: Instant) -> Verdict {
+    let mut f = facts(p, start);
+    f.attempts = attempts;
+    let v = decide(
+        Some(&f),
+        &p.waiting,
+        start,
+        start + Duration::from_millis(p.now_in_ms),
+    );
+    // Who blocks is a set: its listing order is the runtime's.
+    match v {
+        Verdict::Wait {
+            mut blocked_by,
+            until,
+        } => {
+            blocked_by.sort();
+            Verdict::Wait { blocked_by, until }
+        }
+        allow => allow,
+    }
+}
+
+proptest! {
+    // No regression files: the cases are drawn afresh on every run, thousands each.
+    #![proptest_config(ProptestConfig {
+        cases: 4096,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    })]
+
+    #[test]
+    fn never_ordered_while_a_lower_priority_container_may_run(p in pod()) {
+        let start = Instant::now();
+        let f = facts(&p, start);
+        let now = start + Duration::from_millis(p.now_in_ms);
+        if let Verdict::Allow(Reason::Ordered) = decide(Some(&f), &p.waiting, start, now) {
+            let newest = newest_attempts(&f.attempts);
+            let me = newest.iter().find(|a| a.name == p.waiting).expect("the waiting container");
+            for o in &newest {
+                let may_run = matches!(o.state, RunState::Running | RunState::Unknown);
+                prop_assert!(
+                    !(o.priority < me.priority && may_run)
+                        || f.stop_order.stops_after(&me.name, &o.name),
+                    "{} allowed while {} (priority {} < {}) may run: {:?}",
+                    me.name, o.name, o.priority, me.priority, p
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn always_allowed_at_or_after_the_deadline(p in pod()) {
+        let start = Instant::now();
+        let f = facts(&p, start);
+        let deadline = start + Duration::from_millis(p.deadline_in_ms);
+        for now in [deadline, deadline + Duration::from_millis(p.now_in_ms)] {
+            prop_assert!(
+                matches!(decide(Some(&f), &p.waiting, start, now), Verdict::Allow(_)),
+                "held at or after the deadline: {:?}", p
+            );
+        }
+    }
+
+    #[test]
+    fn the_listing_order_does_not_matter(p in pod(), seed in any::<u64>()) {
+        let mut shuffled = p.attempts.clone();
+        // A deterministic shuffle from the seed: a rotation and a reversal.
+        let k = (seed as usize) % shuffled.len().max(1);
+        shuffled.rotate_left(k);
+        if seed & 1 == 1 {
+            shuffled.reverse();
+        }
+        let start = Instant::now();
+        prop_assert_eq!(verdict(&p, p.attempts.clone(), start), verdict(&p, shuffled, start));
+    }
+
+    #[test]
+    fn never_waits_for_a_container_the_kubelet_stops_later(p in pod()) {
+        let order = StopOrder::new(p.native.clone());
+        if let Verdict::Wait { blocked_by, .. } = verdict(&p, p.attempts.clone(), Instant::now()) {
+            for b in &blocked_by {
+                prop_assert!(
+                    !order.stops_after(&p.waiting, b),
+                    "{} waits for {}, which the kubelet stops after it: {:?}",
+                    p.waiting, b, p
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn priorities_the_webhook_admits_never_ask_for_such_a_wait(p in pod()) {
+        // What the webhook checks (no contradiction) is exactly what the agent would
+        // otherwise have to leave out.
+        let order = StopOrder::new(p.native.clone());
+        let newest = newest_attempts(&p.attempts);
+        let prios: Vec<(&str, u8)> = newest.iter().map(|a| (a.name.as_str(), a.priority)).collect();
+        let contradictions = order.contradictions(&prios);
+        for a in &newest {
+            for b in &newest {
+                let would_wait = b.priority < a.priority;
+                let forbidden = would_wait && order.stops_after(&a.name, &b.name);
+                prop_assert_eq!(
+                    forbidden,
+                    contradictions.contains(&(a.name.as_str(), b.name.as_str())),
+                    "{} / {}: {:?}", &a.name, &b.name, &p
+                );
+            }
+        }
+    }
+}
