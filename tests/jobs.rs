@@ -219,6 +219,40 @@ async fn a_sidecar_without_a_url_is_stopped_through_the_runtime() {
 }
 
 #[tokio::test]
+async fn a_sidecar_that_ignores_its_shutdown_is_stopped_after_the_grace_period() {
+    let Some(jb) = JobBed::start().await else {
+        return;
+    };
+    let pod = job_pod(24198, |p| {
+        p["spec"]["terminationGracePeriodSeconds"] = 2.into();
+        // It answers, and runs on.
+        support::edit_script(p, "proxy", "kill -TERM 1", "true");
+    });
+    let (running, status) = jb.complete(&pod).await;
+    assert_eq!(
+        status.phase,
+        Phase::Succeeded,
+        "{}",
+        jb.bed.agent.log_tail(30)
+    );
+    assert_eq!(log_count(&running, "proxy", "shutdown requested"), 1);
+    assert_eq!(log_count(&running, "proxy", "TERM: proxy exiting"), 1);
+    assert_eq!(exit_code(&running, "proxy"), Some(0));
+    jb.bed
+        .agent
+        .wait_for("the escalation logged", secs(10), |l| {
+            l.is(
+                "job_shutdown_ignored",
+                &[("pod", running.uid()), ("container", "proxy")],
+            )
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let _ = running.delete().await;
+    jb.finish().await;
+}
+
+#[tokio::test]
 async fn a_sidecar_that_fails_its_shutdown_is_reported() {
     let Some(jb) = JobBed::start().await else {
         return;

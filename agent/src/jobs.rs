@@ -260,6 +260,20 @@ async fn exit_code(
     }
 }
 
+/// Whether the container exits within `limit` (its status read a few times a second).
+async fn exited_within(runtime: &Runtime, id: &str, limit: Duration) -> bool {
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        if matches!(runtime.exit_code(id).await, Ok(Some(_))) {
+            return true;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
 fn how(urls: &BTreeMap<String, String>, name: &str) -> String {
     match urls.get(name) {
         Some(url) => format!("HTTP shutdown {url}"),
@@ -307,15 +321,21 @@ async fn shut_down(s: Shutdown, stats: Arc<Stats>) {
         if took {
             append(&s.dir, pod, &done, &stats);
             info!(event = "job_shutdown", pod = %pod, container = %name, how = "http", url = %url, "sidecar asked to shut down: the Job's main containers have finished");
-            return;
-        }
-        match res {
-            Ok((code, out)) => {
-                warn!(pod = %pod, container = %name, url = %url, exit_code = code, output = %out, "HTTP shutdown failed; stopping the sidecar through the runtime");
+            // One that answers and runs on would keep the Job from ever completing: it gets
+            // the pod's grace period to exit, then the runtime stops it.
+            if exited_within(&s.runtime, &s.id, s.grace).await {
+                return;
             }
-            Err(e) => {
-                stats.runtime_error(e.kind());
-                warn!(pod = %pod, container = %name, url = %url, error = %e, "HTTP shutdown could not run; stopping the sidecar through the runtime");
+            warn!(event = "job_shutdown_ignored", pod = %pod, container = %name, url = %url, grace_seconds = s.grace.as_secs(), "the sidecar answered its shutdown but still runs after the grace period; stopping it through the runtime");
+        } else {
+            match res {
+                Ok((code, out)) => {
+                    warn!(pod = %pod, container = %name, url = %url, exit_code = code, output = %out, "HTTP shutdown failed; stopping the sidecar through the runtime");
+                }
+                Err(e) => {
+                    stats.runtime_error(e.kind());
+                    warn!(pod = %pod, container = %name, url = %url, error = %e, "HTTP shutdown could not run; stopping the sidecar through the runtime");
+                }
             }
         }
     }
