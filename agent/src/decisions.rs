@@ -178,6 +178,10 @@ impl Agent {
     /// the kubelet stops them only after it (native sidecars): priorities asked for a wait
     /// that would hold the pod to its deadline.
     fn explain_stop_order(&mut self, pod: &PodUid, facts: &PodFacts, waiting: &[&str]) {
+        if facts.stop_order.native().is_empty() {
+            // Most pods: nothing to explain, and nothing to compute on the decision path.
+            return;
+        }
         for w in waiting {
             let skipped = decide::beyond_stop_order(facts, w);
             if skipped.is_empty() {

@@ -14,7 +14,7 @@ use tokio::net::TcpListener;
 use tracing::{debug, Instrument};
 
 use crate::decide::Reason;
-use crate::stats::{Stats, LATENCY_BUCKETS};
+use crate::stats::{Histogram, Stats, LATENCY_BUCKETS};
 
 /// Renders every metric family in the Prometheus text format.
 pub fn render(stats: &Stats) -> String {
@@ -25,18 +25,11 @@ pub fn render(stats: &Stats) -> String {
          # TYPE exitorder_allow_latency_seconds histogram"
     );
     for reason in Reason::ALL {
-        let (buckets, count, sum) = stats.latency(reason).read();
-        for (le, n) in LATENCY_BUCKETS.iter().zip(buckets) {
-            let _ = writeln!(
-                out,
-                "exitorder_allow_latency_seconds_bucket{{reason=\"{reason}\",le=\"{le}\"}} {n}"
-            );
-        }
-        let _ = writeln!(
-            out,
-            "exitorder_allow_latency_seconds_bucket{{reason=\"{reason}\",le=\"+Inf\"}} {count}\n\
-             exitorder_allow_latency_seconds_sum{{reason=\"{reason}\"}} {sum}\n\
-             exitorder_allow_latency_seconds_count{{reason=\"{reason}\"}} {count}"
+        write_histogram(
+            &mut out,
+            "exitorder_allow_latency_seconds",
+            &format!("reason=\"{reason}\""),
+            stats.latency(reason),
         );
     }
     let _ = writeln!(
@@ -128,6 +121,24 @@ pub fn render(stats: &Stats) -> String {
     out
 }
 
+/// One histogram's samples (`labels`: `key="value"` pairs, or empty), after its HELP/TYPE.
+pub fn write_histogram(out: &mut String, name: &str, labels: &str, h: &Histogram) {
+    let (buckets, count, sum) = h.read();
+    let sep = if labels.is_empty() { "" } else { "," };
+    for (le, n) in LATENCY_BUCKETS.iter().zip(buckets) {
+        let _ = writeln!(out, "{name}_bucket{{{labels}{sep}le=\"{le}\"}} {n}");
+    }
+    let set = if labels.is_empty() {
+        String::new()
+    } else {
+        format!("{{{labels}}}")
+    };
+    let _ = writeln!(
+        out,
+        "{name}_bucket{{{labels}{sep}le=\"+Inf\"}} {count}\n{name}_sum{set} {sum}\n{name}_count{set} {count}"
+    );
+}
+
 fn respond(stats: &Stats, req: &Request<Incoming>) -> Response<Full<Bytes>> {
     let text = |code: StatusCode, body: String| {
         let mut r = Response::new(Full::new(Bytes::from(body)));
@@ -202,5 +213,48 @@ pub async fn serve(listener: TcpListener, stats: Arc<Stats>) {
             }
             .instrument(tracing::debug_span!("metrics_conn", %peer)),
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn histograms_with_and_without_labels() {
+        let h = Histogram::default();
+        h.observe(Duration::from_millis(3));
+        let mut out = String::new();
+        write_histogram(&mut out, "x_seconds", "reason=\"ordered\"", &h);
+        assert!(
+            out.starts_with("x_seconds_bucket{reason=\"ordered\",le=\"0.001\"} 0\n"),
+            "{out}"
+        );
+        assert!(
+            out.contains("x_seconds_bucket{reason=\"ordered\",le=\"0.005\"} 1\n"),
+            "{out}"
+        );
+        assert!(
+            out.ends_with(
+                "x_seconds_bucket{reason=\"ordered\",le=\"+Inf\"} 1\n\
+             x_seconds_sum{reason=\"ordered\"} 0.003\n\
+             x_seconds_count{reason=\"ordered\"} 1\n"
+            ),
+            "{out}"
+        );
+        let mut out = String::new();
+        write_histogram(&mut out, "y_seconds", "", &h);
+        assert!(
+            out.starts_with("y_seconds_bucket{le=\"0.001\"} 0\n"),
+            "{out}"
+        );
+        assert!(
+            out.ends_with(
+                "y_seconds_bucket{le=\"+Inf\"} 1\ny_seconds_sum 0.003\ny_seconds_count 1\n"
+            ),
+            "{out}"
+        );
+        assert_eq!(out.lines().count(), LATENCY_BUCKETS.len() + 3);
     }
 }

@@ -26,7 +26,7 @@ use tracing::{debug, info, warn, Instrument};
 use super::mutate::Settings;
 use super::review::{self, Outcome};
 use super::tls::{CertFiles, ReloadCounts, Reloading, TlsError};
-use crate::stats::{Histogram, LATENCY_BUCKETS};
+use crate::stats::Histogram;
 
 /// Larger than any pod the API server accepts (its request limit is 3 MiB), with room for
 /// the review around it.
@@ -99,18 +99,11 @@ impl WebhookStats {
             "# HELP exitorder_webhook_review_seconds Time from a review's request head to its answer.\n\
              # TYPE exitorder_webhook_review_seconds histogram"
         );
-        let (buckets, count, sum) = self.latency.read();
-        for (le, n) in LATENCY_BUCKETS.iter().zip(buckets) {
-            let _ = writeln!(
-                out,
-                "exitorder_webhook_review_seconds_bucket{{le=\"{le}\"}} {n}"
-            );
-        }
-        let _ = writeln!(
-            out,
-            "exitorder_webhook_review_seconds_bucket{{le=\"+Inf\"}} {count}\n\
-             exitorder_webhook_review_seconds_sum {sum}\n\
-             exitorder_webhook_review_seconds_count {count}"
+        crate::metrics::write_histogram(
+            &mut out,
+            "exitorder_webhook_review_seconds",
+            "",
+            &self.latency,
         );
         let _ = writeln!(
             out,
