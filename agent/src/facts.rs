@@ -60,7 +60,7 @@ pub fn stop_order(
 }
 
 /// The newest attempt of each container name.
-fn newest(pod: &PodEntry) -> HashMap<&str, &ContainerEntry> {
+pub(crate) fn newest(pod: &PodEntry) -> HashMap<&str, &ContainerEntry> {
     let mut out: HashMap<&str, &ContainerEntry> = HashMap::new();
     for c in pod.containers.values() {
         let key = (c.info.attempt, c.info.created_at);

@@ -19,13 +19,14 @@ use tracing::{debug, info, warn, Instrument};
 
 use crate::agent::Agent;
 use crate::completion::{self, Completes, Member, Participation, Step};
-use crate::decide::RunState;
+use crate::decide::{self, RunState};
 use crate::facts;
 use crate::recorder::{EventSink, PodRef, ShutdownNotice};
 use crate::runtime::Runtime;
 use crate::share::PodUid;
 use crate::stats::Stats;
 use crate::stoporder::StopOrder;
+use crate::view::PodEntry;
 
 /// Where the shutdown records are, under the share.
 pub const JOBS_DIR: &str = "jobs";
@@ -450,6 +451,28 @@ pub fn stale_records(share_dir: &Path, live: impl Fn(&str) -> bool) -> Vec<PathB
         .collect()
 }
 
+/// The spec's main containers (`names`) as the runtime shows them: each one's newest
+/// attempt, with the priority resolved for that attempt (an older one has no env read).
+fn snapshot_members(pod: &PodEntry, names: &[String], ordered: &facts::Ordered) -> Vec<SnapMember> {
+    let newest = facts::newest(pod);
+    let attempts = decide::newest_attempts(&ordered.attempts);
+    names
+        .iter()
+        .map(|name| {
+            let c = newest.get(name.as_str());
+            SnapMember {
+                name: name.clone(),
+                id: c.map(|c| c.info.id.clone()),
+                priority: attempts
+                    .iter()
+                    .find(|a| &a.name == name)
+                    .map_or(0, |a| a.priority),
+                state: c.map_or(RunState::Created, |c| c.info.state),
+            }
+        })
+        .collect()
+}
+
 impl Agent {
     /// Hands the Job task the latest state of pod `uid`, when it is a completing pod that
     /// opted in. Needs the API server: the restart policy and which containers are main
@@ -485,28 +508,7 @@ impl Agent {
             debug!(pod = %pod, unknown = ?ordered.unknown, "completing pod: priorities not known yet");
             return;
         }
-        let members: Vec<SnapMember> = api
-            .containers
-            .iter()
-            .map(|name| {
-                let newest = v
-                    .containers
-                    .values()
-                    .filter(|c| &c.info.name == name)
-                    .max_by_key(|c| (c.info.attempt, c.info.created_at));
-                let priority = ordered
-                    .attempts
-                    .iter()
-                    .find(|a| &a.name == name)
-                    .map_or(0, |a| a.priority);
-                SnapMember {
-                    name: name.clone(),
-                    id: newest.map(|c| c.info.id.clone()),
-                    priority,
-                    state: newest.map_or(RunState::Created, |c| c.info.state),
-                }
-            })
-            .collect();
+        let members = snapshot_members(v, &api.containers, &ordered);
         if opted_out {
             let done = members
                 .iter()
@@ -542,5 +544,61 @@ impl Agent {
         };
         debug!(pod = %snap.uid, members = ?snap.members, "completing pod: snapshot");
         let _ = link.tx.send(snap);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::view::{ContainerEntry, ContainerInfo, EnvPriority};
+
+    fn attempt(
+        id: &str,
+        name: &str,
+        attempt: u32,
+        state: RunState,
+        env: Option<u8>,
+    ) -> ContainerEntry {
+        ContainerEntry {
+            exit_seen: None,
+            info: ContainerInfo {
+                id: id.into(),
+                pod_uid: "u".into(),
+                name: name.into(),
+                attempt,
+                created_at: i64::from(attempt),
+                state,
+                grace: None,
+            },
+            env: EnvPriority::Known(Ok(env)),
+        }
+    }
+
+    #[test]
+    fn members_are_the_newest_attempts_with_their_own_priority() {
+        // The sidecar's priority comes from its env, which only its newest attempt has read.
+        let pod = PodEntry::new(
+            Some(Default::default()),
+            vec![
+                attempt("a0", "app", 0, RunState::Exited, None),
+                attempt("l0", "logs", 0, RunState::Exited, None),
+                attempt("l1", "logs", 1, RunState::Running, Some(2)),
+            ],
+        );
+        let ordered = facts::order(&pod, Ok(None), &StopOrder::default());
+        let names = ["app".to_owned(), "logs".to_owned(), "later".to_owned()];
+        let members = snapshot_members(&pod, &names, &ordered);
+        let got: Vec<(&str, Option<&str>, u8, RunState)> = members
+            .iter()
+            .map(|m| (m.name.as_str(), m.id.as_deref(), m.priority, m.state))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                ("app", Some("a0"), 0, RunState::Exited),
+                ("logs", Some("l1"), 2, RunState::Running),
+                ("later", None, 0, RunState::Created),
+            ]
+        );
     }
 }
