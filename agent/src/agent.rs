@@ -78,6 +78,10 @@ pub struct Agent {
     /// Finished Jobs' sidecar shutdown (with an API server only).
     pub(crate) jobs: Option<crate::jobs::JobLink>,
     jobs_task: Option<crate::jobs::JobsTask>,
+    /// A listing was asked after a reconnect: its answer is logged, as the proof that what
+    /// happened while the runtime or its stream was gone was caught up on.
+    relist_pending: bool,
+    connected_once: bool,
 }
 
 impl Agent {
@@ -119,6 +123,8 @@ impl Agent {
             pod_events: None,
             jobs: None,
             jobs_task: None,
+            relist_pending: false,
+            connected_once: false,
         };
         let mut dirty = BTreeSet::new();
         agent.sync().rescan(&mut dirty);
@@ -238,6 +244,7 @@ impl Agent {
                     while let Ok(ev) = self.fs_events.try_recv() {
                         self.sync().on_event(ev, &mut dirty);
                     }
+                    self.check_share(&mut dirty);
                 }
                 Some(sig) = self.signals.recv() => {
                     self.on_signal(sig, &mut dirty);
@@ -271,7 +278,10 @@ impl Agent {
                         self.reader.ask(Read::List);
                     }
                 }
-                _ = reconcile.tick() => self.reader.ask(Read::List),
+                _ = reconcile.tick() => {
+                    self.check_share(&mut dirty);
+                    self.reader.ask(Read::List);
+                }
                 _ = gc.tick() => self.gc(),
             }
             for need in self.view.needs(Instant::now()) {
@@ -291,6 +301,48 @@ impl Agent {
         self.stats.set_watching(false);
         info!(pending = self.pending_count(), "agent stopped");
         Ok(())
+    }
+
+    /// Opens the share again when its directories were replaced under the agent (removed
+    /// and created again by an operator or a node cleanup): the kubelet creates new pods'
+    /// directories in the new one, which the old watches and handles never see. The
+    /// entrypoint is installed again, as `bin/` went with it.
+    fn check_share(&mut self, dirty: &mut BTreeSet<PodUid>) {
+        if self.share.is_current() {
+            return;
+        }
+        let share = match Share::open(&self.cfg.share_dir) {
+            Ok(s) => s,
+            Err(e) => {
+                self.stats.share_error();
+                self.stats.set_watching(false);
+                warn!(event = "share_lost", error = %e, "the share was replaced and cannot be opened again; trying on the next change or reconcile");
+                return;
+            }
+        };
+        self.watcher.forget(self.share.root());
+        if let Err(e) = self.watcher.watch(&share.pods_path()) {
+            self.stats.share_error();
+            self.stats.set_watching(false);
+            warn!(event = "share_lost", error = %e, "cannot watch the new share; trying on the next change or reconcile");
+            return;
+        }
+        self.share = share;
+        if let Some(src) = self.cfg.entrypoint_binary.clone() {
+            if let Err(e) = install_entrypoint(&self.share, &src, &self.stats) {
+                self.stats.share_error();
+                warn!(error = %e, "cannot install the entrypoint into the new share");
+            }
+        }
+        self.sync().rescan(dirty);
+        dirty.extend(self.waits.pending.keys().cloned());
+        self.stats.set_watching(true);
+        warn!(
+            event = "share_reopened",
+            share = %self.cfg.share_dir.display(),
+            pending = self.pending_count(),
+            "the share was replaced under the agent; watching the new one"
+        );
     }
 
     /// When the waits must be decided again without an event: the earliest deadline, settle
@@ -322,6 +374,9 @@ impl Agent {
                 self.stats.set_event_source(kind.as_str());
                 // What happened while the stream was not there.
                 self.reader.ask(Read::List);
+                // The first connection is no reconnect: the start's own listing is not news.
+                self.relist_pending = self.connected_once;
+                self.connected_once = true;
             }
             SourceSignal::Down(kind) => {
                 if self.live_source.take().is_some() {
@@ -379,6 +434,7 @@ impl Agent {
                     if ok {
                         info!("runtime answers again");
                         self.reader.ask(Read::List);
+                        self.relist_pending = true;
                     } else {
                         error!("runtime not answering; only deadlines release waits until it does");
                     }
@@ -398,6 +454,15 @@ impl Agent {
         self.stats
             .set_view_size(self.view.container_count(), self.view.pod_count());
         if listing {
+            if std::mem::take(&mut self.relist_pending) {
+                info!(
+                    event = "relisted",
+                    containers = self.view.container_count(),
+                    pods = self.view.pod_count(),
+                    pending = self.pending_count(),
+                    "runtime listed again after a reconnect"
+                );
+            }
             self.runtime_ok = true;
             self.stats.set_runtime_ok(true);
             dirty.extend(self.waits.pending.keys().cloned());

@@ -108,6 +108,14 @@ pub struct AgentArgs {
     /// How long a graceful shutdown may take after SIGTERM.
     #[arg(long, env = "EXITORDER_SHUTDOWN_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
     pub shutdown_timeout: Duration,
+    /// How often directories of pods the runtime no longer has are looked for (one is removed
+    /// when two looks in a row find it), and the share rescanned for lost file events.
+    #[arg(long, env = "EXITORDER_GC_INTERVAL", default_value = "60s", value_parser = parse_duration)]
+    pub gc_interval: Duration,
+    /// A pod directory changed more recently than this is never removed: the kubelet may be
+    /// creating it.
+    #[arg(long, env = "EXITORDER_GC_MIN_AGE", default_value = "60s", value_parser = parse_duration)]
+    pub gc_min_age: Duration,
 }
 
 impl AgentArgs {
@@ -128,6 +136,9 @@ impl AgentArgs {
         cfg.exit_source = self.exit_source;
         cfg.poll_interval = self.poll_interval.max(Duration::from_millis(1));
         cfg.api_settle = self.api_settle;
+        // A timer period of zero is refused by tokio.
+        cfg.gc_interval = self.gc_interval.max(Duration::from_millis(10));
+        cfg.gc_min_age = self.gc_min_age;
         cfg.entrypoint_binary = Some(
             self.entrypoint_binary
                 .clone()
@@ -224,10 +235,27 @@ mod tests {
         );
         assert_eq!(cfg.grace_reserve, Duration::from_millis(2500));
         assert_eq!(cfg.share_dir, PathBuf::from("/var/lib/exitorder"));
+        assert_eq!(cfg.gc_interval, Duration::from_secs(60));
+        assert_eq!(cfg.gc_min_age, Duration::from_secs(60));
         assert!(cfg
             .entrypoint_binary
             .unwrap()
             .ends_with("exitorder-entrypoint"));
+        let cli = Cli::try_parse_from([
+            "exitorder",
+            "agent",
+            "--gc-interval",
+            "0s",
+            "--gc-min-age",
+            "2s",
+        ])
+        .unwrap();
+        let Command::Agent(a) = cli.command else {
+            panic!("parsed as another command");
+        };
+        let cfg = a.config();
+        assert_eq!(cfg.gc_interval, Duration::from_millis(10));
+        assert_eq!(cfg.gc_min_age, Duration::from_secs(2));
     }
 
     #[test]

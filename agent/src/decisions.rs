@@ -7,6 +7,7 @@ use std::time::{Duration, Instant, SystemTime};
 use tracing::{debug, info, warn};
 
 use crate::agent::Agent;
+use crate::backoff::Backoff;
 use crate::decide::{self, Deletion, PodFacts, Reason, Verdict};
 use crate::facts::{self, Clock};
 use crate::podwatch::{ApiPod, ConfirmRequest, PodSignal};
@@ -20,6 +21,11 @@ const FILE_CLOCK_SLACK: Duration = Duration::from_millis(50);
 
 /// How long after a failed confirming read the next may be asked.
 const CONFIRM_RETRY: Duration = Duration::from_secs(1);
+
+/// A failed write of `allow` is tried again after this, doubling up to the cap: soon enough
+/// that freed space answers the preStop at once, rare enough not to spin on a full disk.
+const WRITE_RETRY_START: Duration = Duration::from_millis(100);
+const WRITE_RETRY_MAX: Duration = Duration::from_secs(2);
 
 impl Agent {
     /// Decides for every waiting container of the `dirty` pods, from memory.
@@ -254,6 +260,9 @@ impl Agent {
         let mut unconfirmed = false;
         for (name, waiter) in p.waiting.iter_mut() {
             match decide::decide(facts.as_ref(), name.as_str(), waiter.since, now) {
+                Verdict::Allow(_) if waiter.retry_at.is_some_and(|t| now < t) => {
+                    wake = [wake, waiter.retry_at].into_iter().flatten().min();
+                }
                 Verdict::Allow(reason) => {
                     allowed.push((name.clone(), reason, waiter.held_for.is_some()))
                 }
@@ -348,8 +357,34 @@ impl Agent {
             }
             Err(e) if e.is_not_found() => debug!(container = %key, "container directory gone"),
             Err(e) => {
+                // A full disk or a read-only remount passes; the preStop still waits for its
+                // answer (until its own timeout), so the wait stays and is answered again.
                 self.stats.share_error();
-                warn!(container = %key, error = %e, "cannot write allow");
+                if let Some(w) = self
+                    .waits
+                    .pending
+                    .get_mut(&key.pod)
+                    .and_then(|p| p.waiting.get_mut(&key.container))
+                {
+                    w.write_failures = w.write_failures.saturating_add(1);
+                    let delay =
+                        Backoff::after(WRITE_RETRY_START, WRITE_RETRY_MAX, w.write_failures);
+                    let at = Instant::now() + delay;
+                    w.retry_at = Some(at);
+                    warn!(
+                        event = "allow_failed",
+                        pod = %key.pod,
+                        container = %key.container,
+                        error = %e,
+                        failures = w.write_failures,
+                        retry_in_ms = delay.as_millis() as u64,
+                        "cannot write allow; trying again"
+                    );
+                    if let Some(p) = self.waits.pending.get_mut(&key.pod) {
+                        p.wake = Some(p.wake.map_or(at, |w| w.min(at)));
+                    }
+                    return;
+                }
             }
         }
         self.waits.drop_waiter(key);

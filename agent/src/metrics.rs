@@ -100,10 +100,17 @@ pub fn render(stats: &Stats) -> String {
     );
     let _ = writeln!(
         out,
-        "# HELP exitorder_share_rejected_total Share entries refused: links, bad names, files that are not regular, unexpected content.\n\
-         # TYPE exitorder_share_rejected_total counter\nexitorder_share_rejected_total {}",
-        stats.share_rejections()
+        "# HELP exitorder_share_rejected_total Share entries refused, by reason: links, files that are not regular, entries that are not directories, bad names, unexpected content.\n\
+         # TYPE exitorder_share_rejected_total counter"
     );
+    // Every reason, 0 or more: a closed set of series that never disappears.
+    for why in crate::share::Rejection::ALL {
+        let _ = writeln!(
+            out,
+            "exitorder_share_rejected_total{{reason=\"{why}\"}} {}",
+            stats.share_rejections(why)
+        );
+    }
     let _ = writeln!(
         out,
         "# HELP exitorder_exit_file_churn_total Waits that came back within the churn window; their decisions were coalesced.\n\
@@ -256,5 +263,31 @@ mod tests {
             "{out}"
         );
         assert_eq!(out.lines().count(), LATENCY_BUCKETS.len() + 3);
+    }
+
+    #[test]
+    fn share_rejections_by_reason() {
+        use crate::share::Rejection;
+        let stats = Stats::default();
+        stats.share_rejected(Rejection::Link);
+        stats.share_rejected(Rejection::Link);
+        stats.share_rejected(Rejection::NotAFile);
+        let out = render(&stats);
+        let series: Vec<&str> = out
+            .lines()
+            .filter(|l| l.starts_with("exitorder_share_rejected_total"))
+            .collect();
+        // Every reason, counted or not, and nothing else.
+        assert_eq!(
+            series,
+            [
+                "exitorder_share_rejected_total{reason=\"link\"} 2",
+                "exitorder_share_rejected_total{reason=\"not_a_file\"} 1",
+                "exitorder_share_rejected_total{reason=\"not_a_directory\"} 0",
+                "exitorder_share_rejected_total{reason=\"bad_name\"} 0",
+                "exitorder_share_rejected_total{reason=\"unexpected_content\"} 0",
+            ]
+        );
+        assert!(out.contains("# TYPE exitorder_share_rejected_total counter\n"));
     }
 }

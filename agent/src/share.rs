@@ -3,14 +3,15 @@
 //!
 //! Every container can write into its own directory, and the agent runs as root, so nothing
 //! here trusts the tree below `pods/<uid>/<name>/`: directories are opened one component at a
-//! time with `O_NOFOLLOW | O_DIRECTORY`, files with `O_NOFOLLOW | O_NONBLOCK` (a FIFO must not
-//! block the agent) and checked to be regular, reads are capped, and writes go to an `O_EXCL`
-//! temp file renamed into place inside the same directory.
+//! time with `O_NOFOLLOW | O_DIRECTORY`, the exit file is checked to be a regular file with no
+//! other hard link before it is opened for reading (a FIFO must not block the agent, a device
+//! must not be opened at all), reads are capped, and writes go to an `O_EXCL` temp file
+//! renamed into place inside the same directory.
 
 use std::ffi::{OsStr, OsString};
 use std::fmt;
 use std::io;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -48,6 +49,56 @@ pub enum ShareError {
     BadName { kind: &'static str, name: String },
     #[error("{path} is not a regular file")]
     NotAFile { path: PathBuf },
+    #[error(
+        "{path} is a link (symbolic, or a file with other hard links): links are never followed"
+    )]
+    Link { path: PathBuf },
+    #[error("{path} is not a directory")]
+    NotADirectory { path: PathBuf },
+}
+
+/// Why a share entry was refused: what the agent counts, by kind. A closed set, never built
+/// from what a pod wrote.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Rejection {
+    /// A symbolic link where a directory or the exit file should be, or an exit file with
+    /// other hard links.
+    Link,
+    /// An exit file that is no regular file: a FIFO, a socket, a device, a directory.
+    NotAFile,
+    /// A pod or container entry that is no directory.
+    NotADirectory,
+    /// A name that is no pod UID or DNS-1123 container name.
+    BadName,
+    /// An exit file that says neither `wait` nor `allow`.
+    UnexpectedContent,
+}
+
+impl Rejection {
+    pub const ALL: [Rejection; 5] = [
+        Rejection::Link,
+        Rejection::NotAFile,
+        Rejection::NotADirectory,
+        Rejection::BadName,
+        Rejection::UnexpectedContent,
+    ];
+
+    /// The metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Rejection::Link => "link",
+            Rejection::NotAFile => "not_a_file",
+            Rejection::NotADirectory => "not_a_directory",
+            Rejection::BadName => "bad_name",
+            Rejection::UnexpectedContent => "unexpected_content",
+        }
+    }
+}
+
+impl fmt::Display for Rejection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 impl ShareError {
@@ -62,6 +113,18 @@ impl ShareError {
     /// True when the file or directory named is simply not there (a pod gone, a file removed).
     pub fn is_not_found(&self) -> bool {
         matches!(self, ShareError::Io { source, .. } if source.kind() == io::ErrorKind::NotFound)
+    }
+
+    /// What kind of refusal this is, when the entry itself is at fault (a link, a FIFO, a bad
+    /// name); `None` for an I/O error that says nothing about the entry.
+    pub fn rejection(&self) -> Option<Rejection> {
+        match self {
+            ShareError::BadName { .. } => Some(Rejection::BadName),
+            ShareError::NotAFile { .. } => Some(Rejection::NotAFile),
+            ShareError::Link { .. } => Some(Rejection::Link),
+            ShareError::NotADirectory { .. } => Some(Rejection::NotADirectory),
+            ShareError::Io { .. } => None,
+        }
     }
 }
 
@@ -162,6 +225,22 @@ pub enum ExitState {
     Unexpected(String),
 }
 
+impl ExitState {
+    /// What the first bytes of an existing exit file say. Anything a pod writes is accepted
+    /// here: bytes that are not UTF-8 come back lossy, inside `Unexpected`.
+    pub fn parse(content: &[u8]) -> ExitState {
+        let text = String::from_utf8_lossy(&content[..content.len().min(MAX_EXIT_BYTES)]);
+        // ASCII whitespace only, as the entrypoint trims its reading of the same file, so that
+        // both take the same contents for `allow` (Unicode's wider set, with a vertical tab
+        // or U+0085, would not).
+        match text.trim_ascii() {
+            "" | WAIT => ExitState::Waiting,
+            ALLOW => ExitState::Allowed,
+            other => ExitState::Unexpected(other.to_owned()),
+        }
+    }
+}
+
 /// The opened share directory.
 #[derive(Debug)]
 pub struct Share {
@@ -187,13 +266,26 @@ fn dir_flags() -> OFlags {
     OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC
 }
 
-fn open_dir_at<Fd: AsFd, N: rustix::path::Arg>(
+fn open_dir_at<Fd: AsFd, N: rustix::path::Arg + Copy>(
     dir: Fd,
     name: N,
     path: &Path,
 ) -> Result<OwnedFd, ShareError> {
-    rfs::openat(dir, name, dir_flags(), Mode::empty())
-        .map_err(|e| ShareError::io("open directory", path, e))
+    match rfs::openat(&dir, name, dir_flags(), Mode::empty()) {
+        Ok(fd) => Ok(fd),
+        // O_DIRECTORY refuses anything else before opening it (a FIFO or a device named like
+        // a directory is never opened), and a symbolic link with O_NOFOLLOW too: ENOTDIR for
+        // both (ELOOP on some kernels for the link), told apart by what the name is.
+        Err(rustix::io::Errno::NOTDIR | rustix::io::Errno::LOOP) => {
+            match rfs::statat(&dir, name, AtFlags::SYMLINK_NOFOLLOW) {
+                Ok(st) if FileType::from_raw_mode(st.st_mode) == FileType::Symlink => {
+                    Err(ShareError::Link { path: path.into() })
+                }
+                _ => Err(ShareError::NotADirectory { path: path.into() }),
+            }
+        }
+        Err(e) => Err(ShareError::io("open directory", path, e)),
+    }
 }
 
 fn mkdir_at<Fd: AsFd>(dir: Fd, name: &str, path: &Path, mode: u32) -> Result<(), ShareError> {
@@ -224,6 +316,22 @@ impl Share {
             bin: open_dir_at(&root_fd, "bin", &bin_path)?,
             root: root.to_owned(),
         })
+    }
+
+    /// Whether `pods/` and `bin/` under the root are still the directories opened: an
+    /// operator who removes (or moves) the share and creates it again leaves this share
+    /// holding deleted directories that no pod writes to any more.
+    pub fn is_current(&self) -> bool {
+        let same = |fd: &OwnedFd, name: &str| {
+            let (Ok(open), Ok(now)) = (
+                rfs::fstat(fd),
+                rfs::lstat(self.root.join(name)).map_err(|_| ()),
+            ) else {
+                return false;
+            };
+            open.st_dev == now.st_dev && open.st_ino == now.st_ino && open.st_nlink > 0
+        };
+        same(&self.pods, "pods") && same(&self.bin, "bin")
     }
 
     pub fn root(&self) -> &Path {
@@ -311,20 +419,9 @@ impl Share {
             Err(e) => return Err(e),
         };
         let path = self.container_path(key).join(EXIT_FILE);
-        let fd = match rfs::openat(
-            &dir,
-            EXIT_FILE,
-            OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
-            Mode::empty(),
-        ) {
-            Ok(fd) => fd,
-            Err(rustix::io::Errno::NOENT) => return Ok(ExitState::Absent),
-            Err(e) => return Err(ShareError::io("open", path, e)),
+        let Some(fd) = open_exit_file(&dir, &path)? else {
+            return Ok(ExitState::Absent);
         };
-        let st = rfs::fstat(&fd).map_err(|e| ShareError::io("stat", &path, e))?;
-        if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
-            return Err(ShareError::NotAFile { path });
-        }
         let mut buf = [0u8; MAX_EXIT_BYTES];
         let mut len = 0;
         while len < buf.len() {
@@ -335,12 +432,7 @@ impl Share {
                 Err(e) => return Err(ShareError::io("read", path, e)),
             }
         }
-        let text = String::from_utf8_lossy(&buf[..len]);
-        Ok(match text.trim() {
-            "" | WAIT => ExitState::Waiting,
-            ALLOW => ExitState::Allowed,
-            other => ExitState::Unexpected(other.to_owned()),
-        })
+        Ok(ExitState::parse(&buf[..len]))
     }
 
     /// How long ago the exit file was written: when the preStop started waiting. An agent
@@ -403,15 +495,25 @@ impl Share {
             .collect())
     }
 
-    /// Containers of a pod with a live (waiting) exit file.
+    /// Containers of a pod with a live (waiting) exit file. An exit file that is refused (a
+    /// link, a FIFO, a device) is no wait: the entrypoint only ever creates a regular file.
     pub fn waiting_in(&self, pod: &PodUid) -> Result<Vec<ExitKey>, ShareError> {
         let mut out = Vec::new();
         for key in self.containers_in(pod)? {
-            if self.read_exit(&key)? == ExitState::Waiting {
-                out.push(key);
+            match self.read_exit(&key) {
+                Ok(ExitState::Waiting) => out.push(key),
+                Ok(_) => {}
+                Err(e) if e.rejection().is_some() => {}
+                Err(e) => return Err(e),
             }
         }
         Ok(out)
+    }
+
+    /// Whether the pod's entry is a real directory (opened as the agent opens it, without
+    /// following a link).
+    pub fn check_pod_dir(&self, pod: &PodUid) -> Result<(), ShareError> {
+        self.open_pod(pod).map(drop)
     }
 
     /// When the pod directory last changed.
@@ -492,6 +594,58 @@ fn write_replace(
         rfs::fsync(dir).map_err(|e| ShareError::io("fsync", dir_path, e))?;
     }
     result
+}
+
+/// Opens the exit file in `dir` for reading, and nothing else: the name is first opened as a
+/// path only (`O_PATH` runs no driver's open, so a FIFO cannot block and a device cannot
+/// act), checked to be a regular file with no other hard link, and only then reopened for
+/// reading through `/proc/self/fd`, which reopens that very inode: a file swapped in between
+/// the check and the read is never opened. `None` when there is no exit file.
+fn open_exit_file(dir: &OwnedFd, path: &Path) -> Result<Option<OwnedFd>, ShareError> {
+    let handle = match rfs::openat(
+        dir,
+        EXIT_FILE,
+        OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    ) {
+        Ok(fd) => fd,
+        Err(rustix::io::Errno::NOENT) => return Ok(None),
+        Err(e) => return Err(ShareError::io("open", path, e)),
+    };
+    let checked = rfs::fstat(&handle).map_err(|e| ShareError::io("stat", path, e))?;
+    check_exit_file(&checked, path)?;
+    // O_NOCTTY: a terminal must never become the agent's; O_NONBLOCK: nothing may wait.
+    let read = OFlags::RDONLY | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC;
+    let proc_path = format!("/proc/self/fd/{}", handle.as_raw_fd());
+    match rfs::open(proc_path.as_str(), read, Mode::empty()) {
+        Ok(fd) => Ok(Some(fd)),
+        // Without /proc (a chroot), by name again; what was opened is checked once more.
+        Err(rustix::io::Errno::NOENT) => {
+            let fd = match rfs::openat(dir, EXIT_FILE, read | OFlags::NOFOLLOW, Mode::empty()) {
+                Ok(fd) => fd,
+                Err(rustix::io::Errno::NOENT) => return Ok(None),
+                Err(rustix::io::Errno::LOOP) => return Err(ShareError::Link { path: path.into() }),
+                Err(e) => return Err(ShareError::io("open", path, e)),
+            };
+            let opened = rfs::fstat(&fd).map_err(|e| ShareError::io("stat", path, e))?;
+            check_exit_file(&opened, path)?;
+            Ok(Some(fd))
+        }
+        Err(e) => Err(ShareError::io("reopen", path, e)),
+    }
+}
+
+/// An exit file the agent may read: a regular file that no other name shares. The entrypoint
+/// creates it with `O_EXCL` and the agent replaces it by a rename, so it never has a second
+/// hard link; one that does may be any file of the node's, and its content would be read
+/// and logged.
+fn check_exit_file(st: &rfs::Stat, path: &Path) -> Result<(), ShareError> {
+    match FileType::from_raw_mode(st.st_mode) {
+        FileType::RegularFile if st.st_nlink > 1 => Err(ShareError::Link { path: path.into() }),
+        FileType::RegularFile => Ok(()),
+        FileType::Symlink => Err(ShareError::Link { path: path.into() }),
+        _ => Err(ShareError::NotAFile { path: path.into() }),
+    }
 }
 
 /// Names of the real (not symlinked) subdirectories of `dir`.
@@ -698,6 +852,24 @@ mod tests {
     }
 
     #[test]
+    fn exit_content_is_trimmed_as_the_entrypoint_trims_it() {
+        assert_eq!(ExitState::parse(b" allow\r\n"), ExitState::Allowed);
+        assert_eq!(ExitState::parse(b"\twait\x0c"), ExitState::Waiting);
+        assert_eq!(ExitState::parse(b"\n\n"), ExitState::Waiting);
+        for (content, shown) in [
+            (&b"\x0ballow"[..], "\u{b}allow"),
+            (b"allow\xc2\x85", "allow\u{85}"),
+            (b"\xc2\xa0wait", "\u{a0}wait"),
+        ] {
+            assert_eq!(
+                ExitState::parse(content),
+                ExitState::Unexpected(shown.to_owned()),
+                "{content:?}"
+            );
+        }
+    }
+
+    #[test]
     fn links_are_never_followed() {
         let (t, s) = setup();
         let outside = t.path().join("outside");
@@ -745,6 +917,238 @@ mod tests {
         )
         .unwrap();
         assert!(matches!(s.read_exit(&k), Err(ShareError::NotAFile { .. })));
+    }
+
+    /// The kernel state of this process's thread named `name` (`S` while it sleeps).
+    fn thread_state(name: &str) -> Option<char> {
+        for task in std::fs::read_dir("/proc/self/task").ok()?.flatten() {
+            let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+            if comm.trim_end() == name {
+                let stat = std::fs::read_to_string(task.path().join("stat")).ok()?;
+                return stat.rsplit_once(") ")?.1.chars().next();
+            }
+        }
+        None
+    }
+
+    /// A thread opening `fifo` for writing, returned once it sleeps in that open: it stays
+    /// there until something opens the FIFO for reading, even for an instant.
+    fn blocked_fifo_writer(fifo: &Path, name: &str) -> std::thread::JoinHandle<()> {
+        let f = fifo.to_owned();
+        let writer = std::thread::Builder::new()
+            .name(name.to_owned())
+            .spawn(move || {
+                let _ = std::fs::OpenOptions::new().write(true).open(&f);
+            })
+            .unwrap();
+        let end = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while thread_state(name) != Some('S') {
+            assert!(std::time::Instant::now() < end, "the writer never blocked");
+            std::thread::yield_now();
+        }
+        writer
+    }
+
+    #[test]
+    fn a_fifo_exit_file_is_never_opened() {
+        let (_t, s) = setup();
+        let k = key(UID, "proxy");
+        let dir = s.container_path(&k);
+        std::fs::create_dir_all(&dir).unwrap();
+        let fifo = dir.join("exit");
+        rfs::mknodat(
+            rfs::CWD,
+            fifo.as_path(),
+            FileType::Fifo,
+            Mode::from_raw_mode(0o644),
+            0,
+        )
+        .unwrap();
+        let writer = blocked_fifo_writer(&fifo, "eo-fifo-probe");
+        for _ in 0..3 {
+            let e = s.read_exit(&k).unwrap_err();
+            assert_eq!(e.rejection(), Some(Rejection::NotAFile), "{e}");
+        }
+        // Opening it to read, even without blocking, would have woken the writer at once.
+        assert_eq!(thread_state("eo-fifo-probe"), Some('S'));
+        assert!(!writer.is_finished());
+        assert!(s.waiting_in(&k.pod).unwrap().is_empty());
+        // Released by a reader of our own.
+        let _reader = rfs::open(
+            fifo.as_path(),
+            OFlags::RDONLY | OFlags::NONBLOCK,
+            Mode::empty(),
+        )
+        .unwrap();
+        writer.join().unwrap();
+    }
+
+    #[test]
+    fn sockets_devices_and_hard_links_are_refused_unread() {
+        let (t, s) = setup();
+        let outside = t.path().join("outside-secret");
+        std::fs::write(&outside, "wait\n").unwrap();
+        let hard = key(UID, "hard");
+        std::fs::create_dir_all(s.container_path(&hard)).unwrap();
+        std::fs::hard_link(&outside, s.container_path(&hard).join("exit")).unwrap();
+        let e = s.read_exit(&hard).unwrap_err();
+        assert_eq!(e.rejection(), Some(Rejection::Link), "{e}");
+        // Not a live wait: the pod's directory can go, the other name of the file stays.
+        assert!(s.waiting_in(&hard.pod).unwrap().is_empty());
+
+        let sock = key(UID, "sock");
+        std::fs::create_dir_all(s.container_path(&sock)).unwrap();
+        let _listener =
+            std::os::unix::net::UnixListener::bind(s.container_path(&sock).join("exit")).unwrap();
+        let e = s.read_exit(&sock).unwrap_err();
+        assert_eq!(e.rejection(), Some(Rejection::NotAFile), "{e}");
+
+        let dir_exit = key(UID, "direxit");
+        std::fs::create_dir_all(s.container_path(&dir_exit).join("exit")).unwrap();
+        let e = s.read_exit(&dir_exit).unwrap_err();
+        assert_eq!(e.rejection(), Some(Rejection::NotAFile), "{e}");
+
+        // /dev/zero's numbers: reading it would never end. Creating a device needs root.
+        let dev = key(UID, "dev");
+        std::fs::create_dir_all(s.container_path(&dev)).unwrap();
+        match rfs::mknodat(
+            rfs::CWD,
+            s.container_path(&dev).join("exit").as_path(),
+            FileType::CharacterDevice,
+            Mode::from_raw_mode(0o666),
+            rfs::makedev(1, 5),
+        ) {
+            Ok(()) => {
+                let e = s.read_exit(&dev).unwrap_err();
+                assert_eq!(e.rejection(), Some(Rejection::NotAFile), "{e}");
+            }
+            Err(rustix::io::Errno::PERM) => {}
+            Err(e) => panic!("mknod: {e}"),
+        }
+
+        assert!(s.remove_pod(&hard.pod).unwrap());
+        assert_eq!(std::fs::read_to_string(&outside).unwrap(), "wait\n");
+    }
+
+    #[test]
+    fn refusals_say_what_they_are() {
+        let (t, s) = setup();
+        let outside = t.path().join("outside");
+        std::fs::create_dir_all(outside.join("proxy")).unwrap();
+        std::fs::write(outside.join("proxy/exit"), "wait").unwrap();
+        std::fs::set_permissions(&outside, std::fs::Permissions::from_mode(0o700)).unwrap();
+        // A pod entry that is a link, or a file.
+        let linked = PodUid::parse("11111111-2222-3333-4444-555555555555").unwrap();
+        symlink(&outside, s.pod_path(&linked)).unwrap();
+        let e = s.check_pod_dir(&linked).unwrap_err();
+        assert_eq!(e.rejection(), Some(Rejection::Link), "{e}");
+        let k = ExitKey {
+            pod: linked.clone(),
+            container: ContainerName::parse("proxy").unwrap(),
+        };
+        assert_eq!(
+            s.read_exit(&k).unwrap_err().rejection(),
+            Some(Rejection::Link)
+        );
+        assert_eq!(
+            s.prepare_container_dir(&k).unwrap_err().rejection(),
+            Some(Rejection::Link)
+        );
+        let file = PodUid::parse("22222222-2222-3333-4444-555555555555").unwrap();
+        std::fs::write(s.pod_path(&file), "x").unwrap();
+        let e = s.check_pod_dir(&file).unwrap_err();
+        assert_eq!(e.rejection(), Some(Rejection::NotADirectory), "{e}");
+        // A container entry that is a link to another pod's directory, or a FIFO.
+        let victim = key(UID, "proxy");
+        std::fs::create_dir_all(s.container_path(&victim)).unwrap();
+        std::fs::write(s.container_path(&victim).join("exit"), "wait").unwrap();
+        let thief = key("33333333-2222-3333-4444-555555555555", "proxy");
+        std::fs::create_dir_all(s.pod_path(&thief.pod)).unwrap();
+        symlink(s.container_path(&victim), s.container_path(&thief)).unwrap();
+        assert_eq!(
+            s.read_exit(&thief).unwrap_err().rejection(),
+            Some(Rejection::Link)
+        );
+        assert_eq!(
+            s.write_allow(&thief).unwrap_err().rejection(),
+            Some(Rejection::Link)
+        );
+        let fifo = key(UID, "fifo");
+        rfs::mknodat(
+            rfs::CWD,
+            s.container_path(&fifo).as_path(),
+            FileType::Fifo,
+            Mode::from_raw_mode(0o644),
+            0,
+        )
+        .unwrap();
+        assert_eq!(
+            s.prepare_container_dir(&fifo).unwrap_err().rejection(),
+            Some(Rejection::NotADirectory)
+        );
+        assert_eq!(
+            s.read_exit(&fifo).unwrap_err().rejection(),
+            Some(Rejection::NotADirectory)
+        );
+        // Nothing outside or in the other pod changed; an I/O error is no refusal.
+        assert_eq!(
+            std::fs::read_to_string(s.container_path(&victim).join("exit")).unwrap(),
+            "wait"
+        );
+        assert_eq!(
+            std::fs::read_to_string(outside.join("proxy/exit")).unwrap(),
+            "wait"
+        );
+        let mode = std::fs::metadata(&outside).unwrap().permissions().mode() & 0o7777;
+        assert_eq!(mode, 0o700);
+        assert_eq!(
+            ShareError::io("read", "/x", io::Error::other("eio")).rejection(),
+            None
+        );
+        assert!(
+            ShareError::BadName {
+                kind: "pod uid",
+                name: "x".into()
+            }
+            .rejection()
+                == Some(Rejection::BadName)
+        );
+    }
+
+    #[test]
+    fn remove_pod_never_follows_links_out() {
+        let (t, s) = setup();
+        let outside = t.path().join("outside");
+        std::fs::create_dir_all(outside.join("sub")).unwrap();
+        std::fs::write(outside.join("sub/file"), "keep").unwrap();
+        std::fs::write(outside.join("exit"), "wait").unwrap();
+        let k = key(UID, "proxy");
+        let dir = s.container_path(&k);
+        std::fs::create_dir_all(dir.join("nested")).unwrap();
+        symlink(&outside, dir.join("escape")).unwrap();
+        symlink(&outside, dir.join("nested/escape")).unwrap();
+        // A linked exit file that says `wait` is no live wait: the directory still goes.
+        symlink(outside.join("exit"), dir.join("exit")).unwrap();
+        let fifo = key(UID, "fifo");
+        std::fs::create_dir_all(s.container_path(&fifo)).unwrap();
+        rfs::mknodat(
+            rfs::CWD,
+            s.container_path(&fifo).join("exit").as_path(),
+            FileType::Fifo,
+            Mode::from_raw_mode(0o644),
+            0,
+        )
+        .unwrap();
+        assert!(s.remove_pod(&k.pod).unwrap());
+        assert!(!s.pod_path(&k.pod).exists());
+        assert_eq!(
+            std::fs::read_to_string(outside.join("sub/file")).unwrap(),
+            "keep"
+        );
+        assert_eq!(
+            std::fs::read_to_string(outside.join("exit")).unwrap(),
+            "wait"
+        );
     }
 
     #[test]
@@ -815,5 +1219,22 @@ mod tests {
         assert_eq!(std::fs::read(&dst).unwrap(), b"v2");
         assert_eq!(std::fs::read_dir(t.path().join("bin")).unwrap().count(), 1);
         assert!(s.install_entrypoint(&t.path().join("missing")).is_err());
+    }
+
+    #[test]
+    fn a_share_replaced_under_it_is_no_longer_current() {
+        let (t, s) = setup();
+        assert!(s.is_current());
+        // Moved away and made again: same names, other directories.
+        std::fs::rename(t.path().join("pods"), t.path().join("pods.old")).unwrap();
+        assert!(!s.is_current());
+        std::fs::create_dir(t.path().join("pods")).unwrap();
+        assert!(!s.is_current());
+        let again = Share::open(t.path()).unwrap();
+        assert!(again.is_current());
+        // A link where `pods/` was is not the directory opened either.
+        std::fs::remove_dir(t.path().join("pods")).unwrap();
+        std::os::unix::fs::symlink(t.path().join("pods.old"), t.path().join("pods")).unwrap();
+        assert!(!again.is_current());
     }
 }

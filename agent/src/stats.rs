@@ -7,6 +7,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use crate::decide::Reason;
+use crate::share::Rejection;
 
 /// Upper bounds (seconds) of the allow latency histogram: from the exit file appearing to
 /// `allow` written. Waits run from microseconds (nothing to wait for) to the grace period.
@@ -64,7 +65,7 @@ pub struct Stats {
     pod_events: Mutex<BTreeMap<&'static str, u64>>,
     /// Why the entrypoint given could not be installed: the agent then stays not ready.
     entrypoint_refused: Mutex<Option<String>>,
-    share_rejected: AtomicU64,
+    share_rejected: [AtomicU64; Rejection::ALL.len()],
     exit_churn: AtomicU64,
     view_containers: AtomicU64,
     view_pods: AtomicU64,
@@ -82,6 +83,10 @@ fn read_counts(counts: &Mutex<BTreeMap<&'static str, u64>>) -> BTreeMap<&'static
 
 fn idx(r: Reason) -> usize {
     Reason::ALL.iter().position(|x| *x == r).unwrap_or(0)
+}
+
+fn rejection_idx(r: Rejection) -> usize {
+    Rejection::ALL.iter().position(|x| *x == r).unwrap_or(0)
 }
 
 impl Stats {
@@ -175,12 +180,12 @@ impl Stats {
 
     /// A share entry refused: a link, a name that is no pod UID or container name, a file
     /// that is not a regular file, unexpected content.
-    pub fn share_rejected(&self) {
-        self.share_rejected.fetch_add(1, Ordering::Relaxed);
+    pub fn share_rejected(&self, why: Rejection) {
+        self.share_rejected[rejection_idx(why)].fetch_add(1, Ordering::Relaxed);
     }
 
-    pub fn share_rejections(&self) -> u64 {
-        self.share_rejected.load(Ordering::Relaxed)
+    pub fn share_rejections(&self, why: Rejection) -> u64 {
+        self.share_rejected[rejection_idx(why)].load(Ordering::Relaxed)
     }
 
     /// How many containers and pods the node view holds.

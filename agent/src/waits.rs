@@ -11,7 +11,9 @@ use std::time::{Duration, Instant};
 
 use tracing::{debug, warn};
 
-use crate::share::{ContainerName, ExitKey, ExitState, PodUid, Share, ShareEntry};
+use crate::share::{
+    ContainerName, ExitKey, ExitState, PodUid, Rejection, Share, ShareEntry, ShareError,
+};
 use crate::stats::Stats;
 use crate::watch::{FsEvent, ShareWatcher};
 
@@ -24,6 +26,21 @@ pub struct Waiter {
     /// What the wait was held for when last logged (`None`: never held), so a long wait
     /// logs its hold once, and a change of what holds it once more (at debug).
     pub held_for: Option<Vec<String>>,
+    /// Failed writes of `allow` in a row (a full disk, a read-only remount): the wait stays
+    /// and is answered again, not before `retry_at`.
+    pub write_failures: u32,
+    pub retry_at: Option<Instant>,
+}
+
+impl Waiter {
+    pub fn new(since: Instant) -> Self {
+        Waiter {
+            since,
+            held_for: None,
+            write_failures: 0,
+            retry_at: None,
+        }
+    }
 }
 
 /// The API server's own word on whether a pod the watch shows staying is staying.
@@ -105,7 +122,7 @@ impl ShareSync<'_> {
                         Ok(Some(ShareEntry::ExitFile(key))) => self.sync_exit(&key, dirty),
                         Ok(None) => {}
                         Err(e) => {
-                            self.stats.share_rejected();
+                            self.count(&e);
                             debug!(error = %e, "ignoring share entry");
                         }
                     }
@@ -137,12 +154,12 @@ impl ShareSync<'_> {
                 warn!(error = %e, "cannot list the share");
             }
         }
-        // Waits whose pod directory vanished.
+        // Waits whose pod directory vanished (or is no directory any more).
         let gone: Vec<PodUid> = self
             .waits
             .pending
             .keys()
-            .filter(|p| !self.share.pod_path(p).exists())
+            .filter(|p| self.share.check_pod_dir(p).is_err())
             .cloned()
             .collect();
         for pod in gone {
@@ -150,9 +167,28 @@ impl ShareSync<'_> {
         }
     }
 
+    /// Counts a refused entry by its kind, or an I/O error that says nothing about the entry.
+    fn count(&self, e: &ShareError) {
+        match e.rejection() {
+            Some(why) => self.stats.share_rejected(why),
+            None => self.stats.share_error(),
+        }
+    }
+
     fn sync_pod(&mut self, pod: &PodUid, dirty: &mut BTreeSet<PodUid>) {
         let path = self.share.pod_path(pod);
-        if !path.is_dir() {
+        // Opened without following a link first: inotify follows one and would watch its
+        // target. (Only the kubelet, as root, can swap the directory between the two.)
+        let usable = match self.share.check_pod_dir(pod) {
+            Ok(()) => true,
+            Err(e) if e.is_not_found() => false,
+            Err(e) => {
+                self.count(&e);
+                warn!(pod = %pod, error = %e, "skipping pod directory");
+                false
+            }
+        };
+        if !usable {
             self.watcher.forget(&path);
         } else {
             // Watch before listing: the kubelet creates container directories right after
@@ -203,8 +239,16 @@ impl ShareSync<'_> {
             }
             Err(e) if e.is_not_found() => self.watcher.forget(&self.share.container_path(key)),
             Err(e) => {
-                self.stats.share_rejected();
+                self.count(&e);
                 warn!(container = %key, error = %e, "skipping container directory");
+                if e.rejection().is_some() {
+                    // No wait lives in what is no directory of the pod's own; reading its
+                    // exit file would only refuse (and count) it a second time.
+                    self.watcher.forget(&self.share.container_path(key));
+                    self.waits.drop_waiter(key);
+                    self.stats.set_pending(self.waits.count());
+                    return;
+                }
             }
         }
         self.sync_exit(key, dirty);
@@ -214,7 +258,7 @@ impl ShareSync<'_> {
         let state = match self.share.read_exit(key) {
             Ok(s) => s,
             Err(e) => {
-                self.stats.share_rejected();
+                self.count(&e);
                 warn!(container = %key, error = %e, "skipping unreadable exit file");
                 ExitState::Absent
             }
@@ -251,13 +295,8 @@ impl ShareSync<'_> {
                         checked: false,
                     });
                 pod.first_seen = pod.first_seen.min(since);
-                pod.waiting.insert(
-                    key.container.clone(),
-                    Waiter {
-                        since,
-                        held_for: None,
-                    },
-                );
+                pod.waiting
+                    .insert(key.container.clone(), Waiter::new(since));
                 debug!(container = %key, "exit file waiting");
                 if churning {
                     // Decided at the end of the window, with whatever came meanwhile.
@@ -269,12 +308,177 @@ impl ShareSync<'_> {
                 }
             }
             ExitState::Unexpected(text) => {
-                self.stats.share_rejected();
-                warn!(container = %key, content = %text, "exit file has unexpected content; ignored");
+                self.stats.share_rejected(Rejection::UnexpectedContent);
+                // Debug-quoted: the content is the pod's, and a line break in it must not
+                // forge a log line of the agent's own.
+                warn!(container = %key, content = ?text, "exit file has unexpected content; ignored");
                 self.waits.drop_waiter(key);
             }
             ExitState::Allowed | ExitState::Absent => self.waits.drop_waiter(key),
         }
         self.stats.set_pending(self.waits.count());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::symlink;
+    use std::path::{Path, PathBuf};
+
+    const UID: &str = "0f5c7a1e-8d2b-4c3e-9f00-123456789abc";
+
+    struct Fixture {
+        dir: tempfile::TempDir,
+        share: Share,
+        watcher: ShareWatcher,
+        waits: Waits,
+        stats: Arc<Stats>,
+        _events: tokio::sync::mpsc::UnboundedReceiver<FsEvent>,
+    }
+
+    impl Fixture {
+        fn new() -> Fixture {
+            let dir = tempfile::tempdir().unwrap();
+            let share = Share::open(&dir.path().join("share")).unwrap();
+            let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+            Fixture {
+                share,
+                watcher: ShareWatcher::new(tx).unwrap(),
+                waits: Waits::default(),
+                stats: Arc::new(Stats::default()),
+                _events: rx,
+                dir,
+            }
+        }
+
+        fn pods(&self) -> PathBuf {
+            self.share.pods_path()
+        }
+
+        fn outside(&self) -> PathBuf {
+            self.dir.path().join("outside")
+        }
+
+        /// What the watcher would report for `path`.
+        fn changed(&mut self, path: &Path) -> BTreeSet<PodUid> {
+            let mut dirty = BTreeSet::new();
+            ShareSync {
+                share: &self.share,
+                watcher: &mut self.watcher,
+                waits: &mut self.waits,
+                stats: &self.stats,
+            }
+            .on_event(FsEvent::Changed(vec![path.to_owned()]), &mut dirty);
+            dirty
+        }
+
+        fn rejected(&self) -> Vec<(Rejection, u64)> {
+            Rejection::ALL
+                .iter()
+                .map(|r| (*r, self.stats.share_rejections(*r)))
+                .filter(|(_, n)| *n > 0)
+                .collect()
+        }
+    }
+
+    fn fifo(path: &Path) {
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            path,
+            rustix::fs::FileType::Fifo,
+            rustix::fs::Mode::from_raw_mode(0o644),
+            0,
+        )
+        .unwrap();
+    }
+
+    #[test]
+    fn each_refusal_is_counted_once_by_its_kind() {
+        let mut f = Fixture::new();
+        let pods = f.pods();
+        std::fs::create_dir_all(f.outside().join("proxy")).unwrap();
+        std::fs::write(f.outside().join("proxy/exit"), "wait").unwrap();
+        let real = pods.join(UID).join("proxy");
+        std::fs::create_dir_all(&real).unwrap();
+        std::fs::write(real.join("exit"), "wait\n").unwrap();
+        assert!(f
+            .changed(&real.join("exit"))
+            .contains(&PodUid::parse(UID).unwrap()));
+        assert_eq!(f.waits.count(), 1);
+
+        std::fs::create_dir_all(pods.join("NOT-A-UID")).unwrap();
+        f.changed(&pods.join("NOT-A-UID"));
+        std::fs::create_dir_all(pods.join(UID).join("Bad_Name")).unwrap();
+        f.changed(&pods.join(UID).join("Bad_Name"));
+        // A pod entry that links out is neither listed nor watched.
+        let watches = f.watcher.len();
+        let linked_pod = pods.join("11111111-2222-3333-4444-555555555555");
+        symlink(f.outside(), &linked_pod).unwrap();
+        f.changed(&linked_pod);
+        assert_eq!(f.watcher.len(), watches);
+        f.changed(&linked_pod.join("proxy").join("exit"));
+        // A container entry that links to another pod's directory: refused once, not twice.
+        let other = pods.join("22222222-2222-3333-4444-555555555555");
+        std::fs::create_dir_all(&other).unwrap();
+        symlink(&real, other.join("proxy")).unwrap();
+        f.changed(&other.join("proxy"));
+        std::fs::write(pods.join("33333333-2222-3333-4444-555555555555"), "x").unwrap();
+        f.changed(&pods.join("33333333-2222-3333-4444-555555555555"));
+        std::fs::create_dir_all(pods.join(UID).join("fifo")).unwrap();
+        fifo(&pods.join(UID).join("fifo/exit"));
+        f.changed(&pods.join(UID).join("fifo/exit"));
+        std::fs::create_dir_all(pods.join(UID).join("odd")).unwrap();
+        std::fs::write(pods.join(UID).join("odd/exit"), "x\nevent=allow").unwrap();
+        f.changed(&pods.join(UID).join("odd/exit"));
+
+        assert_eq!(
+            f.rejected(),
+            [
+                (Rejection::Link, 3),
+                (Rejection::NotAFile, 1),
+                (Rejection::NotADirectory, 1),
+                (Rejection::BadName, 2),
+                (Rejection::UnexpectedContent, 1),
+            ]
+        );
+        assert_eq!(f.stats.share_errors(), 0);
+        // Only the real wait is one; nothing outside was made writable.
+        assert_eq!(f.waits.count(), 1);
+        assert_eq!(f.stats.pending(), 1);
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(f.outside().join("proxy"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_ne!(mode & 0o777, 0o777);
+    }
+
+    #[test]
+    fn a_wait_whose_directory_turns_into_a_link_is_dropped() {
+        let mut f = Fixture::new();
+        let dir = f.pods().join(UID).join("proxy");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("exit"), "wait\n").unwrap();
+        f.changed(&dir.join("exit"));
+        assert_eq!(f.waits.count(), 1);
+        // Moved away, a link to a directory with a waiting exit file in its place.
+        std::fs::create_dir_all(f.outside()).unwrap();
+        std::fs::rename(&dir, f.outside().join("moved")).unwrap();
+        symlink(f.outside().join("moved"), &dir).unwrap();
+        f.changed(&dir);
+        assert_eq!(f.waits.count(), 0);
+        assert_eq!(f.stats.pending(), 0);
+        assert_eq!(f.rejected(), [(Rejection::Link, 1)]);
+        // A rescan finds no wait there either.
+        let mut dirty = BTreeSet::new();
+        ShareSync {
+            share: &f.share,
+            watcher: &mut f.watcher,
+            waits: &mut f.waits,
+            stats: &f.stats,
+        }
+        .rescan(&mut dirty);
+        assert_eq!(f.waits.count(), 0);
     }
 }

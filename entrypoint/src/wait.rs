@@ -41,7 +41,7 @@ pub const WAIT_CONTENT: &[u8] = b"wait\n";
 /// The agent's answer, compared after trimming whitespace.
 pub const ALLOW: &[u8] = exitorder_contract::handshake::ALLOW.as_bytes();
 /// More than any answer needs; bounds what a stray large file costs us.
-const MAX_ANSWER: usize = 64;
+pub const MAX_ANSWER: usize = 64;
 /// Creating `exit` exclusively loses only to a concurrent writer, such as a
 /// late answer to an earlier request; a few retries settle that before
 /// failing open.
@@ -296,11 +296,17 @@ impl ExitRequest {
     /// just means "not yet".
     fn check_answer(&self) -> Option<Outcome> {
         match read_answer(&self.exit_file) {
-            Ok(answer) if answer.trim_ascii() == ALLOW => Some(Outcome::Allowed),
+            Ok(answer) if is_allow(&answer) => Some(Outcome::Allowed),
             Err(OsError(libc::ENOENT)) => Some(Outcome::ExitFileGone),
             Ok(_) | Err(_) => None,
         }
     }
+}
+
+/// Whether `exit`'s first [`MAX_ANSWER`] bytes are the agent's `allow`. Kept apart from the
+/// reading so it can be checked against the agent's own reading of the same bytes.
+pub fn is_allow(answer: &[u8]) -> bool {
+    answer.trim_ascii() == ALLOW
 }
 
 /// How long to wait next: at most `most`, and no later than `deadline`; `None` once the

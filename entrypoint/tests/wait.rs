@@ -558,3 +558,29 @@ fn without_inotify_instances_the_wait_polls() {
     );
     assert!(!exit_file(dir.path()).exists(), "exit must be removed");
 }
+
+#[test]
+fn sigkill_while_waiting_leaves_the_request_and_the_next_wait_takes_it_over() {
+    // SIGKILL cannot be caught: the request stays behind. The kubelet moves on to
+    // StopContainer; the next wait in the same directory (a restarted container's preStop)
+    // asks afresh and is not ended by anything written for the killed one.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let hook = Hook::spawn(&["wait", "--dir", path(dir.path()), "--timeout", "60s"]);
+    wait_for_request(dir.path());
+    send_signal(hook.id(), "KILL");
+    let output = hook.exit_within(PROMPTLY);
+    assert_eq!(signal_of(output.status), Some(9));
+    assert_eq!(
+        fs::read_to_string(exit_file(dir.path())).expect("request left behind"),
+        "wait\n"
+    );
+    // The agent answers the orphaned request before the next wait starts: that `allow` was
+    // for the killed one and must not end the next.
+    answer(dir.path(), "allow\n");
+    let mut next = Hook::spawn(&["wait", "--dir", path(dir.path()), "--timeout", "60s"]);
+    wait_for_request(dir.path());
+    next.assert_blocked_for(BLOCKED_FOR);
+    answer(dir.path(), "allow\n");
+    let output = next.exit_within(PROMPTLY);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+}

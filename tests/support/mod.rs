@@ -143,6 +143,20 @@ impl Bed {
         })
     }
 
+    /// The agent on `node` with `agent_opts`, once it reports containerd's event stream.
+    pub async fn with_agent(node: Node, agent_opts: AgentOptions) -> Bed {
+        let agent = match AgentProcess::start(&agent_opts).await {
+            Ok(a) => a,
+            Err(e) => panic!("agent did not start: {e}"),
+        };
+        expect_containerd_events(&agent).await;
+        Bed {
+            agent,
+            agent_opts,
+            node,
+        }
+    }
+
     /// Kills the agent with SIGKILL and starts a fresh one with the same options.
     pub async fn restart_agent(&mut self) -> Result<(), String> {
         self.agent.kill();
@@ -151,6 +165,30 @@ impl Bed {
             .map_err(|e| e.to_string())?;
         expect_containerd_events(&self.agent).await;
         Ok(())
+    }
+
+    /// Asserts `later` exited after `earlier` and was let go by the order (`ordered`).
+    pub async fn assert_ordered(&self, d: &Deletion, uid: &str, later: &str, earlier: &str) {
+        assert_exited_after(self, d, later, earlier);
+        let allow = self.allowed(uid, later).await;
+        assert_eq!(
+            allow.field("reason").as_deref(),
+            Some("ordered"),
+            "{later}{}",
+            self.context(d)
+        );
+    }
+
+    /// Waits until the agent holds `container` of pod `uid` (its preStop waits, in order).
+    pub async fn held(&self, uid: &str, container: &str) {
+        self.agent
+            .wait_for(
+                &format!("the agent holding {container}"),
+                Duration::from_secs(15),
+                |l| l.is("held", &[("pod", uid), ("container", container)]),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
     }
 
     /// Waits for the agent's allow of `container` of pod `uid`.
@@ -284,4 +322,46 @@ pub fn assert_exited_after(bed: &Bed, d: &Deletion, later: &str, earlier: &str) 
         d.finished_ms(earlier).unwrap_or(f64::NAN),
         bed.context(d)
     );
+}
+
+/// The agent's metrics address, from its "metrics listening" line.
+pub async fn metrics_addr(agent: &AgentProcess) -> String {
+    agent
+        .wait_for("\"metrics listening\"", Duration::from_secs(10), |l| {
+            l.says("metrics listening", &[])
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .field("addr")
+        .expect("metrics address")
+}
+
+/// GET `path` on `addr` (HTTP/1.0, one connection): (status, body); (0, why) when it cannot
+/// be asked within 5 s.
+pub async fn http_get(addr: &str, path: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let ask = async {
+        let mut s = tokio::net::TcpStream::connect(addr).await?;
+        s.write_all(format!("GET {path} HTTP/1.0\r\nHost: agent\r\n\r\n").as_bytes())
+            .await?;
+        let mut text = String::new();
+        s.read_to_string(&mut text).await?;
+        Ok::<_, std::io::Error>(text)
+    };
+    match tokio::time::timeout(Duration::from_secs(5), ask).await {
+        Ok(Ok(text)) => {
+            let status = text
+                .split(' ')
+                .nth(1)
+                .and_then(|c| c.parse().ok())
+                .unwrap_or(0);
+            let body = text
+                .split_once("\r\n\r\n")
+                .map(|(_, b)| b.to_owned())
+                .unwrap_or_default();
+            (status, body)
+        }
+        Ok(Err(e)) => (0, e.to_string()),
+        Err(_) => (0, "timed out".to_owned()),
+    }
 }

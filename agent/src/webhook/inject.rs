@@ -200,26 +200,44 @@ fn http_url(
             ));
         }
     }
+    // Port 0 is no port, named or not: the entrypoint refuses a URL with it.
     let port = match &get.port {
-        IntOrString::Int(p) => u16::try_from(*p).ok().filter(|p| *p > 0),
+        IntOrString::Int(p) => u16::try_from(*p).ok(),
         IntOrString::String(name) => ports
             .iter()
             .find(|p| p.name.as_deref() == Some(name.as_str()))
             .and_then(|p| u16::try_from(p.container_port).ok()),
     }
+    .filter(|p| *p > 0)
     .ok_or_else(|| {
         format!(
             "is an httpGet to port {:?}, which the container does not name",
             get.port
         )
     })?;
+    // The entrypoint takes printable ASCII only, and no URL longer than this.
+    const MAX_URL: usize = 2048;
     let path = get.path.as_deref().unwrap_or("/");
-    let path = if path.starts_with('/') {
-        path.to_owned()
-    } else {
-        format!("/{path}")
-    };
-    Ok(format!("http://127.0.0.1:{port}{path}"))
+    let mut target = String::with_capacity(path.len() + 1);
+    if !path.starts_with('/') {
+        target.push('/');
+    }
+    // Percent-encoded as the kubelet sends such a path (a space, a control character,
+    // UTF-8), where the entrypoint would refuse it and fail the hook.
+    for b in path.bytes() {
+        if b.is_ascii_graphic() {
+            target.push(char::from(b));
+        } else {
+            target.push_str(&format!("%{b:02X}"));
+        }
+    }
+    let url = format!("http://127.0.0.1:{port}{target}");
+    if url.len() > MAX_URL {
+        return Err(format!(
+            "is an httpGet to a URL longer than the entrypoint sends ({MAX_URL} bytes)"
+        ));
+    }
+    Ok(url)
 }
 
 /// Readiness endpoints of the mesh proxies, for sidecars that declare no readinessProbe.
@@ -373,6 +391,30 @@ mod tests {
             port,
             ..HTTPGetAction::default()
         }
+    }
+
+    #[test]
+    fn a_named_port_numbered_zero_is_no_port() {
+        let ports = [ContainerPort {
+            name: Some("admin".into()),
+            container_port: 0,
+            ..ContainerPort::default()
+        }];
+        let e = http_url(&get(IntOrString::String("admin".into())), &ports).unwrap_err();
+        assert!(e.contains("does not name"), "{e}");
+    }
+
+    #[test]
+    fn an_http_get_path_is_sent_as_the_kubelet_sends_it() {
+        let mut g = get(IntOrString::Int(8080));
+        g.path = Some("drain now\n\u{e9}?a=b".into());
+        assert_eq!(
+            http_url(&g, &[]).unwrap(),
+            "http://127.0.0.1:8080/drain%20now%0A%C3%A9?a=b"
+        );
+        g.path = Some(format!("/{}", "x".repeat(2048)));
+        let e = http_url(&g, &[]).unwrap_err();
+        assert!(e.contains("longer"), "{e}");
     }
 
     #[test]

@@ -112,21 +112,30 @@ pub fn mutate(object: &Value, settings: &Settings) -> Admission {
 /// `move` operations that bring `first` (in this order) before the other containers, which
 /// keep theirs; none when they already are.
 fn moves_first(names: &[String], first: &[String]) -> Vec<json_patch::PatchOperation> {
-    let target: Vec<&String> = first
-        .iter()
-        .chain(names.iter().filter(|n| !first.contains(n)))
-        .collect();
-    let mut current: Vec<&String> = names.iter().collect();
+    // Containers are followed by their place, not their name: the API server validates a
+    // pod after the webhooks, so two containers may still share a name here, and by name
+    // one of them would be moved on every pass.
+    let mut target: Vec<usize> = Vec::new();
+    for name in first {
+        if let Some(i) = names.iter().position(|n| n == name) {
+            if !target.contains(&i) {
+                target.push(i);
+            }
+        }
+    }
+    let rest: Vec<usize> = (0..names.len()).filter(|i| !target.contains(i)).collect();
+    target.extend(rest);
+    let mut current: Vec<usize> = (0..names.len()).collect();
     let mut ops = Vec::new();
     for (k, want) in target.iter().enumerate() {
-        let Some(p) = current.iter().position(|n| n == want) else {
+        let Some(p) = current.iter().position(|i| i == want) else {
             continue;
         };
         if p == k {
             continue;
         }
-        let name = current.remove(p);
-        current.insert(k, name);
+        let i = current.remove(p);
+        current.insert(k, i);
         let op = serde_json::json!({
             "op": "move",
             "from": format!("/spec/containers/{p}"),
@@ -525,6 +534,22 @@ mod tests {
             moves_first(&["a".into(), "b".into()], &["a".into()]),
             vec![]
         );
+    }
+
+    #[test]
+    fn containers_sharing_a_name_are_not_moved() {
+        // Invalid (the API server refuses it after the webhooks), but seen here first.
+        let p = pod(
+            json!({"exitorder.io/inject": "true"}),
+            json!({"containers": [
+                {"image": "a"}, {"name": "app", "image": "b"}, {"image": "c"}]}),
+        );
+        assert_eq!(mutate(&p, &Settings::default()), Admission::unchanged());
+        let names = ["p", "a", "p"].map(String::from);
+        let ops = moves_first(&names, &["p".into()]);
+        assert!(ops.is_empty(), "{ops:?}");
+        let names = ["a", "p", "b", "p"].map(String::from);
+        assert_eq!(moves_first(&names, &["p".into(), "p".into()]).len(), 1);
     }
 
     #[test]

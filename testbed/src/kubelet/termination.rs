@@ -275,15 +275,21 @@ async fn kill_one(
         },
     );
     let mut client = ctx.node.client();
-    let stop = client
-        .stop_container(request(
-            StopContainerRequest {
-                container_id: id.to_owned(),
-                timeout: grace,
-            },
-            Duration::from_secs(u64::try_from(grace).unwrap_or(0) + 30),
-        ))
-        .await;
+    let stop = while_runtime_away(|| {
+        let mut client = client.clone();
+        async move {
+            client
+                .stop_container(request(
+                    StopContainerRequest {
+                        container_id: id.to_owned(),
+                        timeout: grace,
+                    },
+                    Duration::from_secs(u64::try_from(grace).unwrap_or(0) + 30),
+                ))
+                .await
+        }
+    })
+    .await;
     let stop_returned_ns = super::now_ns();
     if let Some(o) = ordering {
         o.terminated(name);
@@ -303,6 +309,33 @@ async fn kill_one(
         finished_at_ns: exit.finished_at_ns,
         exit_code: exit.exit_code,
         reason: exit.reason,
+    }
+}
+
+/// Whether a CRI call failed because the runtime was not there (restarting): nothing was
+/// done, and the kubelet's pod worker tries the kill again until the runtime answers.
+fn runtime_away(status: &tonic::Status) -> bool {
+    status.code() == tonic::Code::Unavailable
+        || status.message().contains("transport error")
+        || status.message().contains("not initialized")
+}
+
+/// Runs `call` again while the runtime is away, for up to [`SETUP_TIMEOUT`], as the kubelet
+/// retries a pod's kill after a runtime restart.
+async fn while_runtime_away<T, F, Fut>(mut call: F) -> Result<T, tonic::Status>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+{
+    let deadline = tokio::time::Instant::now() + SETUP_TIMEOUT;
+    loop {
+        match call().await {
+            Ok(r) => return Ok(r.into_inner()),
+            Err(s) if runtime_away(&s) && tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(s) => return Err(s),
+        }
     }
 }
 
@@ -385,26 +418,38 @@ pub(super) async fn delete(ctx: &PodCtx, opts: &DeleteOptions) -> Result<Deletio
 /// StopPodSandbox + RemovePodSandbox, then the shim must be gone and the pod's cgroups are
 /// removed.
 async fn remove_sandbox(ctx: &PodCtx) -> Result<(), TestbedError> {
-    let mut client = ctx.node.client();
+    let client = ctx.node.client();
     let shim = shim_pid(&ctx.node.state_dir, &ctx.sandbox_id);
-    let stop = client
-        .stop_pod_sandbox(request(
-            StopPodSandboxRequest {
-                pod_sandbox_id: ctx.sandbox_id.clone(),
-            },
-            SETUP_TIMEOUT,
-        ))
-        .await
-        .map_err(TestbedError::cri("StopPodSandbox"));
-    let remove = client
-        .remove_pod_sandbox(request(
-            RemovePodSandboxRequest {
-                pod_sandbox_id: ctx.sandbox_id.clone(),
-            },
-            SETUP_TIMEOUT,
-        ))
-        .await
-        .map_err(TestbedError::cri("RemovePodSandbox"));
+    let stop = while_runtime_away(|| {
+        let mut client = client.clone();
+        async move {
+            client
+                .stop_pod_sandbox(request(
+                    StopPodSandboxRequest {
+                        pod_sandbox_id: ctx.sandbox_id.clone(),
+                    },
+                    SETUP_TIMEOUT,
+                ))
+                .await
+        }
+    })
+    .await
+    .map_err(TestbedError::cri("StopPodSandbox"));
+    let remove = while_runtime_away(|| {
+        let mut client = client.clone();
+        async move {
+            client
+                .remove_pod_sandbox(request(
+                    RemovePodSandboxRequest {
+                        pod_sandbox_id: ctx.sandbox_id.clone(),
+                    },
+                    SETUP_TIMEOUT,
+                ))
+                .await
+        }
+    })
+    .await
+    .map_err(TestbedError::cri("RemovePodSandbox"));
     let shim_gone = match shim {
         Some(pid) => wait_shim_gone(pid, SHIM_EXIT_TIMEOUT).await,
         None => true,

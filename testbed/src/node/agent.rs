@@ -258,6 +258,38 @@ impl AgentProcess {
         }
     }
 
+    /// SIGTERM, as the kubelet stops the agent's pod, then waits up to `timeout` for the
+    /// process to end; `None` if it is still running then (it is left running).
+    pub async fn terminate(
+        &mut self,
+        timeout: Duration,
+    ) -> Result<Option<std::process::ExitStatus>, TestbedError> {
+        let Some(child) = self.child.as_mut() else {
+            return Ok(None);
+        };
+        if let Some(pid) = i32::try_from(child.id())
+            .ok()
+            .and_then(rustix::process::Pid::from_raw)
+        {
+            rustix::process::kill_process(pid, rustix::process::Signal::TERM)
+                .map_err(|e| TestbedError::io("signal", "the agent", e.into()))?;
+        }
+        let deadline = Instant::now() + timeout;
+        loop {
+            match child.try_wait() {
+                Ok(Some(status)) => {
+                    self.child = None;
+                    return Ok(Some(status));
+                }
+                Ok(None) if Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                Ok(None) => return Ok(None),
+                Err(e) => return Err(TestbedError::io("wait for", "the agent", e)),
+            }
+        }
+    }
+
     /// SIGKILL, as a node losing the agent would see it; waits for the process to go.
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {

@@ -353,6 +353,14 @@ impl Containerd {
         })
     }
 
+    /// SIGKILL, nothing else: the shims it started are left running.
+    pub(crate) fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
     /// Stops containerd: TERM, a moment to exit, then KILL. Only ever the process started here.
     pub(crate) fn stop(&mut self) {
         let Some(mut child) = self.child.take() else {

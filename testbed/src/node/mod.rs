@@ -379,6 +379,34 @@ impl Node {
             .collect()
     }
 
+    /// Kills containerd with SIGKILL, as a crashing runtime: the shims and the containers
+    /// they hold go on running, and every CRI call fails until
+    /// [`restart_containerd`](Self::restart_containerd).
+    pub fn kill_containerd(&self) {
+        let mut guard = match self.containerd.lock() {
+            Ok(g) => g,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        if let Some(cd) = guard.as_mut() {
+            cd.kill();
+        }
+    }
+
+    /// Starts containerd again on the same root and state, as systemd restarts it: it finds
+    /// its shims and the containers' exits that happened while it was gone.
+    pub async fn restart_containerd(&self, timeout: Duration) -> Result<(), TestbedError> {
+        let bins = containerd::Binaries::find()?;
+        let mut cd = containerd::Containerd::spawn(&bins, &self.shared.dir, &self.snapshotter)?;
+        let ready = cd.wait_ready(timeout).await;
+        let mut guard = match self.containerd.lock() {
+            Ok(g) => g,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        // The killed one, if any, is reaped; the new one is stopped by teardown as before.
+        *guard = Some(cd);
+        ready.map(|_| ())
+    }
+
     /// Tears the node down: every pod sandbox stopped and removed, their shims gone,
     /// containerd stopped, cgroups and the directory removed. Reports what could not be
     /// cleaned up.
