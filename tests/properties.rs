@@ -5,7 +5,9 @@
 //!   kubelet stops that one only after the waiting container;
 //! - always an allow at or after the deadline;
 //! - the verdict does not depend on the order the runtime lists containers in;
-//! - a container never waits for one the kubelet stops after it.
+//! - a container never waits for one the kubelet stops after it;
+//! - the node view ends in the same state whatever order the runtime's events and reads
+//!   arrive in (an exit is never lost to a stale read).
 
 use std::time::{Duration, Instant};
 
@@ -13,6 +15,7 @@ use exitorder::decide::{
     decide, newest_attempts, Attempt, Deletion, PodFacts, Reason, RunState, Verdict,
 };
 use exitorder::stoporder::StopOrder;
+use exitorder::view::{Change, ContainerInfo, NodeView};
 use proptest::prelude::*;
 
 const NAMES: [&str; 6] = ["app", "worker", "proxy", "logs", "mesh", "agent"];
@@ -207,6 +210,67 @@ proptest! {
                     "{} / {}: {:?}", &a.name, &b.name, &p
                 );
             }
+        }
+    }
+
+    #[test]
+    fn the_view_does_not_depend_on_the_order_events_arrive(
+        lives in proptest::collection::vec((any::<bool>(), 0u8..3), 1..=NAMES.len()),
+        keys in proptest::collection::vec(any::<u32>(), 3 * NAMES.len()),
+    ) {
+        // Each container starts, maybe exits, and is described once, by a read that saw it
+        // at some point of its life (created, running, exited) but may be answered after
+        // later events. Events of one container keep their order (its start before its
+        // exit); everything else interleaves at random.
+        const UID: &str = "0b7c6f9e-2d4b-4c53-9a0e-1f2e3d4c5b6a";
+        let mut items: Vec<(u32, usize, u8)> = Vec::new();
+        for (i, (exits, _)) in lives.iter().enumerate() {
+            let steps = if *exits { 3 } else { 2 };
+            for step in 0..steps {
+                items.push((keys[3 * i + usize::from(step)], i, step));
+            }
+        }
+        items.sort_by_key(|(key, i, step)| (*key, *i, *step));
+        // Per container, its lifecycle events (start, exit) go to its slots in order; the
+        // read (step 0 in the list above) takes its own slot.
+        let mut next_event = vec![0u8; lives.len()];
+        let mut view = NodeView::new();
+        let now = Instant::now();
+        for (_, i, step) in &items {
+            let (exits, read_at) = lives[*i];
+            let id = format!("c{i}");
+            let change = if *step == 0 {
+                let seen = read_at.min(if exits { 2 } else { 1 });
+                let state = [RunState::Created, RunState::Running, RunState::Exited][usize::from(seen)];
+                Change::Described {
+                    info: ContainerInfo {
+                        id,
+                        pod_uid: UID.to_owned(),
+                        name: NAMES[*i].to_owned(),
+                        attempt: 0,
+                        created_at: 1,
+                        state,
+                        grace: None,
+                    },
+                    env: Ok(None),
+                }
+            } else {
+                let e = next_event[*i];
+                next_event[*i] += 1;
+                if e == 0 { Change::Started { id } } else { Change::Exited { id } }
+            };
+            view.apply(change, now);
+        }
+        let pod = view.pod(UID);
+        prop_assert!(pod.is_some(), "the pod is in the view");
+        let Some(pod) = pod else { return Ok(()) };
+        for (i, (exits, _)) in lives.iter().enumerate() {
+            let c = pod.containers.get(&format!("c{i}"));
+            prop_assert!(c.is_some(), "container {} in the view", i);
+            let Some(c) = c else { return Ok(()) };
+            let want = if *exits { RunState::Exited } else { RunState::Running };
+            prop_assert_eq!(c.info.state, want, "container {}: {:?}", i, items);
+            prop_assert_eq!(c.exit_seen.is_some(), *exits, "container {}: {:?}", i, items);
         }
     }
 }
