@@ -383,6 +383,79 @@ async fn share_removed_and_created_again_under_the_agent() {
     bed.finish().await;
 }
 
+/// A bind mount of `source` on `target`, as a hostPath volume is; unmounted when dropped.
+struct BindMount(PathBuf);
+
+impl BindMount {
+    fn new(source: &Path, target: &Path) -> BindMount {
+        let status = std::process::Command::new("mount")
+            .arg("--bind")
+            .arg(source)
+            .arg(target)
+            .status()
+            .expect("run mount");
+        assert!(
+            status.success(),
+            "bind {} on {}",
+            source.display(),
+            target.display()
+        );
+        BindMount(target.to_owned())
+    }
+}
+
+impl Drop for BindMount {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.0)
+            .status();
+    }
+}
+
+#[tokio::test]
+async fn a_share_root_removed_under_its_mount_stops_the_agent_for_a_fresh_mount() {
+    let Some(node) = node_or_skip().await else {
+        return;
+    };
+    // In a pod the agent sees the share through a hostPath (bind) mount: removing the host
+    // directory leaves the agent a deleted directory, in which nothing can be made again.
+    let host = node.dir().join("host-share");
+    let seen = node.dir().join("mounted-share");
+    std::fs::create_dir(&host).expect("host directory");
+    std::fs::create_dir(&seen).expect("mount point");
+    let mount = BindMount::new(&host, &seen);
+    let mut opts = AgentOptions::new(AGENT_BIN, &node, static_entrypoint());
+    opts.share_dir = seen.clone();
+    let mut agent = AgentProcess::start(&opts)
+        .await
+        .unwrap_or_else(|e| panic!("agent did not start: {e}"));
+    std::fs::remove_dir_all(&host).expect("remove the host directory");
+    let status = agent
+        .wait_exit(secs(30))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .unwrap_or_else(|| panic!("the agent runs on\n{}", agent.log_tail(20)));
+    assert!(!status.success(), "agent exit: {status}");
+    assert!(
+        agent.lines().iter().any(|l| l.is("share_lost", &[])),
+        "{}",
+        agent.log_tail(20)
+    );
+    assert!(
+        agent
+            .lines()
+            .iter()
+            .any(|l| l.text.contains("exiting so that it is mounted again")),
+        "{}",
+        agent.log_tail(20)
+    );
+    drop(mount);
+    if let Err(e) = node.shutdown().await {
+        panic!("node teardown: {e}");
+    }
+}
+
 /// A small tmpfs as the share, unmounted when dropped.
 struct SmallDisk(PathBuf);
 

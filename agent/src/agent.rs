@@ -36,6 +36,11 @@ pub enum AgentError {
     Watch(#[from] WatchError),
     #[error(transparent)]
     Runtime(#[from] RuntimeError),
+    /// The share's root was removed under the agent and cannot be made again from here: in
+    /// a pod it is a hostPath mount of the removed directory. Exiting lets the kubelet start
+    /// the agent again with the directory mounted anew (DirectoryOrCreate makes it).
+    #[error("the share {path} was removed under the agent; exiting so that it is mounted again")]
+    ShareRootRemoved { path: std::path::PathBuf },
     #[error("install entrypoint from {path}: {source}")]
     Install {
         path: std::path::PathBuf,
@@ -82,6 +87,8 @@ pub struct Agent {
     /// happened while the runtime or its stream was gone was caught up on.
     relist_pending: bool,
     connected_once: bool,
+    /// What ends the run with an error (the share's root removed).
+    fatal: Option<AgentError>,
 }
 
 impl Agent {
@@ -125,6 +132,7 @@ impl Agent {
             jobs_task: None,
             relist_pending: false,
             connected_once: false,
+            fatal: None,
         };
         let mut dirty = BTreeSet::new();
         agent.sync().rescan(&mut dirty);
@@ -290,6 +298,9 @@ impl Agent {
             if !dirty.is_empty() {
                 self.evaluate(dirty);
             }
+            if self.fatal.is_some() {
+                break;
+            }
         }
         source_task.abort();
         if let Some(t) = reader_task {
@@ -300,7 +311,10 @@ impl Agent {
         }
         self.stats.set_watching(false);
         info!(pending = self.pending_count(), "agent stopped");
-        Ok(())
+        match self.fatal.take() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
     }
 
     /// Opens the share again when its directories were replaced under the agent (removed
@@ -316,6 +330,13 @@ impl Agent {
             Err(e) => {
                 self.stats.share_error();
                 self.stats.set_watching(false);
+                if crate::share::is_removed(&self.cfg.share_dir) {
+                    error!(event = "share_lost", error = %e, "the share's root was removed under the agent");
+                    self.fatal = Some(AgentError::ShareRootRemoved {
+                        path: self.cfg.share_dir.clone(),
+                    });
+                    return;
+                }
                 warn!(event = "share_lost", error = %e, "the share was replaced and cannot be opened again; trying on the next change or reconcile");
                 return;
             }
@@ -375,7 +396,7 @@ impl Agent {
                 // What happened while the stream was not there.
                 self.reader.ask(Read::List);
                 // The first connection is no reconnect: the start's own listing is not news.
-                self.relist_pending = self.connected_once;
+                self.relist_pending |= self.connected_once;
                 self.connected_once = true;
             }
             SourceSignal::Down(kind) => {

@@ -356,6 +356,11 @@ impl Agent {
                 }
             }
             Err(e) if e.is_not_found() => debug!(container = %key, "container directory gone"),
+            // Nobody behind this wait (the container or its pod is gone): nothing to retry.
+            Err(e) if reason == Reason::Unknown => {
+                self.stats.share_error();
+                warn!(container = %key, error = %e, "cannot write allow for a container that is gone");
+            }
             Err(e) => {
                 // A full disk or a read-only remount passes; the preStop still waits for its
                 // answer (until its own timeout), so the wait stays and is answered again.
@@ -371,15 +376,19 @@ impl Agent {
                         Backoff::after(WRITE_RETRY_START, WRITE_RETRY_MAX, w.write_failures);
                     let at = Instant::now() + delay;
                     w.retry_at = Some(at);
-                    warn!(
-                        event = "allow_failed",
-                        pod = %key.pod,
-                        container = %key.container,
-                        error = %e,
-                        failures = w.write_failures,
-                        retry_in_ms = delay.as_millis() as u64,
-                        "cannot write allow; trying again"
-                    );
+                    // Said at the 1st, 2nd, 4th, 8th... failure: a disk that stays full must
+                    // not fill the log every two seconds per wait.
+                    if w.write_failures.is_power_of_two() {
+                        warn!(
+                            event = "allow_failed",
+                            pod = %key.pod,
+                            container = %key.container,
+                            error = %e,
+                            failures = w.write_failures,
+                            retry_in_ms = delay.as_millis() as u64,
+                            "cannot write allow; trying again"
+                        );
+                    }
                     if let Some(p) = self.waits.pending.get_mut(&key.pod) {
                         p.wake = Some(p.wake.map_or(at, |w| w.min(at)));
                     }

@@ -241,6 +241,12 @@ impl ExitState {
     }
 }
 
+/// Whether `root` is a directory that was removed while something (a bind mount, as a
+/// hostPath volume is) still holds it: nothing can be created in it any more.
+pub fn is_removed(root: &Path) -> bool {
+    rfs::stat(root).is_ok_and(|st| st.st_nlink == 0)
+}
+
 /// The opened share directory.
 #[derive(Debug)]
 pub struct Share {

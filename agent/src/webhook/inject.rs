@@ -218,19 +218,7 @@ fn http_url(
     // The entrypoint takes printable ASCII only, and no URL longer than this.
     const MAX_URL: usize = 2048;
     let path = get.path.as_deref().unwrap_or("/");
-    let mut target = String::with_capacity(path.len() + 1);
-    if !path.starts_with('/') {
-        target.push('/');
-    }
-    // Percent-encoded as the kubelet sends such a path (a space, a control character,
-    // UTF-8), where the entrypoint would refuse it and fail the hook.
-    for b in path.bytes() {
-        if b.is_ascii_graphic() {
-            target.push(char::from(b));
-        } else {
-            target.push_str(&format!("%{b:02X}"));
-        }
-    }
+    let target = request_target(path);
     let url = format!("http://127.0.0.1:{port}{target}");
     if url.len() > MAX_URL {
         return Err(format!(
@@ -238,6 +226,84 @@ fn http_url(
         ));
     }
     Ok(url)
+}
+
+/// The request target the kubelet sends for an httpGet handler's `path`: it parses the path
+/// as a URL (Go's `url.Parse`), dropping a `#fragment` and keeping the query as written, and
+/// sends the path part as written when it holds only what a URL path may, escaped otherwise;
+/// a path that does not parse (a control character, a bad `%` escape) is sent escaped whole,
+/// `?` included. The query's spaces and non-ASCII bytes, which the kubelet would send raw
+/// (and no server would take), are escaped too: the entrypoint sends printable ASCII only.
+fn request_target(path: &str) -> String {
+    // RFC 3986 unreserved, and the sub-delimiters Go leaves alone in a path.
+    let plain = |b: u8| b.is_ascii_alphanumeric() || b"-_.~$&+,/:;=@".contains(&b);
+    let escape = |bytes: &[u8], keep: &dyn Fn(u8) -> bool| {
+        let mut out = String::with_capacity(bytes.len());
+        for &b in bytes {
+            if keep(b) {
+                out.push(char::from(b));
+            } else {
+                out.push_str(&format!("%{b:02X}"));
+            }
+        }
+        out
+    };
+    let path = if path.starts_with('/') {
+        path.to_owned()
+    } else {
+        format!("/{path}")
+    };
+    let bad_escape = |s: &str| {
+        let b = s.as_bytes();
+        b.iter().enumerate().any(|(i, c)| {
+            *c == b'%'
+                && !(b.get(i + 1).is_some_and(u8::is_ascii_hexdigit)
+                    && b.get(i + 2).is_some_and(u8::is_ascii_hexdigit))
+        })
+    };
+    let (before_fragment, fragment) = path.split_once('#').unwrap_or((&path, ""));
+    let (raw_path, query) = match before_fragment.split_once('?') {
+        Some((p, q)) => (p, Some(q)),
+        None => (before_fragment, None),
+    };
+    if path.bytes().any(|b| b < 0x20 || b == 0x7f) || bad_escape(raw_path) || bad_escape(fragment) {
+        return escape(path.as_bytes(), &plain);
+    }
+    let as_written = |b: u8| plain(b) || b"!'()*[]%".contains(&b);
+    let mut target = if raw_path.bytes().all(as_written) {
+        raw_path.to_owned()
+    } else {
+        escape(&unescape(raw_path), &plain)
+    };
+    if let Some(q) = query {
+        target.push('?');
+        target.push_str(&escape(q.as_bytes(), &|b: u8| b.is_ascii_graphic()));
+    }
+    target
+}
+
+/// `%XX` decoded; the caller has checked every `%` starts one.
+fn unescape(s: &str) -> Vec<u8> {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let hex = b
+            .get(i + 1..i + 3)
+            .and_then(|h| std::str::from_utf8(h).ok())
+            .and_then(|h| u8::from_str_radix(h, 16).ok());
+        match (b[i], hex) {
+            (b'%', Some(v)) => {
+                out.push(v);
+                i += 3;
+            }
+            (c, _) => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    out
 }
 
 /// Readiness endpoints of the mesh proxies, for sidecars that declare no readinessProbe.
@@ -407,11 +473,32 @@ mod tests {
     #[test]
     fn an_http_get_path_is_sent_as_the_kubelet_sends_it() {
         let mut g = get(IntOrString::Int(8080));
+        // A control character: Go's url.Parse refuses it, the kubelet sends it escaped whole.
         g.path = Some("drain now\n\u{e9}?a=b".into());
         assert_eq!(
             http_url(&g, &[]).unwrap(),
-            "http://127.0.0.1:8080/drain%20now%0A%C3%A9?a=b"
+            "http://127.0.0.1:8080/drain%20now%0A%C3%A9%3Fa=b"
         );
+        for (path, sent) in [
+            ("/ready", "/ready"),
+            ("healthz", "/healthz"),
+            ("/a!b(c)*'[x]", "/a!b(c)*'[x]"),
+            ("/a%2Fb", "/a%2Fb"),
+            ("/drain now", "/drain%20now"),
+            ("/q?x=1&y=a b", "/q?x=1&y=a%20b"),
+            ("/frag#part", "/frag"),
+            ("/{a}|<b>\\^`\"", "/%7Ba%7D%7C%3Cb%3E%5C%5E%60%22"),
+            ("/caf\u{e9}", "/caf%C3%A9"),
+            ("/100%", "/100%25"),
+            ("/a%zz?b", "/a%25zz%3Fb"),
+        ] {
+            g.path = Some(path.into());
+            assert_eq!(
+                http_url(&g, &[]).unwrap(),
+                format!("http://127.0.0.1:8080{sent}"),
+                "{path:?}"
+            );
+        }
         g.path = Some(format!("/{}", "x".repeat(2048)));
         let e = http_url(&g, &[]).unwrap_err();
         assert!(e.contains("longer"), "{e}");

@@ -274,8 +274,19 @@ impl AgentProcess {
             rustix::process::kill_process(pid, rustix::process::Signal::TERM)
                 .map_err(|e| TestbedError::io("signal", "the agent", e.into()))?;
         }
+        self.wait_exit(timeout).await
+    }
+
+    /// Waits up to `timeout` for the process to end by itself; `None` if it still runs.
+    pub async fn wait_exit(
+        &mut self,
+        timeout: Duration,
+    ) -> Result<Option<std::process::ExitStatus>, TestbedError> {
         let deadline = Instant::now() + timeout;
         loop {
+            let Some(child) = self.child.as_mut() else {
+                return Ok(None);
+            };
             match child.try_wait() {
                 Ok(Some(status)) => {
                     self.child = None;
