@@ -2,6 +2,7 @@
 
 mod fakecri;
 mod rig;
+mod support;
 
 use std::time::{Duration, Instant};
 
@@ -11,6 +12,7 @@ use exitorder::decide::Reason;
 use exitorder::priority::ANNOTATION;
 use exitorder::stats::Stats;
 use rig::*;
+use support::parse_metrics;
 
 /// Starts the agent, has `waiting` ask to exit, and checks that it is held while `blocker`
 /// runs and allowed once it exits.
@@ -263,20 +265,6 @@ async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
         .unwrap_or(0);
     let body = buf.split_once("\r\n\r\n").map_or("", |(_, b)| b).to_owned();
     (code, body)
-}
-
-/// Parses Prometheus text into (series with labels, value), checking every line's shape.
-fn parse_metrics(text: &str) -> Vec<(String, f64)> {
-    text.lines()
-        .filter(|l| !l.starts_with('#') && !l.is_empty())
-        .map(|l| {
-            let (series, value) = l.rsplit_once(' ').expect("series and value");
-            (
-                series.to_owned(),
-                value.parse::<f64>().expect("numeric value"),
-            )
-        })
-        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

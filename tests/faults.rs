@@ -5,16 +5,17 @@
 //!
 //! Needs root and `containerd runc busybox-static`; mandatory in CI, as tests/e2e.rs.
 
+mod fakeapi;
 mod support;
 
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use exitorder::cri::ContainerStatusRequest;
 use exitorder_testbed::{AgentOptions, AgentProcess, Node, NodeOptions};
 use support::{
     assert_exited_after, edit_script, example, http_get, metrics_addr, node_or_skip,
-    node_with_or_skip, set_grace, static_entrypoint, Bed, AGENT_BIN,
+    node_with_or_skip, parse_metrics, set_grace, static_entrypoint, until, Bed, AGENT_BIN,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -24,27 +25,11 @@ fn secs(s: u64) -> Duration {
 
 /// The sum of every sample of `name` (any labels) in a metrics text.
 fn metric(text: &str, name: &str) -> f64 {
-    text.lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with([' ', '{']))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+    parse_metrics(text)
+        .iter()
+        .filter(|(series, _)| series == name || series.starts_with(&format!("{name}{{")))
+        .map(|(_, v)| v)
         .sum()
-}
-
-/// Polls `check` until it holds, failing with `what` after `timeout`.
-async fn until<F, Fut>(what: &str, timeout: Duration, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = Instant::now() + timeout;
-    loop {
-        if check().await {
-            return;
-        }
-        assert!(Instant::now() < deadline, "{what}: not within {timeout:?}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 /// A container's init process, as the runtime reports it.
@@ -112,18 +97,18 @@ async fn containerd_restarted_mid_wait_misses_no_exit() {
     // (`sleep 3`, a child of its shell), and it exits while containerd is away.
     let proc_dir = PathBuf::from(format!("/proc/{app_pid}"));
     until("the app draining after its TERM", secs(15), || {
-        let draining = children(app_pid)
-            .iter()
-            .any(|c| read(Path::new(&format!("/proc/{c}/cmdline"))) == "sleep\u{0}3\u{0}");
-        async move { draining }
+        std::future::ready(
+            children(app_pid)
+                .iter()
+                .any(|c| read(Path::new(&format!("/proc/{c}/cmdline"))) == "sleep\u{0}3\u{0}"),
+        )
     })
     .await;
     let before = bed.agent.lines().len();
     bed.node.kill_containerd();
     let exit = exit_file(&bed, &uid, "proxy");
     until("the app's exit while containerd is down", secs(30), || {
-        let gone = !proc_dir.exists();
-        async move { gone }
+        std::future::ready(!proc_dir.exists())
     })
     .await;
     assert_eq!(
@@ -147,11 +132,10 @@ async fn containerd_restarted_mid_wait_misses_no_exit() {
         ),
     ] {
         until(what, secs(20), || {
-            let seen = bed.agent.lines()[before..].iter().any(|l| {
+            std::future::ready(bed.agent.lines()[before..].iter().any(|l| {
                 (event.is_empty() || l.is(event, &[]))
                     && (message.is_empty() || l.says(message, &[]))
-            });
-            async move { seen }
+            }))
         })
         .await;
     }
@@ -325,8 +309,7 @@ async fn lost_file_events_are_recovered_by_a_rescan() {
     let deletion = tokio::spawn(running.delete());
     let exit = exit_file(&bed, &uid, "proxy");
     until("the proxy's exit file", secs(15), || {
-        let there = read(&exit).trim() == "wait";
-        async move { there }
+        std::future::ready(read(&exit).trim() == "wait")
     })
     .await;
     let pods = bed.node.share_dir().join("pods");
@@ -618,16 +601,7 @@ async fn an_api_server_answering_garbage_leaves_the_runtime_rules() {
     };
     let (api, asked) = serve_garbage().await;
     let dir = tempfile::tempdir().expect("tempdir");
-    let kubeconfig = dir.path().join("kubeconfig");
-    std::fs::write(
-        &kubeconfig,
-        format!(
-            "apiVersion: v1\nkind: Config\nclusters:\n- name: bad\n  cluster:\n    server: http://{api}\n\
-             contexts:\n- name: bad\n  context:\n    cluster: bad\n    user: bad\n\
-             current-context: bad\nusers:\n- name: bad\n  user: {{}}\n"
-        ),
-    )
-    .expect("kubeconfig");
+    let kubeconfig = fakeapi::write_kubeconfig(dir.path(), &api);
     let mut opts = AgentOptions::new(AGENT_BIN, &node, static_entrypoint());
     opts.env = vec![
         ("KUBECONFIG".to_owned(), kubeconfig.display().to_string()),

@@ -25,7 +25,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime};
 
 use exitorder_testbed::{random_uuid, AgentOptions, AgentProcess};
-use support::{assert_exited_after, example, http_get, set_grace, Bed};
+use support::{assert_exited_after, example, http_get, parse_metrics, set_grace, until, Bed};
 
 /// Owner and times given to everything outside the share: any change shows.
 const OUTSIDE_UID: u32 = 4321;
@@ -77,31 +77,20 @@ async fn start_bed() -> Option<Bed> {
     })
 }
 
-/// Polls `check` until it gives a value; fails the test after `within`.
-async fn until<T>(what: &str, within: Duration, mut check: impl FnMut() -> Option<T>) -> T {
-    let end = Instant::now() + within;
-    loop {
-        if let Some(v) = check() {
-            return v;
-        }
-        assert!(Instant::now() < end, "{what}: not within {within:?}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 /// `exitorder_share_rejected_total` by reason, from the agent's /metrics.
 async fn rejections(addr: SocketAddr) -> BTreeMap<String, f64> {
     let (code, body) = http_get(&addr.to_string(), "/metrics").await;
     assert_eq!(code, 200, "{body}");
-    let mut out = BTreeMap::new();
-    for line in body.lines().filter(|l| !l.starts_with('#')) {
-        let Some(rest) = line.strip_prefix("exitorder_share_rejected_total{reason=\"") else {
-            continue;
-        };
-        let (reason, value) = rest.split_once("\"} ").expect("one label, then the value");
-        out.insert(reason.to_owned(), value.parse().expect("numeric value"));
-    }
-    out
+    parse_metrics(&body)
+        .into_iter()
+        .filter_map(|(series, value)| {
+            let reason = series
+                .strip_prefix("exitorder_share_rejected_total{reason=\"")?
+                .strip_suffix("\"}")
+                .expect("one label");
+            Some((reason.to_owned(), value))
+        })
+        .collect()
 }
 
 /// What is known of one entry outside the share, read without reading its content first.
@@ -297,7 +286,7 @@ async fn blocked_fifo_writer(fifo: &Path) -> std::thread::JoinHandle<()> {
         })
         .expect("spawn the FIFO writer");
     until("the FIFO writer blocking in its open", secs(10), || {
-        (thread_state(PROBE_THREAD) == Some('S')).then_some(())
+        std::future::ready(thread_state(PROBE_THREAD) == Some('S'))
     })
     .await;
     writer
@@ -511,7 +500,7 @@ async fn hostile_share_contents_are_refused_while_real_exits_are_answered() {
         .expect("date the stale pod back");
     // Two looks 500 ms apart, while the runtime lists the real pod.
     until("the stale pod directory removed", secs(20), || {
-        fs::symlink_metadata(&stale).is_err().then_some(())
+        std::future::ready(fs::symlink_metadata(&stale).is_err())
     })
     .await;
 
@@ -611,10 +600,11 @@ async fn hostile_share_contents_are_refused_while_real_exits_are_answered() {
 
     // Every renamed wait is answered where it went, whole: no temp file left anywhere.
     until("the renamed waits answered", secs(20), || {
-        moved
-            .iter()
-            .all(|m| fs::read_to_string(m.join("exit")).unwrap_or_default() == "allow\n")
-            .then_some(())
+        std::future::ready(
+            moved
+                .iter()
+                .all(|m| fs::read_to_string(m.join("exit")).unwrap_or_default() == "allow\n"),
+        )
     })
     .await;
     for m in &moved {

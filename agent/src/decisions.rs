@@ -365,12 +365,10 @@ impl Agent {
                 // A full disk or a read-only remount passes; the preStop still waits for its
                 // answer (until its own timeout), so the wait stays and is answered again.
                 self.stats.share_error();
-                if let Some(w) = self
-                    .waits
-                    .pending
-                    .get_mut(&key.pod)
-                    .and_then(|p| p.waiting.get_mut(&key.container))
-                {
+                if let Some(p) = self.waits.pending.get_mut(&key.pod) {
+                    let Some(w) = p.waiting.get_mut(&key.container) else {
+                        return;
+                    };
                     w.write_failures = w.write_failures.saturating_add(1);
                     let delay =
                         Backoff::after(WRITE_RETRY_START, WRITE_RETRY_MAX, w.write_failures);
@@ -389,9 +387,7 @@ impl Agent {
                             "cannot write allow; trying again"
                         );
                     }
-                    if let Some(p) = self.waits.pending.get_mut(&key.pod) {
-                        p.wake = Some(p.wake.map_or(at, |w| w.min(at)));
-                    }
+                    p.wake = Some(p.wake.map_or(at, |t| t.min(at)));
                     return;
                 }
             }

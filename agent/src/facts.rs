@@ -214,12 +214,13 @@ pub fn without_runtime(waiting: &[&str], deletion: Deletion, clock: &Clock) -> P
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::decide::RunState::{Exited, Running};
     use crate::view::{ContainerInfo, SandboxInfo};
 
-    fn entry(
+    /// One container attempt of pod `u`, as the view holds it.
+    pub(crate) fn entry(
         id: &str,
         name: &str,
         attempt: u32,

@@ -550,7 +550,7 @@ impl Agent {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::view::{ContainerEntry, ContainerInfo, EnvPriority};
+    use crate::view::{ContainerEntry, EnvPriority};
 
     fn attempt(
         id: &str,
@@ -559,19 +559,7 @@ mod tests {
         state: RunState,
         env: Option<u8>,
     ) -> ContainerEntry {
-        ContainerEntry {
-            exit_seen: None,
-            info: ContainerInfo {
-                id: id.into(),
-                pod_uid: "u".into(),
-                name: name.into(),
-                attempt,
-                created_at: i64::from(attempt),
-                state,
-                grace: None,
-            },
-            env: EnvPriority::Known(Ok(env)),
-        }
+        crate::facts::tests::entry(id, name, attempt, state, EnvPriority::Known(Ok(env)))
     }
 
     #[test]

@@ -61,18 +61,7 @@ impl Drop for ServedApi {
 impl ServedApi {
     /// Writes a kubeconfig for this server (no credentials) in `dir`; its path.
     pub fn write_kubeconfig(&self, dir: &std::path::Path) -> std::path::PathBuf {
-        let path = dir.join("kubeconfig");
-        std::fs::write(
-            &path,
-            format!(
-                "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n    server: http://{}\n\
-                 contexts:\n- name: fake\n  context:\n    cluster: fake\n    user: fake\n\
-                 current-context: fake\nusers:\n- name: fake\n  user: {{}}\n",
-                self.addr
-            ),
-        )
-        .expect("write kubeconfig");
-        path
+        write_kubeconfig(dir, &self.addr.to_string())
     }
 
     /// A client for this server, configured as the agent configures its own.
@@ -80,6 +69,21 @@ impl ServedApi {
         let url = format!("http://{}", self.addr).parse().expect("url");
         exitorder::cluster::client_for(kube::Config::new(url)).expect("kube client")
     }
+}
+
+/// A kubeconfig in `dir` for an API server at `addr` over plain HTTP, without credentials.
+pub fn write_kubeconfig(dir: &std::path::Path, addr: &str) -> std::path::PathBuf {
+    let path = dir.join("kubeconfig");
+    std::fs::write(
+        &path,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n    server: http://{addr}\n\
+             contexts:\n- name: fake\n  context:\n    cluster: fake\n    user: fake\n\
+             current-context: fake\nusers:\n- name: fake\n  user: {{}}\n"
+        ),
+    )
+    .expect("write kubeconfig");
+    path
 }
 
 /// A pod as the API server returns it. `deleted` is (seconds from now until the kill,

@@ -365,3 +365,36 @@ pub async fn http_get(addr: &str, path: &str) -> (u16, String) {
         Err(_) => (0, "timed out".to_owned()),
     }
 }
+
+/// Polls `check` until it holds, failing the test with `what` after `within`.
+pub async fn until<F, Fut>(what: &str, within: Duration, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let end = std::time::Instant::now() + within;
+    loop {
+        if check().await {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < end,
+            "{what}: not within {within:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Parses Prometheus text into (series with labels, value), checking every line's shape.
+pub fn parse_metrics(text: &str) -> Vec<(String, f64)> {
+    text.lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .map(|l| {
+            let (series, value) = l.rsplit_once(' ').expect("series and value");
+            (
+                series.to_owned(),
+                value.parse::<f64>().expect("numeric value"),
+            )
+        })
+        .collect()
+}
