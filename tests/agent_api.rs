@@ -433,6 +433,8 @@ fn agent_options(rig: &Rig, env: Vec<(String, String)>) -> exitorder_testbed::Ag
     exitorder_testbed::AgentOptions {
         cri_socket: rig.served.socket.clone(),
         share_dir: rig.share.clone(),
+        // No kubelet here: the share alone is served.
+        kubelet_root_dir: rig.share.join("no-kubelet"),
         // Refused (dynamically linked): these tests are about the pod watch, not the share.
         entrypoint_binary: binary.clone(),
         binary,

@@ -276,7 +276,11 @@ async fn a_dynamically_linked_entrypoint_is_refused_and_the_agent_stays_not_read
     rig.start_agent_with(|cfg| cfg.entrypoint_binary = Some(dynamic.clone()));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let http = tokio::spawn(exitorder::metrics::serve(listener, rig.stats.clone()));
+    let http = tokio::spawn(exitorder::metrics::serve(
+        listener,
+        rig.stats.clone(),
+        tokio_util::sync::CancellationToken::new(),
+    ));
     // Whatever else comes up, readiness keeps saying why, naming the file and the fix.
     let (code, body) = http_get(addr, "/readyz").await;
     assert_eq!(code, 503, "{body}");
@@ -321,7 +325,11 @@ async fn metrics_and_health_endpoints() {
     rig.start_agent();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let http = tokio::spawn(exitorder::metrics::serve(listener, rig.stats.clone()));
+    let http = tokio::spawn(exitorder::metrics::serve(
+        listener,
+        rig.stats.clone(),
+        tokio_util::sync::CancellationToken::new(),
+    ));
     let f = rig.request_exit(APP_UID, "proxy");
     stays_waiting(&f, Duration::from_millis(100)).await;
 

@@ -21,7 +21,9 @@ use exitorder_testbed::install::{
 };
 use exitorder_testbed::kubelet::RunOptions;
 use exitorder_testbed::manifest;
-use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
+};
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::core::v1::{Namespace, Secret, Service, ServiceAccount};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
@@ -94,6 +96,7 @@ fn assert_valid_objects(docs: &[Value], kinds: &[&str]) {
             "Service" => is::<Service>(d),
             "PodDisruptionBudget" => is::<PodDisruptionBudget>(d),
             "MutatingWebhookConfiguration" => is::<MutatingWebhookConfiguration>(d),
+            "ValidatingWebhookConfiguration" => is::<ValidatingWebhookConfiguration>(d),
             "Secret" => is::<Secret>(d),
             other => panic!("no type to check a {other} with"),
         };
@@ -121,6 +124,7 @@ const WEBHOOK_KINDS: &[&str] = &[
     "Service",
     "PodDisruptionBudget",
     "MutatingWebhookConfiguration",
+    "ValidatingWebhookConfiguration",
     "Secret",
 ];
 
@@ -177,6 +181,44 @@ fn the_chart_lints_and_renders_valid_objects_for_every_runtime() {
         };
         let pod = manifest::pod_of(ds).expect("a pod template");
         exitorder_testbed::kubelet::plan::plan(&pod, &place).unwrap_or_else(|e| panic!("{e}"));
+    }
+    // The kubelet's pods, where pod-local exit directories are: by runtime, or as given,
+    // mounted so that a tmpfs the kubelet mounts later is seen.
+    for (values, root) in [
+        (vec![], "/var/lib/kubelet"),
+        (vec![("runtime", "k3s")], "/var/lib/kubelet"),
+        (
+            vec![("runtime", "microk8s")],
+            "/var/snap/microk8s/common/var/lib/kubelet",
+        ),
+        (
+            vec![("kubeletRootDir", "/var/lib/k0s/kubelet/")],
+            "/var/lib/k0s/kubelet",
+        ),
+    ] {
+        let docs = render(&helm, &values);
+        let ds = kind(&docs, "DaemonSet");
+        assert_eq!(env_of(ds, "EXITORDER_KUBELET_ROOT_DIR"), root, "{values:?}");
+        let spec = &ds["spec"]["template"]["spec"];
+        let pods = format!("{root}/pods");
+        assert!(
+            spec["volumes"]
+                .as_array()
+                .expect("volumes")
+                .iter()
+                .any(|v| v["name"] == "kubelet-pods"
+                    && v["hostPath"]["path"] == pods.as_str()
+                    && v["hostPath"]["type"] == "Directory"),
+            "{values:?}"
+        );
+        let mount = spec["containers"][0]["volumeMounts"]
+            .as_array()
+            .expect("mounts")
+            .iter()
+            .find(|m| m["name"] == "kubelet-pods")
+            .expect("the kubelet's pods mounted");
+        assert_eq!(mount["mountPath"], pods.as_str());
+        assert_eq!(mount["mountPropagation"], "HostToContainer");
     }
     let docs = render(&helm, &[("podMonitor.enabled", "true")]);
     let pm = kind(&docs, "PodMonitor");
@@ -296,6 +338,8 @@ fn the_schema_refuses_bad_values_by_name() {
         ("webhook.timeoutSeconds", "30", "timeoutSeconds"),
         ("webhook.notAKey", "1", "notAKey"),
         ("webhook.replicas", "0", "replicas"),
+        ("kubeletRootDir", "var/lib/kubelet", "kubeletRootDir"),
+        ("webhook.handshakeVolume", "hostpath", "handshakeVolume"),
         (
             "webhook.certManager.issuerRef.kind",
             "ClusterIssuer",
@@ -335,6 +379,38 @@ fn the_webhook_chart_lints_and_renders() {
         .unwrap_or_else(|e| panic!("{e}"));
     let docs = render(&helm, WEBHOOK);
     assert_valid_objects(&docs, WEBHOOK_KINDS);
+
+    // The share's guard: every pod with a hostPath and every ephemeral container, failing
+    // closed for those only.
+    let vwc: ValidatingWebhookConfiguration = typed(&docs, "ValidatingWebhookConfiguration");
+    let guard = &vwc.webhooks.expect("webhooks")[0];
+    assert_eq!(guard.name, "share-guard.exitorder.io");
+    assert_eq!(guard.failure_policy.as_deref(), Some("Fail"));
+    assert_eq!(guard.side_effects, "None");
+    let svc = guard.client_config.service.as_ref().expect("service");
+    assert_eq!(svc.path.as_deref(), Some("/validate"));
+    let rule = &guard.rules.as_deref().expect("rules")[0];
+    assert_eq!(
+        rule.resources.as_deref(),
+        Some(&["pods".to_owned(), "pods/ephemeralcontainers".to_owned()][..])
+    );
+    assert_eq!(
+        rule.operations.as_deref(),
+        Some(&["CREATE".to_owned(), "UPDATE".to_owned()][..])
+    );
+    let conditions = guard.match_conditions.as_deref().expect("matchConditions");
+    assert_eq!(
+        conditions[0].expression,
+        "has(object.spec.volumes) && object.spec.volumes.exists(v, has(v.hostPath))"
+    );
+    let without = render(
+        &helm,
+        &[
+            ("webhook.enabled", "true"),
+            ("webhook.shareGuard.enabled", "false"),
+        ],
+    );
+    assert_eq!(count(&without, "ValidatingWebhookConfiguration"), 0);
 
     // The configuration: pod creations, never blocking them, called again after other
     // injectors, through the rendered Service.
@@ -405,9 +481,25 @@ fn the_webhook_chart_lints_and_renders() {
         ["--addr", "0.0.0.0:8443"],
         ["--share-dir", "/var/lib/exitorder"],
         ["--grace-reserve", "5s"],
+        ["--handshake-volume", "emptyDir"],
+        // The init container it injects runs this chart's own image, which is what the
+        // webhook names by default.
+        ["--install-image", exitorder::webhook::DEFAULT_INSTALL_IMAGE],
     ] {
         assert!(argv.windows(2).any(|w| w == pair), "{pair:?} in {argv:?}");
     }
+    assert_eq!(c["image"], exitorder::webhook::DEFAULT_INSTALL_IMAGE);
+    let docs_share = render(
+        &helm,
+        &[
+            ("webhook.enabled", "true"),
+            ("webhook.handshakeVolume", "hostPath"),
+        ],
+    );
+    let c_share = container(kind(&docs_share, "Deployment"), "webhook");
+    assert!(c_share["args"].as_array().is_some_and(|a| a
+        .windows(2)
+        .any(|w| w[0] == "--handshake-volume" && w[1] == "hostPath")));
     assert_eq!(c["ports"][0]["name"], "https");
     assert_eq!(c["ports"][0]["containerPort"], 8443);
     for (probe, path) in [("readinessProbe", "/readyz"), ("livenessProbe", "/healthz")] {
@@ -654,6 +746,13 @@ fn the_webhook_certificate_can_come_from_cert_manager() {
         mwc["webhooks"][0]["clientConfig"].get("caBundle").is_none(),
         "{mwc}"
     );
+    // The guard's too.
+    let vwc = kind(&docs, "ValidatingWebhookConfiguration");
+    assert_eq!(
+        vwc["metadata"]["annotations"]["cert-manager.io/inject-ca-from"],
+        inject
+    );
+    assert!(vwc["webhooks"][0]["clientConfig"].get("caBundle").is_none());
 
     // The serving Certificate: into the Secret the Deployment mounts, for the Service's names.
     let serving = manifest::find(&docs, "Certificate", Some(cert_name))

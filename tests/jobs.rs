@@ -32,6 +32,8 @@ struct JobBed {
 impl JobBed {
     async fn start() -> Option<JobBed> {
         let node = support::node_or_skip().await?;
+        // The injected init container copies the entrypoint from the project's image.
+        support::project_image(&node)?;
         let api = FakeApi::default().serve();
         let dir = tempfile::tempdir().expect("tempdir");
         let kubeconfig = api.write_kubeconfig(dir.path());

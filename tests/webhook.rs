@@ -149,12 +149,16 @@ impl Served {
     }
 
     async fn start_draining(drain_delay: Duration) -> Served {
+        Served::start_with(Settings::default(), drain_delay).await
+    }
+
+    async fn start_with(settings: Settings, drain_delay: Duration) -> Served {
         let pki = Pki::new();
         pki.issue();
         let cfg = WebhookConfig {
             addr: "127.0.0.1:0".parse().expect("addr"),
             files: pki.files(),
-            settings: Settings::default(),
+            settings,
             reload_interval: Duration::from_millis(50),
             shutdown_timeout: Duration::from_secs(5),
             drain_delay,
@@ -197,6 +201,18 @@ impl Served {
             .expect("the webhook stops within its shutdown timeout")
             .expect("webhook task");
     }
+}
+
+/// An AdmissionReview of a change to a pod (`operation`, with `sub_resource` for an
+/// ephemeral container's addition), as the API server sends it.
+fn review_of(pod: &Value, operation: &str, sub_resource: Option<&str>) -> Vec<u8> {
+    let mut v: Value = serde_json::from_slice(&review_body(pod)).expect("review");
+    v["request"]["operation"] = operation.into();
+    if let Some(sub) = sub_resource {
+        v["request"]["subResource"] = sub.into();
+        v["request"]["oldObject"] = pod.clone();
+    }
+    serde_json::to_vec(&v).expect("review JSON")
 }
 
 /// An AdmissionReview of a pod creation, as the API server sends it.
@@ -280,9 +296,78 @@ fn prestop(c: &Container) -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// Asserts `name` got the share, its directory, the entrypoint, POD_UID and a waiting
-/// preStop ending in `then`.
+/// Asserts `name` got its own directory of the pod's `exitorder` emptyDir, the entrypoint
+/// from `exitorder-bin` (read-only) and a waiting preStop ending in `then`; and the pod the two
+/// emptyDirs and, first of its init containers, `exitorder-install`. No hostPath.
 fn assert_injected(pod: &Value, name: &str, timeout: &str, then: &[&str]) {
+    let c = container(pod, name);
+    let mounts = c.volume_mounts.clone().unwrap_or_default();
+    let own = mounts
+        .iter()
+        .find(|m| m.mount_path == "/var/run/exitorder")
+        .unwrap_or_else(|| panic!("{name}: no exit directory mount"));
+    assert_eq!(
+        (
+            own.name.as_str(),
+            own.sub_path.as_deref(),
+            own.sub_path_expr.as_deref()
+        ),
+        ("exitorder", Some(name), None)
+    );
+    let bin = mounts
+        .iter()
+        .find(|m| m.mount_path == "/var/run/exitorder-bin")
+        .unwrap_or_else(|| panic!("{name}: no entrypoint mount"));
+    assert_eq!(
+        (bin.name.as_str(), bin.sub_path.as_deref(), bin.read_only),
+        ("exitorder-bin", None, Some(true))
+    );
+    assert!(
+        !c.env.iter().flatten().any(|e| e.name == "POD_UID"),
+        "{name}: POD_UID is for the share"
+    );
+    assert_prestop(&c, timeout, then);
+    let volumes = pod["spec"]["volumes"].as_array().expect("volumes");
+    for v in ["exitorder", "exitorder-bin"] {
+        let volume = volumes
+            .iter()
+            .find(|x| x["name"] == v)
+            .unwrap_or_else(|| panic!("no volume {v}"));
+        assert_eq!(volume["emptyDir"], json!({}), "{v}");
+    }
+    assert!(
+        volumes.iter().all(|v| v.get("hostPath").is_none()),
+        "a hostPath: {volumes:?}"
+    );
+    let install = &pod["spec"]["initContainers"][0];
+    assert_eq!(install["name"], "exitorder-install");
+    assert_eq!(install["image"], exitorder::webhook::DEFAULT_INSTALL_IMAGE);
+    assert_eq!(
+        install["command"],
+        json!([
+            "/usr/local/bin/exitorder-entrypoint",
+            "install",
+            "/var/run/exitorder-bin"
+        ])
+    );
+    assert_eq!(
+        install["volumeMounts"],
+        json!([{"name": "exitorder-bin", "mountPath": "/var/run/exitorder-bin"}])
+    );
+}
+
+fn assert_prestop(c: &Container, timeout: &str, then: &[&str]) {
+    let want: Vec<String> = [ENTRYPOINT, "wait", "--timeout", timeout]
+        .iter()
+        .chain(then)
+        .map(|s| (*s).to_owned())
+        .collect();
+    assert_eq!(prestop(c), want, "{}", c.name);
+}
+
+/// Asserts `name` got the share, its directory, the entrypoint, POD_UID and a waiting
+/// preStop ending in `then` (`--handshake-volume hostPath`).
+fn assert_share_injected(pod: &Value, name: &str, timeout: &str, then: &[&str]) {
     let c = container(pod, name);
     let mounts = c.volume_mounts.clone().unwrap_or_default();
     let own = mounts
@@ -315,12 +400,7 @@ fn assert_injected(pod: &Value, name: &str, timeout: &str, then: &[&str]) {
             .map(|f| f.field_path.as_str()),
         Some("metadata.uid")
     );
-    let want: Vec<String> = [ENTRYPOINT, "wait", "--timeout", timeout]
-        .iter()
-        .chain(then)
-        .map(|s| (*s).to_owned())
-        .collect();
-    assert_eq!(prestop(&c), want, "{name}");
+    assert_prestop(&c, timeout, then);
     let volume = pod["spec"]["volumes"]
         .as_array()
         .and_then(|v| v.iter().find(|v| v["name"] == "exitorder-share"))
@@ -349,6 +429,211 @@ async fn an_opted_in_pod_gets_its_sidecar_injected() {
         out["metadata"]["annotations"],
         pod["metadata"]["annotations"]
     );
+    w.stop().await;
+}
+
+#[tokio::test]
+async fn the_share_layout_on_request() {
+    let settings = Settings {
+        handshake_volume: exitorder::webhook::HandshakeVolume::HostPath,
+        ..Settings::default()
+    };
+    let w = Served::start_with(settings, Duration::ZERO).await;
+    let pod = example("injected");
+    let (out, warnings) = inject(&w, &pod).await;
+    assert!(warnings.is_empty(), "{warnings:?}");
+    assert_share_injected(&out, "proxy", "25s", &[]);
+    assert_untouched(&pod, &out, "app");
+    assert!(out["spec"]["initContainers"].is_null(), "{out}");
+    w.stop().await;
+}
+
+/// A pod that a namespace enforcing Pod Security `restricted` admits is still admitted after
+/// the injection, and so is one under `baseline`.
+#[tokio::test]
+async fn a_restricted_pod_stays_restricted() {
+    let w = Served::start().await;
+    let pod = example("restricted");
+    assert_eq!(
+        support::pss::restricted_violations(&pod),
+        Vec::<String>::new()
+    );
+    let (out, warnings) = inject(&w, &pod).await;
+    assert!(warnings.is_empty(), "{warnings:?}");
+    assert_injected(&out, "proxy", "25s", &[]);
+    assert_eq!(
+        support::pss::restricted_violations(&out),
+        Vec::<String>::new(),
+        "{out}"
+    );
+    // The baseline example too: what the injection adds is restricted whatever the pod is.
+    let (out, _) = inject(&w, &example("injected")).await;
+    assert_eq!(
+        support::pss::baseline_violations(&out),
+        Vec::<String>::new()
+    );
+    let install =
+        serde_json::json!({"spec": {"containers": [out["spec"]["initContainers"][0].clone()]}});
+    assert_eq!(
+        support::pss::restricted_violations(&install),
+        Vec::<String>::new()
+    );
+    // And the checker is no rubber stamp: the share layout is refused by both.
+    let settings = Settings {
+        handshake_volume: exitorder::webhook::HandshakeVolume::HostPath,
+        ..Settings::default()
+    };
+    let share = Served::start_with(settings, Duration::ZERO).await;
+    let (out, _) = inject(&share, &pod).await;
+    let v = support::pss::baseline_violations(&out);
+    assert!(v.iter().any(|v| v.contains("hostPath")), "{v:?}");
+    share.stop().await;
+    w.stop().await;
+}
+
+/// The share's guard (`/validate`), for pods that did not opt in as for those that did: only a
+/// container's own directory, as the hostPath mode mounts it, or a read-only mount.
+#[tokio::test]
+async fn the_share_guard_refuses_every_other_way_in() {
+    let w = Served::start().await;
+    let validate = |body: Vec<u8>| {
+        let (pki, addr) = (&w.pki, w.addr);
+        async move {
+            let head = format!(
+                "POST /validate HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                body.len()
+            );
+            let reply = exchange(pki, addr, &head, &body).await;
+            assert_eq!(
+                reply.status,
+                200,
+                "{}",
+                String::from_utf8_lossy(&reply.body)
+            );
+            let out: Value = serde_json::from_slice(&reply.body).expect("JSON");
+            out["response"].clone()
+        }
+    };
+    let share_pod = |path: &str, mount: Value, env: Value| {
+        json!({"apiVersion": "v1", "kind": "Pod",
+               "metadata": {"name": "intruder", "namespace": "default"},
+               "spec": {"volumes": [{"name": "s", "hostPath": {"path": path}}],
+                        "containers": [{"name": "c", "image": "busybox:1.36",
+                                        "volumeMounts": [mount], "env": env}]}})
+    };
+    let whole = json!({"name": "s", "mountPath": "/share"});
+    let own = json!({"name": "s", "mountPath": "/var/run/exitorder",
+                     "subPathExpr": "pods/$(POD_UID)/c"});
+    let uid =
+        json!([{"name": "POD_UID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}}]);
+    let forged = json!([{"name": "POD_UID", "value": "0f5c7a1e-8d2b-4c3e-9f00-123456789abc"}]);
+    for (what, pod) in [
+        (
+            "the whole share, not opted in",
+            share_pod("/var/lib/exitorder", whole.clone(), json!([])),
+        ),
+        (
+            "a // spelling",
+            share_pod("/var/lib//exitorder/", whole.clone(), json!([])),
+        ),
+        (
+            "the entrypoint's directory",
+            share_pod("/var/lib/exitorder/bin", whole.clone(), json!([])),
+        ),
+        (
+            "a parent of the share",
+            share_pod("/var/lib", whole.clone(), json!([])),
+        ),
+        (
+            "another pod's directory through a POD_UID of its own",
+            share_pod("/var/lib/exitorder", own.clone(), forged),
+        ),
+    ] {
+        let r = validate(review_body(&pod)).await;
+        assert_eq!(r["allowed"], false, "{what}: {r}");
+        let m = r["status"]["message"].as_str().unwrap_or_default();
+        assert!(m.contains("\"c\"") && m.contains("\"s\""), "{what}: {m}");
+    }
+    // What the hostPath mode injects, and read-only mounts, pass.
+    for (what, pod) in [
+        (
+            "the own directory",
+            share_pod("/var/lib/exitorder", own.clone(), uid.clone()),
+        ),
+        (
+            "read-only",
+            share_pod(
+                "/var/lib",
+                json!({"name": "s", "mountPath": "/h", "readOnly": true}),
+                json!([]),
+            ),
+        ),
+        (
+            "another directory",
+            share_pod("/var/log", whole.clone(), json!([])),
+        ),
+    ] {
+        let r = validate(review_body(&pod)).await;
+        assert_eq!(r["allowed"], true, "{what}: {r}");
+    }
+    let settings = Settings {
+        handshake_volume: exitorder::webhook::HandshakeVolume::HostPath,
+        ..Settings::default()
+    };
+    let share = Served::start_with(settings, Duration::ZERO).await;
+    let (injected, _) = inject(&share, &example("injected")).await;
+    share.stop().await;
+    assert_eq!(validate(review_body(&injected)).await["allowed"], true);
+    // An ephemeral container added to that pod may not mount the share writable, not even
+    // as a directory of its own.
+    let mut debug = injected.clone();
+    debug["spec"]["ephemeralContainers"] = json!([{"name": "debug", "image": "busybox:1.36",
+        "env": uid, "volumeMounts": [{"name": "exitorder-share", "mountPath": "/var/run/exitorder",
+                                       "subPathExpr": "pods/$(POD_UID)/debug"}]}]);
+    let r = validate(review_of(&debug, "UPDATE", Some("ephemeralcontainers"))).await;
+    assert_eq!(r["allowed"], false, "{r}");
+    assert!(r["status"]["message"]
+        .as_str()
+        .unwrap_or_default()
+        .contains("ephemeral container \"debug\""));
+    w.stop().await;
+}
+
+/// One peer holding 2,000 idle and slow connections (opening another for each one closed)
+/// leaves the API server's reviews, probes and scrapes answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_idle_and_slow_connections_leaves_reviews_answered() {
+    const FLOOD: usize = 2_000;
+    support::flood::raise_nofile();
+    let w = Served::start().await;
+    let flood = support::flood::Flood::start(w.addr, FLOOD);
+    support::until(
+        "the flood's connections opened",
+        Duration::from_secs(60),
+        || {
+            let opened = flood.opened();
+            async move { opened >= FLOOD }
+        },
+    )
+    .await;
+    let pod = example("injected");
+    for round in 0..20 {
+        let response = w.review(&pod).await;
+        assert_eq!(response["allowed"], true, "round {round}: {response}");
+        assert!(response["patch"].is_string(), "round {round}: {response}");
+        assert_eq!(
+            get(&w.pki, w.addr, "/readyz").await.status,
+            200,
+            "round {round}"
+        );
+    }
+    let text = metrics(&w).await;
+    let evicted = support::parse_metrics(&text)
+        .into_iter()
+        .find(|(n, _)| n == "exitorder_webhook_connections_evicted_total")
+        .map_or(0.0, |(_, v)| v);
+    assert!(evicted > 0.0, "the flood never met the limit:\n{text}");
+    flood.stop().await;
     w.stop().await;
 }
 
@@ -754,6 +1039,10 @@ async fn ordered_through_the_webhook(example_name: &str, sidecar: &str) {
     let Some(bed) = Bed::start(Duration::from_secs(3)).await else {
         return;
     };
+    // The injected init container copies the entrypoint from the project's image.
+    if support::project_image(&bed.node).is_none() {
+        return;
+    }
     let webhook = WebhookProcess::start("3s").await;
     let pod = webhook.mutate(&example(example_name)).await;
     let running = bed.run_ready(&pod).await;
@@ -805,6 +1094,14 @@ async fn one_annotation_orders_the_exit_on_the_bed() {
     ordered_through_the_webhook("injected", "proxy").await;
 }
 
+/// Pod Security `restricted` on the bed: the app and the proxy as non-root users of their own,
+/// no capabilities, the entrypoint copied in by `exitorder-install` as uid 65532, the proxy's
+/// exit directory in the pod's own volume.
+#[tokio::test]
+async fn a_restricted_pod_is_ordered_on_the_bed() {
+    ordered_through_the_webhook("restricted", "proxy").await;
+}
+
 #[tokio::test]
 async fn a_linkerd_proxy_leaves_after_the_app_on_the_bed() {
     ordered_through_the_webhook("linkerd", "linkerd-proxy").await;
@@ -842,6 +1139,9 @@ async fn the_agent_keeps_the_kubelets_order_for_native_sidecars_on_the_bed() {
     let Some(bed) = Bed::start(Duration::from_secs(3)).await else {
         return;
     };
+    if support::project_image(&bed.node).is_none() {
+        return;
+    }
     let running = bed.run_ready(&pod).await;
     let uid = running.uid().to_owned();
     let d = running.delete().await.expect("delete pod");

@@ -13,17 +13,18 @@ use std::time::Instant;
 use tokio::sync::mpsc;
 use tracing::{error, info, warn, Instrument};
 
+use crate::bounds::Later as _;
 use crate::cluster::Cluster;
 use crate::podwatch::{PodSignal, PodView};
 use crate::reader::{self, Read, Reader, Reply};
 use crate::recorder::EventSink;
 use crate::runtime::{Runtime, RuntimeError};
-use crate::share::{PodUid, Share, ShareError};
+use crate::share::{Place, PodUid, Share, ShareError};
 use crate::source::{self, SourceKind, SourceSignal};
-use crate::stats::Stats;
+use crate::stats::{Kept, Stats};
 use crate::view::{Change, Need, NodeView};
 use crate::waits::{ShareSync, Waits};
-use crate::watch::{FsEvent, ShareWatcher, WatchError};
+use crate::watch::{FsEvent, Root, ShareWatcher, WatchError};
 
 pub use crate::config::{Config, DEFAULT_POLL_INTERVAL};
 pub use crate::facts::DEFAULT_GRACE;
@@ -55,7 +56,10 @@ const WARNED_MAX: usize = 4096;
 
 pub struct Agent {
     pub(crate) cfg: Config,
-    pub(crate) share: Share,
+    pub(crate) share: Arc<Share>,
+    /// The kubelet's directory of pods, where pod-local exit directories are; `None` when
+    /// the kubelet's root has none.
+    local: Option<Arc<Share>>,
     pub(crate) watcher: ShareWatcher,
     fs_events: mpsc::UnboundedReceiver<FsEvent>,
     pub(crate) waits: Waits,
@@ -75,6 +79,8 @@ pub struct Agent {
     pub(crate) warned: HashSet<(PodUid, String)>,
     warned_reads: HashSet<String>,
     pub(crate) gc_suspects: HashSet<PodUid>,
+    /// The removal round in flight, if any.
+    pub(crate) gc_round: Option<crate::gc::Round>,
     pub(crate) stats: Arc<Stats>,
     /// The API server's view of this node's pods, when there is an API server.
     pub(crate) api: Option<PodView>,
@@ -103,16 +109,29 @@ impl Agent {
         let (reader, replies, reader_task) = reader::start(runtime.clone());
         let (tx, fs_events) = mpsc::unbounded_channel();
         let (signal_tx, signals) = mpsc::unbounded_channel();
-        let mut watcher = ShareWatcher::new(tx)?;
+        let local = open_local(&cfg.kubelet_root_dir);
+        let roots = std::iter::once(&share)
+            .chain(&local)
+            .map(|s| Root {
+                pods: s.pods_path(),
+                container_depth: s.place().container_depth(),
+            })
+            .collect();
+        let mut watcher = ShareWatcher::new(tx, roots)?;
         // Watch before scanning: a file created in between is then both scanned and reported.
         watcher.watch(&share.pods_path())?;
+        if let Some(local) = &local {
+            watcher.watch(&local.pods_path())?;
+        }
+        let tombstone_ttl = cfg.tombstone_ttl;
         let mut agent = Agent {
             cfg,
-            share,
+            share: Arc::new(share),
+            local: local.map(Arc::new),
             watcher,
             fs_events,
             waits: Waits::default(),
-            view: NodeView::new(),
+            view: NodeView::with_tombstone_ttl(tombstone_ttl),
             runtime,
             reader,
             replies,
@@ -124,6 +143,7 @@ impl Agent {
             warned: HashSet::new(),
             warned_reads: HashSet::new(),
             gc_suspects: HashSet::new(),
+            gc_round: None,
             stats,
             api: None,
             pod_signals: None,
@@ -136,6 +156,7 @@ impl Agent {
         };
         let mut dirty = BTreeSet::new();
         agent.sync().rescan(&mut dirty);
+        agent.report_kept();
         agent.stats.set_watching(true);
         agent.stats.set_event_source(SourceKind::Poll.as_str());
         Ok(agent)
@@ -169,6 +190,75 @@ impl Agent {
         }
     }
 
+    /// Whether `what` about `pod` is news to log: each is logged once while the pod lasts.
+    /// Past [`WARNED_MAX`] entries all are forgotten (each may then be logged once more), so
+    /// pods with many problems cannot grow the set without bound.
+    pub(crate) fn first_warning(&mut self, pod: &PodUid, what: String) -> bool {
+        let key = (pod.clone(), what);
+        if self.warned.contains(&key) {
+            return false;
+        }
+        if self.warned.len() >= WARNED_MAX {
+            warn!(
+                limit = WARNED_MAX,
+                "more problems logged once than the agent remembers; forgetting them"
+            );
+            self.warned.clear();
+        }
+        self.warned.insert(key)
+    }
+
+    /// Drops what is kept about pods that are gone: what was logged once about them, the Jobs
+    /// task's state and the API server's deleted pods.
+    /// "Gone" is only believed of a listing of a runtime that answers.
+    pub(crate) fn forget_gone_pods(&mut self) {
+        let (view, pending) = (&self.view, &self.waits.pending);
+        let live = |uid: &str| {
+            view.pod(uid).is_some() || PodUid::parse(uid).is_ok_and(|p| pending.contains_key(&p))
+        };
+        // What was logged about a pod that is gone may be logged again, once, should a pod of
+        // that UID ever come back.
+        self.warned.retain(|(p, _)| live(p.as_str()));
+        if view.is_listed() && self.runtime_ok {
+            // The Jobs task's records on disk say what it needs again, should such a pod
+            // come back.
+            if let Some(jobs) = &self.jobs {
+                jobs.keep_only(
+                    view.pods()
+                        .filter_map(|(uid, _)| PodUid::parse(uid).ok())
+                        .collect(),
+                );
+            }
+            if let Some(api) = &self.api {
+                self.stats
+                    .set_kept(Kept::ApiTombstones, api.keep_tombstones(live));
+            }
+        }
+        self.report_kept();
+    }
+
+    /// Reports the sizes of what is kept per pod or container (at start-up and at each
+    /// garbage collection; the node view's tombstones at each change too).
+    fn report_kept(&self) {
+        self.stats.set_kept(
+            Kept::Warnings,
+            self.warned.len().saturating_add(self.warned_reads.len()),
+        );
+        self.stats
+            .set_kept(Kept::ExitHistory, self.waits.history_len());
+        self.stats.set_kept(Kept::Watches, self.watcher.len());
+        self.stats
+            .set_kept(Kept::ViewTombstones, self.view.tombstones());
+    }
+
+    /// Where the exit directories of `place` are, when the agent serves it.
+    pub(crate) fn place(&self, place: Place) -> Option<&Share> {
+        match place {
+            Place::Share => Some(&self.share),
+            Place::PodLocal => self.local.as_deref(),
+        }
+    }
+
     pub fn pending_count(&self) -> usize {
         self.waits.count()
     }
@@ -176,6 +266,7 @@ impl Agent {
     pub(crate) fn sync(&mut self) -> ShareSync<'_> {
         ShareSync {
             share: &self.share,
+            local: self.local.as_deref(),
             watcher: &mut self.watcher,
             waits: &mut self.waits,
             stats: &self.stats,
@@ -232,10 +323,11 @@ impl Agent {
 
         tokio::pin!(shutdown);
         let start = tokio::time::Instant::now();
-        let mut gc = tokio::time::interval_at(start + self.cfg.gc_interval, self.cfg.gc_interval);
+        let mut gc =
+            tokio::time::interval_at(start.later(self.cfg.gc_interval), self.cfg.gc_interval);
         gc.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut reconcile = tokio::time::interval_at(
-            start + self.cfg.reconcile_interval,
+            start.later(self.cfg.reconcile_interval),
             self.cfg.reconcile_interval,
         );
         reconcile.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -246,11 +338,19 @@ impl Agent {
                 () = &mut shutdown => break,
                 ev = self.fs_events.recv() => {
                     let Some(ev) = ev else { break };
-                    let mut sync = self.sync();
-                    sync.on_event(ev, &mut dirty);
-                    // Take everything already queued, so a burst costs one round.
-                    while let Ok(ev) = self.fs_events.try_recv() {
-                        self.sync().on_event(ev, &mut dirty);
+                    // Take everything already queued, so a burst costs one round, and a
+                    // flood that overflows the kernel's queue again and again one rescan.
+                    let mut rescan = false;
+                    let mut next = Some(ev);
+                    while let Some(ev) = next.take() {
+                        match ev {
+                            FsEvent::Rescan => rescan = true,
+                            ev => self.sync().on_event(ev, &mut dirty),
+                        }
+                        next = self.fs_events.try_recv().ok();
+                    }
+                    if rescan {
+                        self.sync().on_event(FsEvent::Rescan, &mut dirty);
                     }
                     self.check_share(&mut dirty);
                 }
@@ -291,6 +391,18 @@ impl Agent {
                     self.reader.ask(Read::List);
                 }
                 _ = gc.tick() => self.gc(),
+                report = finished(&mut self.gc_round) => {
+                    self.gc_round = None;
+                    match report {
+                        Ok(report) => {
+                            if !report.unfinished.is_empty() {
+                                gc.reset_after(crate::gc::AGAIN_AFTER);
+                            }
+                            self.gc_done(report);
+                        }
+                        Err(e) => warn!(error = %e, "a removal round failed"),
+                    }
+                }
             }
             for need in self.view.needs(Instant::now()) {
                 self.reader.ask(Read::Need(need));
@@ -348,7 +460,7 @@ impl Agent {
             warn!(event = "share_lost", error = %e, "cannot watch the new share; trying on the next change or reconcile");
             return;
         }
-        self.share = share;
+        self.share = Arc::new(share);
         if let Some(src) = self.cfg.entrypoint_binary.clone() {
             if let Err(e) = install_entrypoint(&self.share, &src, &self.stats) {
                 self.stats.share_error();
@@ -373,9 +485,8 @@ impl Agent {
         let mut wake = self.view.next_retry();
         if !self.waits.pending.is_empty() {
             if self.live_source.is_none() {
-                wake = Some(wake.map_or(now + self.cfg.poll_interval, |w| {
-                    w.min(now + self.cfg.poll_interval)
-                }));
+                let poll = now.later(self.cfg.poll_interval);
+                wake = Some(wake.map_or(poll, |w| w.min(poll)));
             }
             for p in self.waits.pending.values() {
                 if let Some(w) = p.wake {
@@ -474,6 +585,8 @@ impl Agent {
         let touched = self.view.apply(change, Instant::now());
         self.stats
             .set_view_size(self.view.container_count(), self.view.pod_count());
+        self.stats
+            .set_kept(Kept::ViewTombstones, self.view.tombstones());
         if listing {
             if std::mem::take(&mut self.relist_pending) {
                 info!(
@@ -552,5 +665,31 @@ async fn recv_some<T>(rx: &mut Option<mpsc::UnboundedReceiver<T>>) -> Option<T> 
 async fn sleep_until(t: Option<Instant>) {
     if let Some(t) = t {
         tokio::time::sleep_until(t.into()).await;
+    }
+}
+
+/// The end of a task in flight; never, when there is none.
+async fn finished<T>(
+    task: &mut Option<tokio::task::JoinHandle<T>>,
+) -> Result<T, tokio::task::JoinError> {
+    match task {
+        Some(t) => t.await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The kubelet's directory of pods under `root`, for pod-local handshakes. Without one (a
+/// wrong `--kubelet-root-dir`, or a host that runs no kubelet) only the share is served,
+/// and the log says why.
+fn open_local(root: &std::path::Path) -> Option<Share> {
+    match Share::open_kubelet(root) {
+        Ok(s) => {
+            info!(dir = %s.pods_path().display(), "serving pod-local exit directories");
+            Some(s)
+        }
+        Err(e) => {
+            warn!(error = %e, "pod-local exit directories are not served: the kubelet's directory of pods cannot be opened (set --kubelet-root-dir to the kubelet's --root-dir)");
+            None
+        }
     }
 }

@@ -11,6 +11,7 @@ use tracing::{info, warn, Instrument};
 
 use crate::agent::{Agent, AgentError, Config};
 use crate::cluster;
+use crate::serve::Limits;
 use crate::stats::Stats;
 
 #[derive(Debug, thiserror::Error)]
@@ -75,17 +76,17 @@ async fn api_client(node: Option<&str>) -> Option<(kube::Client, String)> {
 /// `shutdown_timeout`; what has not ended by then is abandoned.
 pub async fn run(cfg: AppConfig, cancel: CancellationToken) -> Result<(), AppError> {
     let stats = Arc::new(Stats::default());
-    let listener = tokio::net::TcpListener::bind(cfg.metrics_addr)
-        .await
-        .map_err(|source| AppError::Listen {
-            addr: cfg.metrics_addr,
-            source,
-        })?;
+    let listener = crate::serve::bind(cfg.metrics_addr).map_err(|source| AppError::Listen {
+        addr: cfg.metrics_addr,
+        source,
+    })?;
     if let Ok(addr) = listener.local_addr() {
         info!(addr = %addr, "metrics listening");
     }
-    let http = tokio::spawn(
-        crate::metrics::serve(listener, stats.clone()).instrument(tracing::info_span!("metrics")),
+    let http_stop = CancellationToken::new();
+    let mut http = tokio::spawn(
+        crate::metrics::serve(listener, stats.clone(), http_stop.clone())
+            .instrument(tracing::info_span!("metrics")),
     );
     let mut agent = Agent::start(cfg.agent.clone(), stats.clone()).map_err(AppError::Start)?;
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
@@ -130,7 +131,16 @@ pub async fn run(cfg: AppConfig, cancel: CancellationToken) -> Result<(), AppErr
             }
         }
     };
-    http.abort();
+    // The endpoint answers until the end, so probes see the shutdown through; then its
+    // connections get their short drain.
+    http_stop.cancel();
+    if tokio::time::timeout(Limits::METRICS.drain.saturating_mul(2), &mut http)
+        .await
+        .is_err()
+    {
+        http.abort();
+        warn!("metrics connections still open at the end of the shutdown; dropped");
+    }
     if let Some(t) = &cluster_task {
         t.abort();
     }

@@ -77,6 +77,15 @@ pub struct AgentArgs {
         default_value = exitorder_contract::share::DEFAULT_DIR
     )]
     pub share_dir: PathBuf,
+    /// The kubelet's root directory (its `--root-dir`): pod-local exit directories are in
+    /// the pods' `emptyDir` volumes under its `pods/` (`/var/snap/microk8s/common/var/lib/kubelet`
+    /// on microk8s, `/var/lib/k0s/kubelet` on k0s).
+    #[arg(
+        long,
+        env = "EXITORDER_KUBELET_ROOT_DIR",
+        default_value = exitorder_contract::podlocal::DEFAULT_KUBELET_ROOT
+    )]
+    pub kubelet_root_dir: PathBuf,
     /// This node's name (from the downward API): the pod watch's `spec.nodeName` and the
     /// Events' reporting instance. Without it there is no pod watch.
     #[arg(long, env = "NODE_NAME")]
@@ -133,6 +142,7 @@ impl AgentArgs {
     pub fn config(&self) -> agent::Config {
         let mut cfg = agent::Config::new(self.share_dir.clone(), socket_path(&self.cri_socket));
         cfg.grace_reserve = self.grace_reserve;
+        cfg.kubelet_root_dir = self.kubelet_root_dir.clone();
         cfg.exit_source = self.exit_source;
         cfg.poll_interval = self.poll_interval.max(Duration::from_millis(1));
         cfg.api_settle = self.api_settle;
@@ -166,6 +176,15 @@ pub struct WebhookArgs {
         default_value = exitorder_contract::share::DEFAULT_DIR
     )]
     pub share_dir: String,
+    /// Where injected sidecars' exit directories live: `emptyDir` (the pod's own volume, no
+    /// hostPath: admissible under Pod Security baseline and restricted) or `hostPath` (the
+    /// node's share).
+    #[arg(long, env = "EXITORDER_HANDSHAKE_VOLUME", value_enum, default_value_t = crate::webhook::HandshakeVolume::EmptyDir)]
+    pub handshake_volume: crate::webhook::HandshakeVolume,
+    /// The image the injected init container `exitorder-install` copies the entrypoint from
+    /// (the chart passes its own).
+    #[arg(long, env = "EXITORDER_INSTALL_IMAGE", default_value = crate::webhook::DEFAULT_INSTALL_IMAGE)]
+    pub install_image: String,
     /// The agents' `--grace-reserve`: injected entrypoints give up this long before the pod's
     /// grace period ends.
     #[arg(long, env = "EXITORDER_GRACE_RESERVE", default_value = "5s", value_parser = parse_duration)]
@@ -193,6 +212,8 @@ impl WebhookArgs {
             settings: crate::webhook::Settings {
                 share_dir: self.share_dir.clone(),
                 grace_reserve: self.grace_reserve,
+                handshake_volume: self.handshake_volume,
+                install_image: self.install_image.clone(),
             },
             reload_interval: self.reload_interval.max(Duration::from_millis(10)),
             shutdown_timeout: self.shutdown_timeout,

@@ -11,6 +11,9 @@ pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_millis(25);
 #[derive(Debug, Clone)]
 pub struct Config {
     pub share_dir: PathBuf,
+    /// The kubelet's root directory, whose `pods/` holds each pod's `emptyDir` volumes: where
+    /// pod-local exit directories are.
+    pub kubelet_root_dir: PathBuf,
     pub cri_socket: PathBuf,
     /// Taken off the grace deadline so a released sidecar still drains before SIGKILL.
     pub grace_reserve: Duration,
@@ -32,12 +35,16 @@ pub struct Config {
     /// How old a wait must be before the API server's "not being deleted" releases it: time
     /// for a deletion the kubelet already acts on to reach the agent's own watch.
     pub api_settle: Duration,
+    /// How long the node view remembers a removed container's id, so that a late event does
+    /// not bring it back.
+    pub tombstone_ttl: Duration,
 }
 
 impl Config {
     pub fn new(share_dir: PathBuf, cri_socket: PathBuf) -> Self {
         Config {
             share_dir,
+            kubelet_root_dir: PathBuf::from(exitorder_contract::podlocal::DEFAULT_KUBELET_ROOT),
             cri_socket,
             grace_reserve: Duration::from_secs(5),
             poll_interval: DEFAULT_POLL_INTERVAL,
@@ -47,6 +54,7 @@ impl Config {
             gc_min_age: Duration::from_secs(60),
             entrypoint_binary: None,
             api_settle: Duration::from_millis(250),
+            tombstone_ttl: crate::view::TOMBSTONE_TTL,
         }
     }
 }

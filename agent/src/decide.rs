@@ -7,6 +7,7 @@
 use std::fmt;
 use std::time::{Duration, Instant};
 
+use crate::bounds::Later as _;
 use crate::stoporder::StopOrder;
 
 /// A container attempt's state as the runtime reports it.
@@ -199,7 +200,7 @@ pub fn decide(pod: Option<&PodFacts>, waiting: &str, since: Instant, now: Instan
     }
     let mut settled_at = None;
     if let Deletion::NotDeleting { settle, confirmed } = pod.deletion {
-        let at = since + settle;
+        let at = since.later(settle);
         if now >= at && confirmed.is_some_and(|c| c >= since) {
             return Verdict::Allow(Reason::NotTerminating);
         }

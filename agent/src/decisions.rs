@@ -8,6 +8,7 @@ use tracing::{debug, info, warn};
 
 use crate::agent::Agent;
 use crate::backoff::Backoff;
+use crate::bounds::Later as _;
 use crate::decide::{self, Deletion, PodFacts, Reason, Verdict};
 use crate::facts::{self, Clock};
 use crate::podwatch::{ApiPod, ConfirmRequest, PodSignal};
@@ -137,7 +138,7 @@ impl Agent {
         // clock (up to a tick behind): a container seen just after it may have started just
         // before it.
         let maybe_ours =
-            latest_wait.is_some_and(|t| self.view.undescribed_seen_by(t + FILE_CLOCK_SLACK));
+            latest_wait.is_some_and(|t| self.view.undescribed_seen_by(t.later(FILE_CLOCK_SLACK)));
         if maybe_ours && ordered.malformed.is_none() {
             // A container that started before this pod's exit file is being read: it may be
             // this pod's. One that started later cannot be (see `undescribed_seen_by`).
@@ -175,7 +176,7 @@ impl Agent {
     }
 
     fn warn_once(&mut self, pod: &PodUid, e: &dyn std::error::Error, consequence: &str) {
-        if self.warned.insert((pod.clone(), e.to_string())) {
+        if self.first_warning(pod, e.to_string()) {
             warn!(pod = %pod, error = %e, "{consequence}");
         }
     }
@@ -194,7 +195,7 @@ impl Agent {
                 continue;
             }
             let key = format!("stop order: {w} <- {}", skipped.join(","));
-            if self.warned.insert((pod.clone(), key)) {
+            if self.first_warning(pod, key) {
                 warn!(
                     event = "stop_order",
                     pod = %pod,
@@ -240,7 +241,7 @@ impl Agent {
                         info!(pod = %pod, "the API server says the pod is going away; exits stay ordered");
                         p.confirm.denied = true;
                     }
-                    None => p.confirm.retry_at = Some(Instant::now() + CONFIRM_RETRY),
+                    None => p.confirm.retry_at = Some(Instant::now().later(CONFIRM_RETRY)),
                 }
                 dirty.insert(pod);
             }
@@ -304,9 +305,14 @@ impl Agent {
                     .collect(),
                 _ => Vec::new(),
             };
-            let key = ExitKey {
-                pod: pod.clone(),
-                container,
+            let Some(key) = self
+                .waits
+                .pending
+                .get(pod)
+                .and_then(|p| p.waiting.get(&container))
+                .map(|w| w.key(pod, &container))
+            else {
+                continue;
             };
             let tell = (held || reason == Reason::Deadline).then_some(still_running);
             self.allow(&key, reason, tell, names.clone());
@@ -338,7 +344,12 @@ impl Agent {
             .pod(key.pod.as_str())
             .and_then(|p| p.containers.values().filter_map(|c| c.exit_seen).max());
         let decided = last_exit.map_or(since, |e| e.max(since)).elapsed();
-        match self.share.write_allow(key) {
+        let written = match self.place(key.place) {
+            Some(share) => share.write_allow(key),
+            // The place is no longer served (the kubelet's root went): nothing to answer in.
+            None => return,
+        };
+        match written {
             Ok(()) => {
                 self.stats.allowed(reason, waited);
                 info!(
@@ -372,7 +383,7 @@ impl Agent {
                     w.write_failures = w.write_failures.saturating_add(1);
                     let delay =
                         Backoff::after(WRITE_RETRY_START, WRITE_RETRY_MAX, w.write_failures);
-                    let at = Instant::now() + delay;
+                    let at = Instant::now().later(delay);
                     w.retry_at = Some(at);
                     // Said at the 1st, 2nd, 4th, 8th... failure: a disk that stays full must
                     // not fill the log every two seconds per wait.

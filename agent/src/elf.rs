@@ -63,55 +63,54 @@ struct Header {
     phnum: u64,
 }
 
+/// `N` bytes of `b` at `at`, or the header is too short for what it claims.
+fn field<const N: usize>(b: &[u8], at: usize) -> Result<[u8; N], ElfError> {
+    at.checked_add(N)
+        .and_then(|end| b.get(at..end))
+        .and_then(|s| <[u8; N]>::try_from(s).ok())
+        .ok_or(ElfError::NotElf("short header"))
+}
+
+/// Bytes in the file's order turned into the machine's.
+fn order<const N: usize>(mut v: [u8; N], little: bool) -> [u8; N] {
+    if little != cfg!(target_endian = "little") {
+        v.reverse();
+    }
+    v
+}
+
 fn read_header(f: &mut File) -> Result<Header, ElfError> {
     let mut h = [0u8; 64];
     f.read_exact(&mut h).map_err(|e| match e.kind() {
         io::ErrorKind::UnexpectedEof => ElfError::NotElf("too short"),
         _ => ElfError::Io(e),
     })?;
-    if &h[..4] != b"\x7fELF" {
+    if h.get(..4) != Some(b"\x7fELF".as_slice()) {
         return Err(ElfError::NotElf("bad magic"));
     }
-    let little = match h[5] {
-        1 => true,
-        2 => false,
+    let little = match h.get(5) {
+        Some(1) => true,
+        Some(2) => false,
         _ => return Err(ElfError::NotElf("bad byte order")),
     };
-    let u16_at = |at: usize| {
-        let v = [h[at], h[at + 1]];
-        if little {
-            u16::from_le_bytes(v)
-        } else {
-            u16::from_be_bytes(v)
-        }
-    };
-    let u32_at = |at: usize| {
-        let v = [h[at], h[at + 1], h[at + 2], h[at + 3]];
-        if little {
-            u32::from_le_bytes(v)
-        } else {
-            u32::from_be_bytes(v)
-        }
-    };
-    let (is64, phoff, phentsize, phnum) = match h[4] {
-        2 => {
-            let mut off = [0u8; 8];
-            off.copy_from_slice(&h[0x20..0x28]);
-            let phoff = if little {
-                u64::from_le_bytes(off)
-            } else {
-                u64::from_be_bytes(off)
-            };
-            (true, phoff, u16_at(0x36), u16_at(0x38))
-        }
-        1 => (false, u64::from(u32_at(0x1c)), u16_at(0x2a), u16_at(0x2c)),
+    let u16_at = |at: usize| field::<2>(&h, at).map(|v| u16::from_ne_bytes(order(v, little)));
+    let u32_at = |at: usize| field::<4>(&h, at).map(|v| u32::from_ne_bytes(order(v, little)));
+    let u64_at = |at: usize| field::<8>(&h, at).map(|v| u64::from_ne_bytes(order(v, little)));
+    let (is64, phoff, phentsize, phnum) = match h.get(4) {
+        Some(2) => (true, u64_at(0x20)?, u16_at(0x36)?, u16_at(0x38)?),
+        Some(1) => (
+            false,
+            u64::from(u32_at(0x1c)?),
+            u16_at(0x2a)?,
+            u16_at(0x2c)?,
+        ),
         _ => return Err(ElfError::NotElf("bad class")),
     };
     Ok(Header {
         is64,
         little,
-        kind: u16_at(0x10),
-        machine: u16_at(0x12),
+        kind: u16_at(0x10)?,
+        machine: u16_at(0x12)?,
         phoff,
         phentsize: u64::from(phentsize),
         phnum: u64::from(phnum),
@@ -123,45 +122,26 @@ fn interpreter(f: &mut File, h: &Header) -> Result<Option<String>, ElfError> {
     if h.phentsize < 8 || h.phnum > 4096 {
         return Err(ElfError::NotElf("bad program header table"));
     }
-    let len = usize::try_from(h.phentsize * h.phnum)
+    let len = usize::try_from(h.phentsize.saturating_mul(h.phnum))
         .map_err(|_| ElfError::NotElf("program header table too large"))?;
     let entry = usize::try_from(h.phentsize).map_err(|_| ElfError::NotElf("bad entry size"))?;
     f.seek(SeekFrom::Start(h.phoff))?;
     let mut table = vec![0u8; len];
     f.read_exact(&mut table)
         .map_err(|_| ElfError::NotElf("truncated program header table"))?;
-    let word = |b: &[u8]| {
-        let v = [b[0], b[1], b[2], b[3]];
-        if h.little {
-            u32::from_le_bytes(v)
-        } else {
-            u32::from_be_bytes(v)
-        }
-    };
-    let dword = |b: &[u8]| {
-        let mut v = [0u8; 8];
-        v.copy_from_slice(&b[..8]);
-        if h.little {
-            u64::from_le_bytes(v)
-        } else {
-            u64::from_be_bytes(v)
-        }
-    };
+    let word =
+        |b: &[u8], at: usize| field::<4>(b, at).map(|v| u32::from_ne_bytes(order(v, h.little)));
+    let dword =
+        |b: &[u8], at: usize| field::<8>(b, at).map(|v| u64::from_ne_bytes(order(v, h.little)));
     for ph in table.chunks_exact(entry) {
-        if word(ph) != PT_INTERP {
+        if word(ph, 0)? != PT_INTERP {
             continue;
         }
         // p_offset and p_filesz: where the interpreter's path is, capped to a sane length.
         let (offset, size) = if h.is64 {
-            if ph.len() < 0x28 {
-                return Err(ElfError::NotElf("short program header"));
-            }
-            (dword(&ph[0x08..]), dword(&ph[0x20..]))
+            (dword(ph, 0x08)?, dword(ph, 0x20)?)
         } else {
-            if ph.len() < 0x14 {
-                return Err(ElfError::NotElf("short program header"));
-            }
-            (u64::from(word(&ph[0x04..])), u64::from(word(&ph[0x10..])))
+            (u64::from(word(ph, 0x04)?), u64::from(word(ph, 0x10)?))
         };
         let mut path = vec![0u8; usize::try_from(size.min(256)).unwrap_or(256)];
         f.seek(SeekFrom::Start(offset))?;

@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
+use crate::bounds::Later as _;
 use crate::decide::{self, Attempt, Deletion, PodFacts};
 use crate::priority::{self, PodPriorities, PriorityError};
 use crate::stoporder::{StopOrder, StopOrderError};
@@ -162,7 +163,7 @@ impl Clock {
             .api_grace
             .or(self.runtime_grace)
             .unwrap_or(DEFAULT_GRACE);
-        self.first_seen + grace.saturating_sub(self.reserve)
+        self.first_seen.later(grace.saturating_sub(self.reserve))
     }
 }
 

@@ -7,6 +7,9 @@
 //! took effect is written to the share (`jobs/<pod-uid>`, a directory no pod mounts), so an
 //! agent restarted in between does not repeat it, and one that did not take effect (the agent
 //! stopped before it) is done by the next agent.
+//!
+//! What the task keeps of a pod goes once its Job is done, or, for a pod deleted before that,
+//! when garbage collection finds the pod gone from the runtime (and removes its record).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::io::Write as _;
@@ -18,11 +21,12 @@ use tokio::sync::mpsc;
 use tracing::{debug, info, warn, Instrument};
 
 use crate::agent::Agent;
+use crate::bounds::Later as _;
 use crate::completion::{self, Completes, Member, Participation, Step};
 use crate::decide::{self, RunState};
 use crate::facts;
 use crate::recorder::{EventSink, PodRef, ShutdownNotice};
-use crate::runtime::Runtime;
+use crate::runtime::{ExitStatus, Runtime};
 use crate::share::PodUid;
 use crate::stats::Stats;
 use crate::stoporder::StopOrder;
@@ -59,10 +63,26 @@ pub struct JobSnapshot {
     pub urls: BTreeMap<String, String>,
 }
 
+/// What the decision loop tells the task.
+enum JobMsg {
+    Snapshot(JobSnapshot),
+    /// Only these pods still exist: what the task keeps of others goes.
+    Keep(BTreeSet<PodUid>),
+}
+
 /// The decision loop's side.
 #[derive(Clone)]
 pub struct JobLink {
-    tx: mpsc::UnboundedSender<JobSnapshot>,
+    tx: mpsc::UnboundedSender<JobMsg>,
+}
+
+impl JobLink {
+    /// Lets the task forget the pods that are gone: it keeps a little per completing pod
+    /// (the attempts shut down, exit codes read), which must not outlive the pod on a node
+    /// that runs thousands of Jobs.
+    pub fn keep_only(&self, pods: BTreeSet<PodUid>) {
+        let _ = self.tx.send(JobMsg::Keep(pods));
+    }
 }
 
 /// Starts nothing: the task runs when `run` is awaited.
@@ -98,7 +118,7 @@ struct PodJob {
 }
 
 pub struct JobsTask {
-    rx: mpsc::UnboundedReceiver<JobSnapshot>,
+    rx: mpsc::UnboundedReceiver<JobMsg>,
     runtime: Runtime,
     dir: PathBuf,
     events: Option<EventSink>,
@@ -113,16 +133,27 @@ impl JobsTask {
         if let Err(e) = records_dir(&self.dir) {
             warn!(dir = %self.dir.display(), error = %e, "cannot use the Job records' directory; shutdowns are not recorded");
         }
-        while let Some(snap) = self.rx.recv().await {
+        while let Some(msg) = self.rx.recv().await {
             // Only the latest of a burst of snapshots of one pod matters.
             let mut latest: BTreeMap<PodUid, JobSnapshot> = BTreeMap::new();
-            latest.insert(snap.uid.clone(), snap);
-            while let Ok(s) = self.rx.try_recv() {
-                latest.insert(s.uid.clone(), s);
+            let mut next = Some(msg);
+            while let Some(msg) = next.take() {
+                match msg {
+                    JobMsg::Snapshot(snap) => {
+                        latest.insert(snap.uid.clone(), snap);
+                    }
+                    JobMsg::Keep(live) => {
+                        self.pods.retain(|uid, _| live.contains(uid));
+                        latest.retain(|uid, _| live.contains(uid));
+                        self.stats.set_job_pods(self.pods.len());
+                    }
+                }
+                next = self.rx.try_recv().ok();
             }
             for snap in latest.into_values() {
                 self.handle(snap).await;
             }
+            self.stats.set_job_pods(self.pods.len());
         }
     }
 
@@ -136,6 +167,14 @@ impl JobsTask {
                 ..PodJob::default()
             }
         });
+        // An older attempt's exit code is never needed again (a restarted sidecar is a new
+        // attempt): only the current attempts' are kept.
+        let current: BTreeSet<&str> = snap
+            .members
+            .iter()
+            .filter_map(|m| m.id.as_deref())
+            .collect();
+        job.codes.retain(|id, _| current.contains(id.as_str()));
         let asked =
             |m: &SnapMember, job: &PodJob| m.id.as_ref().is_some_and(|id| job.asked.contains(id));
         // Exit codes: of sidecars that were shut down (to report a failure), and of main
@@ -146,11 +185,16 @@ impl JobsTask {
                 || (snap.policy == Completes::OnFailure && m.priority == 0);
             if m.state == RunState::Exited && wanted && !job.codes.contains_key(id) {
                 match exit_code(&self.runtime, id).await {
-                    Ok(Some(code)) => {
+                    Ok(ExitStatus::Exited(code)) => {
                         job.codes.insert(id.to_owned(), code);
                     }
-                    Ok(None) => {
+                    Ok(ExitStatus::NotYet) => {
                         warn!(pod = %snap.uid, container = %m.name, "the runtime has no exit code for an exited container yet; asking again at the next change");
+                    }
+                    Ok(ExitStatus::Gone) => {
+                        // Removed with its pod, most likely: what the task keeps of the pod
+                        // goes with it.
+                        debug!(pod = %snap.uid, container = %m.name, "the container is gone from the runtime; its exit code is not known");
                     }
                     Err(e) => {
                         self.stats.runtime_error(e.kind());
@@ -246,26 +290,34 @@ impl JobsTask {
 }
 
 /// The exit code of a container whose exit the runtime has announced. containerd's CRI
-/// status says "exited" a little after its exit event: asked again for a short while.
+/// status says "exited" a little after its exit event: asked again for a short while, but
+/// not for a container the runtime no longer has, whose status never comes (one task serves
+/// every Job of the node: pods removed as soon as they finish must not hold it up).
 async fn exit_code(
     runtime: &Runtime,
     id: &str,
-) -> Result<Option<i32>, crate::runtime::RuntimeError> {
-    let deadline = tokio::time::Instant::now() + EXIT_CODE_WAIT;
+) -> Result<ExitStatus, crate::runtime::RuntimeError> {
+    let deadline = tokio::time::Instant::now().later(EXIT_CODE_WAIT);
     loop {
-        match runtime.exit_code(id).await? {
-            Some(code) => return Ok(Some(code)),
-            None if tokio::time::Instant::now() >= deadline => return Ok(None),
-            None => tokio::time::sleep(Duration::from_millis(20)).await,
+        match runtime.exit_status(id).await? {
+            ExitStatus::NotYet if tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            status => return Ok(status),
         }
     }
 }
 
-/// Whether the container exits within `limit` (its status read a few times a second).
+/// Whether the container exits (or is gone) within `limit` (its status read a few times a
+/// second).
 async fn exited_within(runtime: &Runtime, id: &str, limit: Duration) -> bool {
-    let deadline = tokio::time::Instant::now() + limit;
+    // `limit` is the pod's grace period: any int64 the pod set, bounded only here.
+    let deadline = tokio::time::Instant::now().later(limit);
     loop {
-        if matches!(runtime.exit_code(id).await, Ok(Some(_))) {
+        if matches!(
+            runtime.exit_status(id).await,
+            Ok(ExitStatus::Exited(_) | ExitStatus::Gone)
+        ) {
             return true;
         }
         if tokio::time::Instant::now() >= deadline {
@@ -317,7 +369,10 @@ async fn shut_down(s: Shutdown, stats: Arc<Stats>) {
         let took = match &res {
             Ok((0, _)) => true,
             // Its status says "exited" a little after the exit itself.
-            _ => matches!(exit_code(&s.runtime, &s.id).await, Ok(Some(_))),
+            _ => matches!(
+                exit_code(&s.runtime, &s.id).await,
+                Ok(ExitStatus::Exited(_) | ExitStatus::Gone)
+            ),
         };
         if took {
             append(&s.dir, pod, &done, &stats);
@@ -478,9 +533,9 @@ impl Agent {
     /// opted in. Needs the API server: the restart policy and which containers are main
     /// containers are in the pod's spec only.
     pub(crate) fn job_check(&mut self, uid: &str) {
-        let Some(link) = self.jobs.as_ref() else {
+        if self.jobs.is_none() {
             return;
-        };
+        }
         let Ok(pod) = PodUid::parse(uid) else {
             return;
         };
@@ -514,11 +569,7 @@ impl Agent {
                 .iter()
                 .filter(|m: &&SnapMember| m.priority == 0)
                 .all(|m| m.state == RunState::Exited);
-            if done
-                && self
-                    .warned
-                    .insert((pod.clone(), "job: left running".to_owned()))
-            {
+            if done && self.first_warning(&pod, "job: left running".to_owned()) {
                 info!(event = "job_left_running", pod = %pod, "main containers done; sidecars left running (exitorder.io/terminate-sidecars-on-completion: \"false\")");
             }
             return;
@@ -526,7 +577,7 @@ impl Agent {
         let (urls, bad) = completion::shutdown_urls(&api.annotations);
         if let Some(bad) = bad {
             let key = format!("job: {bad}");
-            if self.warned.insert((pod.clone(), key)) {
+            if self.first_warning(&pod, key) {
                 warn!(pod = %pod, problem = %bad, "sidecars without a valid shutdown URL are stopped through the runtime");
             }
         }
@@ -543,7 +594,9 @@ impl Agent {
             urls,
         };
         debug!(pod = %snap.uid, members = ?snap.members, "completing pod: snapshot");
-        let _ = link.tx.send(snap);
+        if let Some(link) = &self.jobs {
+            let _ = link.tx.send(JobMsg::Snapshot(snap));
+        }
     }
 }
 

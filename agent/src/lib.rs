@@ -4,9 +4,25 @@
 //! `pods/<uid>/<name>/exit` in the host share, and the agent writes `allow` once every
 //! lower-priority container of the pod has exited (or the grace deadline comes).
 
+// The agent serves every tenant of its node as root: nothing a pod or the runtime sends may
+// panic it. These keep panicking operations out of its code (tests may use them).
+#![cfg_attr(
+    not(test),
+    deny(
+        clippy::arithmetic_side_effects,
+        clippy::unwrap_used,
+        clippy::expect_used,
+        clippy::indexing_slicing,
+        clippy::panic,
+        clippy::unreachable,
+        clippy::todo
+    )
+)]
+
 pub mod agent;
 pub mod app;
 pub mod backoff;
+pub mod bounds;
 pub mod cli;
 pub mod cluster;
 pub mod completion;
@@ -23,6 +39,7 @@ pub mod priority;
 pub mod reader;
 pub mod recorder;
 pub mod runtime;
+pub mod serve;
 pub mod share;
 pub mod source;
 pub mod stats;

@@ -9,11 +9,11 @@ use bytes::Bytes;
 use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::{Method, Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
-use tracing::{debug, Instrument};
+use tokio_util::sync::CancellationToken;
 
 use crate::decide::Reason;
+use crate::serve::Limits;
 use crate::stats::{Histogram, Stats, LATENCY_BUCKETS};
 
 /// Renders every metric family in the Prometheus text format.
@@ -125,6 +125,35 @@ pub fn render(stats: &Stats) -> String {
          # HELP exitorder_view_pods Pods the agent's node view holds.\n\
          # TYPE exitorder_view_pods gauge\nexitorder_view_pods {pods}"
     );
+    let _ = writeln!(
+        out,
+        "# HELP exitorder_http_connections Open connections to this endpoint.\n\
+         # TYPE exitorder_http_connections gauge\nexitorder_http_connections {}\n\
+         # HELP exitorder_http_connections_evicted_total Connections closed to make room for a new one, from the peer holding the most.\n\
+         # TYPE exitorder_http_connections_evicted_total counter\nexitorder_http_connections_evicted_total {}",
+        stats.http.open.load(std::sync::atomic::Ordering::Relaxed),
+        stats.http.evicted.load(std::sync::atomic::Ordering::Relaxed)
+    );
+    let _ = writeln!(
+        out,
+        "# HELP exitorder_job_pods Completing pods whose Job shutdown state the agent keeps.\n\
+         # TYPE exitorder_job_pods gauge\nexitorder_job_pods {}",
+        stats.job_pods()
+    );
+    let _ = writeln!(
+        out,
+        "# HELP exitorder_kept_entries What the agent keeps per pod or container besides the view and the waits, by kind: removed containers' ids (view_tombstones), pods the API server deleted (api_tombstones), problems logged once (warnings), exit files' last appearances (exit_history), directories watched (watches).\n\
+         # TYPE exitorder_kept_entries gauge"
+    );
+    // Every kind, 0 or more: a closed set of series that never disappears.
+    for kind in crate::stats::Kept::ALL {
+        let _ = writeln!(
+            out,
+            "exitorder_kept_entries{{kind=\"{}\"}} {}",
+            kind.as_str(),
+            stats.kept(kind)
+        );
+    }
     out
 }
 
@@ -152,6 +181,8 @@ fn respond(stats: &Stats, req: &Request<Incoming>) -> Response<Full<Bytes>> {
         *r.status_mut() = code;
         r
     };
+    // No body is ever read here: once answered, hyper drops what of it is already buffered
+    // or closes the connection, so nothing a client sends is kept beyond its head.
     if req.method() != Method::GET {
         return text(StatusCode::METHOD_NOT_ALLOWED, "GET only\n".into());
     }
@@ -195,32 +226,27 @@ fn respond(stats: &Stats, req: &Request<Incoming>) -> Response<Full<Bytes>> {
     }
 }
 
-/// Serves until the task is dropped or aborted; each connection runs in its own named task.
-pub async fn serve(listener: TcpListener, stats: Arc<Stats>) {
-    loop {
-        let (stream, peer) = match listener.accept().await {
-            Ok(c) => c,
-            Err(e) => {
-                debug!(error = %e, "metrics accept failed");
-                continue;
-            }
-        };
-        let stats = stats.clone();
-        let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
-            let resp = respond(&stats, &req);
-            async move { Ok::<_, Infallible>(resp) }
-        });
-        tokio::spawn(
+/// Serves the endpoint on `listener` until `stop`, within [`Limits::METRICS`]: it is on the
+/// node's network, where any pod can reach it.
+pub async fn serve(listener: TcpListener, stats: Arc<Stats>, stop: CancellationToken) {
+    let conns = Arc::clone(&stats.http);
+    crate::serve::accept_loop(
+        listener,
+        Limits::METRICS,
+        conns,
+        stop,
+        move |tcp, _peer, conn| {
+            let stats = Arc::clone(&stats);
             async move {
-                let conn = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(TokioIo::new(stream), svc);
-                if let Err(e) = conn.await {
-                    debug!(error = %e, "metrics connection ended");
-                }
+                let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
+                    let resp = respond(&stats, &req);
+                    async move { Ok::<_, Infallible>(resp) }
+                });
+                crate::serve::http1(tcp, svc, &Limits::METRICS, conn).await;
             }
-            .instrument(tracing::debug_span!("metrics_conn", %peer)),
-        );
-    }
+        },
+    )
+    .await;
 }
 
 #[cfg(test)]

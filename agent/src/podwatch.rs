@@ -32,6 +32,11 @@ pub const WATCH_TIMEOUT_SECS: u32 = 120;
 /// How long a deleted pod is remembered after the API server dropped it: its containers can
 /// outlive the API object (a force delete) and their waits still need its deadline.
 const TOMBSTONE_TTL: Duration = Duration::from_secs(600);
+/// At most this many deleted pods are remembered, the oldest forgotten first. Each holds the
+/// pod's annotations (up to 256 KiB), and pods scheduled here and deleted at once would
+/// otherwise each stay for the whole TTL. More than a node's pods: only pods whose containers
+/// are still stopping need one, and the decision loop drops those the runtime no longer has.
+const MAX_TOMBSTONES: usize = 1_024;
 
 const BACKOFF_MIN: Duration = Duration::from_millis(500);
 const BACKOFF_MAX: Duration = Duration::from_secs(30);
@@ -61,9 +66,9 @@ pub struct ApiPod {
     pub containers: Vec<String>,
 }
 
+/// A grace field of the pod, bounded: the API server accepts any int64 here.
 fn seconds(s: Option<i64>) -> Option<Duration> {
-    s.and_then(|s| u64::try_from(s).ok())
-        .map(Duration::from_secs)
+    s.map(crate::bounds::grace_seconds)
 }
 
 impl ApiPod {
@@ -204,6 +209,18 @@ impl PodView {
     pub fn confirm(&self, req: ConfirmRequest) {
         let _ = self.confirm.send(req);
     }
+
+    /// Forgets the deleted pods that `keep` does not name (the runtime no longer has them:
+    /// no wait of theirs can need the API server's word any more); how many are left.
+    pub fn keep_tombstones(&self, keep: impl Fn(&str) -> bool) -> usize {
+        match self.shared.tombstones.lock() {
+            Ok(mut t) => {
+                t.retain(|uid, (_, at)| keep(uid) && at.elapsed() < TOMBSTONE_TTL);
+                t.len()
+            }
+            Err(_) => 0,
+        }
+    }
 }
 
 /// The watch itself; [`PodWatch::run`] drives it until shutdown.
@@ -313,6 +330,29 @@ pub fn pod_watch(
     (view, watch, confirmer, rx)
 }
 
+/// Remembers a deleted pod, within [`TOMBSTONE_TTL`] and [`MAX_TOMBSTONES`]; the UID of the
+/// oldest forgotten to make room, if one was.
+fn remember(
+    tombstones: &mut HashMap<String, (ApiPod, Instant)>,
+    pod: ApiPod,
+    now: Instant,
+) -> Option<String> {
+    tombstones.retain(|_, (_, at)| now.saturating_duration_since(*at) < TOMBSTONE_TTL);
+    let mut forgot = None;
+    if !tombstones.contains_key(&pod.uid) && tombstones.len() >= MAX_TOMBSTONES {
+        let oldest = tombstones
+            .iter()
+            .min_by_key(|(_, (_, at))| *at)
+            .map(|(uid, _)| uid.clone());
+        if let Some(uid) = oldest {
+            tombstones.remove(&uid);
+            forgot = Some(uid);
+        }
+    }
+    tombstones.insert(pod.uid.clone(), (pod, now));
+    forgot
+}
+
 fn error_kind(e: &watcher::Error) -> &'static str {
     match e {
         watcher::Error::InitialListFailed(_) => "list",
@@ -399,8 +439,11 @@ impl PodWatch {
                     p.deleting = true;
                     let uid = p.uid.clone();
                     if let Ok(mut t) = self.shared.tombstones.lock() {
-                        t.retain(|_, (_, at)| at.elapsed() < TOMBSTONE_TTL);
-                        t.insert(uid.clone(), (p, Instant::now()));
+                        if let Some(forgot) = remember(&mut t, p, Instant::now()) {
+                            warn!(pod = %forgot, limit = MAX_TOMBSTONES, "more deleted pods than the agent remembers; forgetting the oldest (its remaining waits are decided by the runtime's rules)");
+                        }
+                        self.stats
+                            .set_kept(crate::stats::Kept::ApiTombstones, t.len());
                     }
                     let _ = self.tx.send(PodSignal::Changed(uid));
                 }
@@ -510,6 +553,34 @@ mod tests {
     }
 
     #[test]
+    fn deleted_pods_are_remembered_within_bounds() {
+        let base = ApiPod::from_pod(&pod(Some(1_000), None)).expect("has a uid");
+        let with_uid = |i: usize| ApiPod {
+            uid: format!("uid-{i}"),
+            ..base.clone()
+        };
+        let t0 = Instant::now();
+        let mut t = HashMap::new();
+        for i in 0..MAX_TOMBSTONES {
+            assert_eq!(
+                remember(&mut t, with_uid(i), t0 + Duration::from_millis(i as u64)),
+                None
+            );
+        }
+        // Full: the oldest goes, and says so.
+        let later = t0 + Duration::from_secs(5);
+        assert_eq!(
+            remember(&mut t, with_uid(MAX_TOMBSTONES), later),
+            Some("uid-0".to_owned())
+        );
+        assert_eq!(t.len(), MAX_TOMBSTONES);
+        assert!(t.contains_key(&format!("uid-{MAX_TOMBSTONES}")));
+        // Past the TTL, every one of them goes.
+        remember(&mut t, with_uid(0), later + TOMBSTONE_TTL);
+        assert_eq!(t.len(), 1);
+    }
+
+    #[test]
     fn object_without_uid_is_skipped() {
         let mut p = pod(None, None);
         p.metadata.uid = None;
@@ -517,10 +588,21 @@ mod tests {
     }
 
     #[test]
-    fn negative_seconds_are_ignored() {
+    fn negative_seconds_are_the_shortest_grace() {
+        // The API server stores a negative grace period as 1 s; the kubelet never waits less.
         let mut p = pod(Some(1_000), Some(-1));
         p.spec.as_mut().unwrap().termination_grace_period_seconds = Some(-3);
         let p = ApiPod::from_pod(&p).expect("has a uid");
-        assert_eq!(p.grace(), None);
+        assert_eq!(p.grace(), Some(Duration::from_secs(1)));
+    }
+
+    #[test]
+    fn huge_seconds_are_bounded() {
+        for secs in [i64::MAX, i64::MAX - 1, 1 << 62] {
+            let mut p = pod(Some(1_000), Some(secs));
+            p.spec.as_mut().unwrap().termination_grace_period_seconds = Some(secs);
+            let p = ApiPod::from_pod(&p).expect("has a uid");
+            assert_eq!(p.grace(), Some(crate::bounds::MAX_SPAN));
+        }
     }
 }

@@ -13,7 +13,6 @@ use tokio::sync::{mpsc, Semaphore};
 use tokio::task::JoinSet;
 use tracing::{debug, Instrument};
 
-use crate::priority;
 use crate::runtime::{Runtime, RuntimeError};
 use crate::view::{Change, Need};
 
@@ -197,12 +196,7 @@ impl ReaderTask {
                         // The semaphore is never closed; an error would only mean "go on".
                         let _permit = permits.acquire_owned().await;
                         match runtime.describe(id).await {
-                            Ok(Some(d)) => Ok(vec![Reply::Change(Change::Described {
-                                env: priority::from_env(
-                                    d.env.iter().map(|(k, v)| (k.as_str(), v.as_str())),
-                                ),
-                                info: d.info,
-                            })]),
+                            Ok(Some(d)) => Ok(vec![Reply::Change(d.change())]),
                             Ok(None) => Ok(vec![Reply::Change(Change::NotAContainer {
                                 id: id.clone(),
                             })]),

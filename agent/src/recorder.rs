@@ -204,9 +204,9 @@ fn event(
 fn truncate(s: &str, max: usize) -> String {
     let mut end = s.len().min(max);
     while !s.is_char_boundary(end) {
-        end -= 1;
+        end = end.saturating_sub(1);
     }
-    s[..end].to_owned()
+    s.get(..end).unwrap_or_default().to_owned()
 }
 
 /// The decision loop's side of the queue.

@@ -12,12 +12,12 @@ use tonic::transport::{Channel, Endpoint};
 
 use crate::cri::runtime_service_client::RuntimeServiceClient;
 use crate::cri::{
-    ContainerFilter, ContainerState, ContainerStatusRequest, ExecSyncRequest,
-    ListContainersRequest, ListPodSandboxRequest, PodSandboxFilter, StopContainerRequest,
-    VersionRequest, VersionResponse,
+    Container, ContainerFilter, ContainerState, ContainerStatusRequest, ContainerStatusResponse,
+    ExecSyncRequest, ListContainersRequest, ListPodSandboxRequest, PodSandbox, PodSandboxFilter,
+    StopContainerRequest, VersionRequest, VersionResponse,
 };
 use crate::decide::RunState;
-use crate::view::{ContainerInfo, Listing, SandboxInfo};
+use crate::view::{Change, ContainerInfo, Listing, SandboxInfo};
 
 /// Container annotation where the kubelet records the pod's terminationGracePeriodSeconds.
 pub use exitorder_contract::kubelet::ANNOTATION_GRACE;
@@ -103,12 +103,13 @@ fn run_state(raw: i32) -> RunState {
     }
 }
 
-/// The pod's grace period as the kubelet wrote it on a container.
+/// The pod's grace period as the kubelet wrote it on a container: the pod's int64 verbatim,
+/// bounded. Text that is no number at all is no grace period (the default applies).
 fn grace(annotations: &HashMap<String, String>) -> Option<Duration> {
-    annotations
-        .get(ANNOTATION_GRACE)
-        .and_then(|v| v.trim().parse::<u64>().ok())
-        .map(Duration::from_secs)
+    match crate::bounds::parse_seconds(annotations.get(ANNOTATION_GRACE)?) {
+        crate::bounds::Seconds::Bounded(d) => Some(d),
+        crate::bounds::Seconds::Junk => None,
+    }
 }
 
 /// A container the kubelet made: its pod's UID and its name are in its labels. Others
@@ -137,6 +138,17 @@ fn container_info(
 pub struct Described {
     pub info: ContainerInfo,
     pub env: Vec<(String, String)>,
+}
+
+/// What the runtime says of a container's exit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExitStatus {
+    /// Exited, with this status.
+    Exited(i32),
+    /// Created or running (or exited, but the runtime's status does not say so yet).
+    NotYet,
+    /// The runtime has no such container (removed): its status will never be known.
+    Gone,
 }
 
 /// Now, Unix ns: when a listing was asked for.
@@ -218,46 +230,11 @@ impl Runtime {
             .map_err(RuntimeError::call("ListContainers"))?
             .into_inner()
             .containers;
-        Ok(Listing {
-            asked_at_ns,
-            sandboxes: sandboxes
-                .into_iter()
-                .filter_map(|sb| {
-                    let uid = sb.labels.get(LABEL_POD_UID)?.clone();
-                    let (namespace, name) = sb
-                        .metadata
-                        .map(|m| (m.namespace, m.name))
-                        .unwrap_or_default();
-                    Some(SandboxInfo {
-                        id: sb.id,
-                        pod_uid: uid,
-                        namespace,
-                        name,
-                        annotations: sb.annotations,
-                        created_at: sb.created_at,
-                    })
-                })
-                .collect(),
-            containers: containers
-                .into_iter()
-                .filter_map(|c| {
-                    let attempt = c.metadata.as_ref().map_or(0, |m| m.attempt);
-                    container_info(
-                        c.id,
-                        &c.labels,
-                        &c.annotations,
-                        attempt,
-                        c.created_at,
-                        c.state,
-                    )
-                })
-                .collect(),
-        })
+        Ok(listing(asked_at_ns, sandboxes, containers))
     }
 
-    /// A container's exit code once it has exited; `None` while it runs or when the runtime
-    /// does not have it.
-    pub async fn exit_code(&self, id: &str) -> Result<Option<i32>, RuntimeError> {
+    /// Whether a container has exited, and with which status.
+    pub async fn exit_status(&self, id: &str) -> Result<ExitStatus, RuntimeError> {
         let resp = self
             .client
             .clone()
@@ -271,8 +248,8 @@ impl Runtime {
                 .into_inner()
                 .status
                 .filter(|s| s.state == ContainerState::ContainerExited as i32)
-                .map(|s| s.exit_code)),
-            Err(s) if s.code() == tonic::Code::NotFound => Ok(None),
+                .map_or(ExitStatus::NotYet, |s| ExitStatus::Exited(s.exit_code))),
+            Err(s) if s.code() == tonic::Code::NotFound => Ok(ExitStatus::Gone),
             Err(s) => Err(RuntimeError::call("ContainerStatus")(s)),
         }
     }
@@ -292,7 +269,7 @@ impl Runtime {
             timeout: secs,
         });
         // The runtime's own timeout, with time for it to answer.
-        req.set_timeout(timeout + CALL_TIMEOUT);
+        req.set_timeout(crate::bounds::sum(timeout, CALL_TIMEOUT));
         let resp = self
             .client
             .clone()
@@ -305,7 +282,7 @@ impl Runtime {
         } else {
             resp.stderr
         };
-        let mut text = String::from_utf8_lossy(&out[..out.len().min(512)]).into_owned();
+        let mut text = String::from_utf8_lossy(out.get(..512).unwrap_or(&out)).into_owned();
         text.truncate(text.trim_end().len());
         Ok((resp.exit_code, text))
     }
@@ -316,7 +293,7 @@ impl Runtime {
             container_id: id.to_owned(),
             timeout: i64::try_from(grace.as_secs()).unwrap_or(i64::MAX),
         });
-        req.set_timeout(grace + Duration::from_secs(10));
+        req.set_timeout(crate::bounds::sum(grace, Duration::from_secs(10)));
         self.client
             .clone()
             .stop_container(req)
@@ -342,28 +319,91 @@ impl Runtime {
             Err(s) if s.code() == tonic::Code::NotFound => return Ok(None),
             Err(s) => return Err(RuntimeError::call("ContainerStatus")(s)),
         };
-        let Some(st) = resp.status else {
-            return Ok(None);
-        };
-        let attempt = st.metadata.as_ref().map_or(0, |m| m.attempt);
-        let Some(info) = container_info(
-            id.to_owned(),
-            &st.labels,
-            &st.annotations,
-            attempt,
-            st.created_at,
-            st.state,
-        ) else {
-            return Ok(None);
-        };
-        let env = match resp.info.get("info") {
-            Some(text) => env_from_info(text).map_err(|reason| RuntimeError::BadInfo {
-                id: id.to_owned(),
-                reason,
-            })?,
-            None => Vec::new(),
-        };
-        Ok(Some(Described { info, env }))
+        described(id, resp)
+    }
+}
+
+/// The view's listing from the runtime's answers to ListPodSandbox and ListContainers
+/// (asked at `asked_at_ns`): the sandboxes and containers the kubelet made, the rest left out.
+pub fn listing(
+    asked_at_ns: i64,
+    sandboxes: Vec<PodSandbox>,
+    containers: Vec<Container>,
+) -> Listing {
+    Listing {
+        asked_at_ns,
+        sandboxes: sandboxes
+            .into_iter()
+            .filter_map(|sb| {
+                let uid = sb.labels.get(LABEL_POD_UID)?.clone();
+                let (namespace, name) = sb
+                    .metadata
+                    .map(|m| (m.namespace, m.name))
+                    .unwrap_or_default();
+                Some(SandboxInfo {
+                    id: sb.id,
+                    pod_uid: uid,
+                    namespace,
+                    name,
+                    annotations: sb.annotations,
+                    created_at: sb.created_at,
+                })
+            })
+            .collect(),
+        containers: containers
+            .into_iter()
+            .filter_map(|c| {
+                let attempt = c.metadata.as_ref().map_or(0, |m| m.attempt);
+                container_info(
+                    c.id,
+                    &c.labels,
+                    &c.annotations,
+                    attempt,
+                    c.created_at,
+                    c.state,
+                )
+            })
+            .collect(),
+    }
+}
+
+/// Container `id` from the runtime's verbose ContainerStatus answer: `None` when it is no
+/// container the kubelet made; an error when its verbose info is unreadable.
+pub fn described(
+    id: &str,
+    resp: ContainerStatusResponse,
+) -> Result<Option<Described>, RuntimeError> {
+    let Some(st) = resp.status else {
+        return Ok(None);
+    };
+    let attempt = st.metadata.as_ref().map_or(0, |m| m.attempt);
+    let Some(info) = container_info(
+        id.to_owned(),
+        &st.labels,
+        &st.annotations,
+        attempt,
+        st.created_at,
+        st.state,
+    ) else {
+        return Ok(None);
+    };
+    let env = match resp.info.get("info") {
+        Some(text) => env_from_info(text).map_err(|reason| RuntimeError::BadInfo {
+            id: id.to_owned(),
+            reason,
+        })?,
+        None => Vec::new(),
+    };
+    Ok(Some(Described { info, env }))
+}
+
+impl Described {
+    /// The view's change: the container, with the exit priority its env gives.
+    pub fn change(self) -> Change {
+        Change::Described {
+            env: crate::priority::from_env(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str()))),
+            info: self.info,
+        }
     }
 }
 

@@ -26,6 +26,7 @@ pub use exitorder_contract::handshake::EXIT_FILE;
 /// What the entrypoint writes while it waits (an empty file is also taken as waiting: the
 /// agent may see the file between its creation and its first write).
 pub use exitorder_contract::handshake::WAIT;
+use exitorder_contract::podlocal;
 /// File name of the installed entrypoint under `bin/`.
 pub use exitorder_contract::share::ENTRYPOINT as ENTRYPOINT_NAME;
 
@@ -35,6 +36,48 @@ const MAX_EXIT_BYTES: usize = 64;
 /// directories without end, and a deeper tree is left for an operator rather than recursed.
 /// Directories open at once while a pod's tree is removed.
 const MAX_REMOVE_DEPTH: usize = 8;
+/// Most entries read from one listing of `pods/` or of a pod's directory. The kubelet makes
+/// one per pod and one per container; a directory holding more was filled by something else,
+/// and reading all of it would let that something hold the decision loop and its memory.
+const MAX_LISTED: usize = 16_384;
+
+/// How many directory entries a removal may still take apart. Removal streams each directory
+/// and stops when this is spent, so a pod that filled its directory with millions of entries
+/// costs a bounded amount of work per round and no memory per entry; the next round goes on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Budget(u64);
+
+impl Budget {
+    pub fn new(entries: u64) -> Self {
+        Budget(entries)
+    }
+
+    pub fn left(&self) -> u64 {
+        self.0
+    }
+
+    /// Takes one entry's worth; `false` once nothing is left.
+    fn spend(&mut self) -> bool {
+        match self.0.checked_sub(1) {
+            Some(n) => {
+                self.0 = n;
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+/// How a pod directory's removal ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Removal {
+    /// Gone (or was already).
+    Removed,
+    /// The budget ran out: taken apart in part, to be gone on next round.
+    Unfinished,
+    /// A container in it still waits: left as it is.
+    Waiting,
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum ShareError {
@@ -171,8 +214,8 @@ impl ContainerName {
             && b.len() <= 63
             && b.iter()
                 .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
-            && b[0] != b'-'
-            && b[b.len() - 1] != b'-';
+            && b.first() != Some(&b'-')
+            && b.last() != Some(&b'-');
         if ok {
             Ok(ContainerName(s.to_owned()))
         } else {
@@ -194,11 +237,52 @@ impl fmt::Display for ContainerName {
     }
 }
 
-/// One container's place in the share.
+/// Where a pod's exit directories are: the two layouts the agent serves at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Place {
+    /// The host share: `<share>/pods/<uid>/<container>/`, each mounted by its container
+    /// through a hostPath volume.
+    Share,
+    /// The pod's own `emptyDir` volume, where the kubelet keeps it:
+    /// `<kubelet root>/pods/<uid>/volumes/kubernetes.io~empty-dir/exitorder/<container>/`.
+    /// No hostPath in the pod; the directory and everything in it are the pod's.
+    PodLocal,
+}
+
+impl Place {
+    /// The directories from a pod's directory to the one holding its containers' exit
+    /// directories.
+    fn between(self) -> &'static [&'static str] {
+        const POD_LOCAL: [&str; 3] = [
+            podlocal::VOLUME_PATH[0],
+            podlocal::VOLUME_PATH[1],
+            podlocal::VOLUME,
+        ];
+        match self {
+            Place::Share => &[],
+            Place::PodLocal => &POD_LOCAL,
+        }
+    }
+
+    /// How many levels below `pods/` a container's exit directory is.
+    pub fn container_depth(self) -> usize {
+        self.between().len().saturating_add(2)
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Place::Share => "share",
+            Place::PodLocal => "pod_local",
+        }
+    }
+}
+
+/// One container's exit directory.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ExitKey {
     pub pod: PodUid,
     pub container: ContainerName,
+    pub place: Place,
 }
 
 impl fmt::Display for ExitKey {
@@ -229,7 +313,7 @@ impl ExitState {
     /// What the first bytes of an existing exit file say. Anything a pod writes is accepted
     /// here: bytes that are not UTF-8 come back lossy, inside `Unexpected`.
     pub fn parse(content: &[u8]) -> ExitState {
-        let text = String::from_utf8_lossy(&content[..content.len().min(MAX_EXIT_BYTES)]);
+        let text = String::from_utf8_lossy(content.get(..MAX_EXIT_BYTES).unwrap_or(content));
         // ASCII whitespace only, as the entrypoint trims its reading of the same file, so that
         // both take the same contents for `allow` (Unicode's wider set, with a vertical tab
         // or U+0085, would not).
@@ -247,12 +331,15 @@ pub fn is_removed(root: &Path) -> bool {
     rfs::stat(root).is_ok_and(|st| st.st_nlink == 0)
 }
 
-/// The opened share directory.
+/// An opened directory of pods' exit directories: the host share, or the kubelet's own
+/// directory of pods for pod-local handshakes.
 #[derive(Debug)]
 pub struct Share {
     root: PathBuf,
+    place: Place,
     pods: OwnedFd,
-    bin: OwnedFd,
+    /// The share's `bin/` (none under the kubelet's root).
+    bin: Option<OwnedFd>,
 }
 
 static TEMP_SEQ: AtomicU64 = AtomicU64::new(0);
@@ -319,9 +406,34 @@ impl Share {
         mkdir_at(&root_fd, "bin", &bin_path, 0o755)?;
         Ok(Share {
             pods: open_dir_at(&root_fd, "pods", &pods_path)?,
-            bin: open_dir_at(&root_fd, "bin", &bin_path)?,
+            bin: Some(open_dir_at(&root_fd, "bin", &bin_path)?),
             root: root.to_owned(),
+            place: Place::Share,
         })
+    }
+
+    /// Opens the kubelet's directory of pods under `kubelet_root`, creating nothing: it is
+    /// the kubelet's, and its absence means the agent was given the wrong root.
+    pub fn open_kubelet(kubelet_root: &Path) -> Result<Self, ShareError> {
+        let pods_path = kubelet_root.join(podlocal::PODS_DIR);
+        // The root is the operator's choice (microk8s keeps it below /var/snap); only what
+        // is below `pods/` is the pods' and guarded.
+        let pods = rfs::open(
+            &pods_path,
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| ShareError::io("open directory", &pods_path, e))?;
+        Ok(Share {
+            pods,
+            bin: None,
+            root: kubelet_root.to_owned(),
+            place: Place::PodLocal,
+        })
+    }
+
+    pub fn place(&self) -> Place {
+        self.place
     }
 
     /// Whether `pods/` and `bin/` under the root are still the directories opened: an
@@ -337,7 +449,7 @@ impl Share {
             };
             open.st_dev == now.st_dev && open.st_ino == now.st_ino && open.st_nlink > 0
         };
-        same(&self.pods, "pods") && same(&self.bin, "bin")
+        same(&self.pods, "pods") && self.bin.as_ref().is_none_or(|bin| same(bin, "bin"))
     }
 
     pub fn root(&self) -> &Path {
@@ -352,10 +464,55 @@ impl Share {
         self.pods_path().join(pod.as_str())
     }
 
-    pub fn container_path(&self, key: &ExitKey) -> PathBuf {
-        self.pod_path(&key.pod).join(key.container.as_str())
+    /// The directory that holds a pod's exit directories.
+    pub fn exits_path(&self, pod: &PodUid) -> PathBuf {
+        let mut p = self.pod_path(pod);
+        p.extend(self.place.between());
+        p
     }
 
+    pub fn container_path(&self, key: &ExitKey) -> PathBuf {
+        self.exits_path(&key.pod).join(key.container.as_str())
+    }
+
+    fn key(&self, pod: PodUid, container: ContainerName) -> ExitKey {
+        ExitKey {
+            pod,
+            container,
+            place: self.place,
+        }
+    }
+
+    /// Walks from the pod's own directory down to the one that holds its exit directories,
+    /// each opened as a real directory, calling `at` on each before looking for the next:
+    /// the kubelet makes them one after the other as it sets the pod's volumes up, and a
+    /// watch placed on a level before the next is looked for misses none. `Ok(true)` when
+    /// the walk reached the exit directories' parent.
+    pub fn walk_pod<E>(
+        &self,
+        pod: &PodUid,
+        mut at: impl FnMut(&Path) -> Result<(), E>,
+    ) -> Result<Result<bool, E>, ShareError> {
+        let mut path = self.pod_path(pod);
+        let mut dir = open_dir_at(&self.pods, pod.as_str(), &path)?;
+        if let Err(e) = at(&path) {
+            return Ok(Err(e));
+        }
+        for name in self.place.between() {
+            path = path.join(name);
+            dir = match open_dir_at(&dir, *name, &path) {
+                Ok(d) => d,
+                Err(e) if e.is_not_found() => return Ok(Ok(false)),
+                Err(e) => return Err(e),
+            };
+            if let Err(e) = at(&path) {
+                return Ok(Err(e));
+            }
+        }
+        Ok(Ok(true))
+    }
+
+    /// Where the share's `bin/` keeps the entrypoint.
     pub fn entrypoint_path(&self) -> PathBuf {
         self.root.join("bin").join(ENTRYPOINT_NAME)
     }
@@ -377,24 +534,52 @@ impl Share {
                 }),
             })
             .collect::<Result<_, _>>()?;
-        match parts.as_slice() {
-            [uid] => Ok(Some(ShareEntry::Pod(PodUid::parse(utf8(uid, "pod uid")?)?))),
-            [uid, name] => Ok(Some(ShareEntry::Container(ExitKey {
-                pod: PodUid::parse(utf8(uid, "pod uid")?)?,
-                container: ContainerName::parse(utf8(name, "container")?)?,
-            }))),
-            [uid, name, file] if file.as_bytes() == EXIT_FILE.as_bytes() => {
-                Ok(Some(ShareEntry::ExitFile(ExitKey {
-                    pod: PodUid::parse(utf8(uid, "pod uid")?)?,
-                    container: ContainerName::parse(utf8(name, "container")?)?,
-                })))
-            }
+        let Some((uid, rest)) = parts.split_first() else {
+            return Ok(None);
+        };
+        let between = self.place.between();
+        let on_the_way = |names: &[&OsStr]| {
+            names.len() <= between.len()
+                && names
+                    .iter()
+                    .zip(between)
+                    .all(|(n, b)| n.as_bytes() == b.as_bytes())
+        };
+        let pod = || -> Result<PodUid, ShareError> { PodUid::parse(utf8(uid, "pod uid")?) };
+        let container = |name: &OsStr| -> Result<ContainerName, ShareError> {
+            ContainerName::parse(utf8(name, "container")?)
+        };
+        // A directory on the way to the exit directories: the pod's chain to look at again.
+        if on_the_way(rest) {
+            return Ok(Some(ShareEntry::Pod(pod()?)));
+        }
+        let (Some(head), tail) = (rest.get(..between.len()), rest.get(between.len()..)) else {
+            return Ok(None);
+        };
+        if !on_the_way(head) {
+            return Ok(None);
+        }
+        match tail.unwrap_or_default() {
+            [name] => Ok(Some(ShareEntry::Container(
+                self.key(pod()?, container(name)?),
+            ))),
+            [name, file] if file.as_bytes() == EXIT_FILE.as_bytes() => Ok(Some(
+                ShareEntry::ExitFile(self.key(pod()?, container(name)?)),
+            )),
             _ => Ok(None),
         }
     }
 
+    /// Opens the directory that holds the pod's exit directories, one component at a time,
+    /// never through a link.
     fn open_pod(&self, pod: &PodUid) -> Result<OwnedFd, ShareError> {
-        open_dir_at(&self.pods, pod.as_str(), &self.pod_path(pod))
+        let mut path = self.pod_path(pod);
+        let mut dir = open_dir_at(&self.pods, pod.as_str(), &path)?;
+        for name in self.place.between() {
+            path = path.join(name);
+            dir = open_dir_at(&dir, *name, &path)?;
+        }
+        Ok(dir)
     }
 
     fn open_container(&self, key: &ExitKey) -> Result<OwnedFd, ShareError> {
@@ -429,16 +614,16 @@ impl Share {
             return Ok(ExitState::Absent);
         };
         let mut buf = [0u8; MAX_EXIT_BYTES];
-        let mut len = 0;
-        while len < buf.len() {
-            match rustix::io::read(&fd, &mut buf[len..]) {
+        let mut len = 0usize;
+        while let Some(rest) = buf.get_mut(len..).filter(|r| !r.is_empty()) {
+            match rustix::io::read(&fd, rest) {
                 Ok(0) => break,
-                Ok(n) => len += n,
+                Ok(n) => len = len.saturating_add(n),
                 Err(rustix::io::Errno::INTR) => continue,
                 Err(e) => return Err(ShareError::io("read", path, e)),
             }
         }
-        Ok(ExitState::parse(&buf[..len]))
+        Ok(ExitState::parse(buf.get(..len).unwrap_or(&buf)))
     }
 
     /// How long ago the exit file was written: when the preStop started waiting. An agent
@@ -448,7 +633,7 @@ impl Share {
         let st = rfs::statat(&dir, EXIT_FILE, AtFlags::SYMLINK_NOFOLLOW).ok()?;
         let secs = u64::try_from(st.st_mtime).ok()?;
         let nanos = u32::try_from(st.st_mtime_nsec).unwrap_or(0);
-        let mtime = SystemTime::UNIX_EPOCH + std::time::Duration::new(secs, nanos);
+        let mtime = SystemTime::UNIX_EPOCH.checked_add(std::time::Duration::new(secs, nanos))?;
         SystemTime::now().duration_since(mtime).ok()
     }
 
@@ -491,13 +676,10 @@ impl Share {
             Err(e) if e.is_not_found() => return Ok(Vec::new()),
             Err(e) => return Err(e),
         };
-        Ok(subdirs(&pod_fd, &self.pod_path(pod))?
+        Ok(subdirs(&pod_fd, &self.exits_path(pod))?
             .into_iter()
             .filter_map(|name| ContainerName::parse(&name.to_string_lossy()).ok())
-            .map(|container| ExitKey {
-                pod: pod.clone(),
-                container,
-            })
+            .map(|container| self.key(pod.clone(), container))
             .collect())
     }
 
@@ -516,8 +698,8 @@ impl Share {
         Ok(out)
     }
 
-    /// Whether the pod's entry is a real directory (opened as the agent opens it, without
-    /// following a link).
+    /// Whether the pod's exit directories are in a real directory (opened as the agent opens
+    /// it, without following a link).
     pub fn check_pod_dir(&self, pod: &PodUid) -> Result<(), ShareError> {
         self.open_pod(pod).map(drop)
     }
@@ -527,24 +709,30 @@ impl Share {
         let st = rfs::statat(&self.pods, pod.as_str(), AtFlags::SYMLINK_NOFOLLOW)
             .map_err(|e| ShareError::io("stat", self.pod_path(pod), e))?;
         let secs = u64::try_from(st.st_mtime).unwrap_or(0);
-        Ok(SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(secs))
+        // A time past the clock's range is no age at all: the directory counts as new.
+        Ok(SystemTime::UNIX_EPOCH
+            .checked_add(std::time::Duration::from_secs(secs))
+            .unwrap_or_else(SystemTime::now))
     }
 
-    /// Removes a pod's directory unless a container in it still waits. Returns whether it was
-    /// removed.
-    pub fn remove_pod(&self, pod: &PodUid) -> Result<bool, ShareError> {
+    /// Removes a pod's directory unless a container in it still waits, taking apart at most
+    /// `budget` entries.
+    pub fn remove_pod(&self, pod: &PodUid, budget: &mut Budget) -> Result<Removal, ShareError> {
+        // The kubelet's pod directories are the kubelet's to remove.
+        if self.place != Place::Share {
+            return Ok(Removal::Waiting);
+        }
         if !self.waiting_in(pod)?.is_empty() {
-            return Ok(false);
+            return Ok(Removal::Waiting);
         }
         let path = self.pod_path(pod);
         match rfs::statat(&self.pods, pod.as_str(), AtFlags::SYMLINK_NOFOLLOW) {
             Ok(st) if FileType::from_raw_mode(st.st_mode) == FileType::Directory => {}
             Ok(_) => return Err(ShareError::NotAFile { path }),
-            Err(rustix::io::Errno::NOENT) => return Ok(false),
+            Err(rustix::io::Errno::NOENT) => return Ok(Removal::Removed),
             Err(e) => return Err(ShareError::io("stat", path, e)),
         }
-        remove_tree_at(&self.pods, pod.as_str(), &path)?;
-        Ok(true)
+        remove_tree_at(&self.pods, pod.as_str(), &path, budget)
     }
 
     /// Installs the entrypoint binary as `bin/exitorder-entrypoint` (temp file, fsync,
@@ -553,7 +741,10 @@ impl Share {
     pub fn install_entrypoint(&self, src: &Path) -> Result<PathBuf, ShareError> {
         let bytes = std::fs::read(src).map_err(|e| ShareError::io("read", src, e))?;
         let dst = self.entrypoint_path();
-        write_replace(&self.bin, &dst, ENTRYPOINT_NAME, &bytes, 0o755, true)?;
+        let Some(bin) = &self.bin else {
+            return Err(ShareError::NotADirectory { path: dst });
+        };
+        write_replace(bin, &dst, ENTRYPOINT_NAME, &bytes, 0o755, true)?;
         Ok(dst)
     }
 }
@@ -577,10 +768,10 @@ fn write_replace(
     )
     .map_err(|e| ShareError::io("create", &tmp_path, e))?;
     let result = (|| {
-        let mut done = 0;
-        while done < bytes.len() {
-            match rustix::io::write(&fd, &bytes[done..]) {
-                Ok(n) => done += n,
+        let mut done = 0usize;
+        while let Some(rest) = bytes.get(done..).filter(|r| !r.is_empty()) {
+            match rustix::io::write(&fd, rest) {
+                Ok(n) => done = done.saturating_add(n),
                 Err(rustix::io::Errno::INTR) => continue,
                 Err(e) => return Err(ShareError::io("write", &tmp_path, e)),
             }
@@ -670,18 +861,33 @@ fn subdirs(dir: &OwnedFd, path: &Path) -> Result<Vec<OsString>, ShareError> {
     Ok(out)
 }
 
+/// The first [`MAX_LISTED`] names in `dir`, read in the kernel's batches.
 fn entries(dir: &OwnedFd, path: &Path) -> Result<Vec<OsString>, ShareError> {
-    // Dir::read_from reopens "." from the fd, so the listing stays on the opened directory.
-    let listing = rfs::Dir::read_from(dir).map_err(|e| ShareError::io("list", path, e))?;
     let mut out = Vec::new();
-    for entry in listing {
+    for entry in listing(dir, path)? {
         let entry = entry.map_err(|e| ShareError::io("list", path, e))?;
-        let name = entry.file_name().to_bytes();
-        if name != b"." && name != b".." {
-            out.push(OsStr::from_bytes(name).to_owned());
+        if out.len() >= MAX_LISTED {
+            tracing::warn!(dir = %path.display(), limit = MAX_LISTED, "directory holds more entries than any pod makes; the rest is not read");
+            break;
+        }
+        if let Some(name) = real_name(&entry) {
+            out.push(name.to_owned());
         }
     }
     Ok(out)
+}
+
+/// A directory's entries as the kernel hands them out, a buffer at a time: nothing is read
+/// ahead of what the caller takes.
+fn listing(dir: &OwnedFd, path: &Path) -> Result<rfs::Dir, ShareError> {
+    // Dir::read_from reopens "." from the fd, so the listing stays on the opened directory.
+    rfs::Dir::read_from(dir).map_err(|e| ShareError::io("list", path, e))
+}
+
+/// An entry's name, `.` and `..` left out.
+fn real_name(entry: &rfs::DirEntry) -> Option<&OsStr> {
+    let name = entry.file_name().to_bytes();
+    (name != b"." && name != b"..").then(|| OsStr::from_bytes(name))
 }
 
 /// Removes directory `name` under `parent` and everything in it, whatever it holds: names
@@ -689,59 +895,76 @@ fn entries(dir: &OwnedFd, path: &Path) -> Result<Vec<OsString>, ShareError> {
 /// is moved up to the top of the tree being removed (a rename within it) and taken apart
 /// from there on a later pass, so at most that many directories are open at once however
 /// deep a container nested its own. Links are removed, never followed.
-fn remove_tree_at(parent: &OwnedFd, name: &str, path: &Path) -> Result<(), ShareError> {
+fn remove_tree_at(
+    parent: &OwnedFd,
+    name: &str,
+    path: &Path,
+    budget: &mut Budget,
+) -> Result<Removal, ShareError> {
     let top = open_dir_at(parent, name, path)?;
-    let mut moved = 0u64;
     loop {
         let mut deferred = false;
-        clear_dir(&top, &top, path, 0, &mut moved, &mut deferred)?;
+        if !clear_dir(&top, &top, path, 0, &mut deferred, budget)? {
+            return Ok(Removal::Unfinished);
+        }
         if !deferred {
             break;
         }
     }
     match rfs::unlinkat(parent, name, AtFlags::REMOVEDIR) {
-        Ok(()) | Err(rustix::io::Errno::NOENT) => Ok(()),
+        Ok(()) | Err(rustix::io::Errno::NOENT) => Ok(Removal::Removed),
         Err(e) => Err(ShareError::io("remove directory", path, e)),
     }
 }
 
-/// Removes what `dir` holds; directories deeper than the limit are moved to `top` and
-/// `deferred` is set.
+/// Removes what `dir` holds, streaming its listing; directories deeper than the limit are
+/// moved to `top` and `deferred` is set. `false` when the budget ran out first.
 fn clear_dir(
     dir: &OwnedFd,
     top: &OwnedFd,
     path: &Path,
     depth: usize,
-    moved: &mut u64,
     deferred: &mut bool,
-) -> Result<(), ShareError> {
-    for child in entries(dir, path)? {
-        let child_path = path.join(&child);
-        let st = match rfs::statat(dir, child.as_os_str(), AtFlags::SYMLINK_NOFOLLOW) {
+    budget: &mut Budget,
+) -> Result<bool, ShareError> {
+    for entry in listing(dir, path)? {
+        let entry = entry.map_err(|e| ShareError::io("list", path, e))?;
+        let Some(child) = real_name(&entry) else {
+            continue;
+        };
+        if !budget.spend() {
+            return Ok(false);
+        }
+        let child_path = path.join(child);
+        let st = match rfs::statat(dir, child, AtFlags::SYMLINK_NOFOLLOW) {
             Ok(st) => st,
             Err(rustix::io::Errno::NOENT) => continue,
             Err(e) => return Err(ShareError::io("stat", child_path, e)),
         };
         if FileType::from_raw_mode(st.st_mode) != FileType::Directory {
-            match rfs::unlinkat(dir, child.as_os_str(), AtFlags::empty()) {
+            match rfs::unlinkat(dir, child, AtFlags::empty()) {
                 Ok(()) | Err(rustix::io::Errno::NOENT) => {}
                 Err(e) => return Err(ShareError::io("remove", child_path, e)),
             }
             continue;
         }
-        if depth + 1 >= MAX_REMOVE_DEPTH {
-            *moved += 1;
-            let up = format!(".exitorder-removing-{moved}");
-            match rfs::renameat(dir, child.as_os_str(), top, up.as_str()) {
-                Ok(()) => *deferred = true,
-                Err(rustix::io::Errno::NOENT) => {}
-                Err(e) => return Err(ShareError::io("move up", child_path, e)),
-            }
+        if depth.saturating_add(1) >= MAX_REMOVE_DEPTH {
+            move_up(dir, child, top, &child_path)?;
+            *deferred = true;
             continue;
         }
-        let sub = open_dir_at(dir, child.as_os_str(), &child_path)?;
-        clear_dir(&sub, top, &child_path, depth + 1, moved, deferred)?;
-        match rfs::unlinkat(dir, child.as_os_str(), AtFlags::REMOVEDIR) {
+        let sub = open_dir_at(dir, child, &child_path)?;
+        if !clear_dir(
+            &sub,
+            top,
+            &child_path,
+            depth.saturating_add(1),
+            deferred,
+            budget,
+        )? {
+            return Ok(false);
+        }
+        match rfs::unlinkat(dir, child, AtFlags::REMOVEDIR) {
             Ok(()) | Err(rustix::io::Errno::NOENT) => {}
             // Something was moved up into it meanwhile (only the top receives moves, so
             // this is the top's own child): a later pass takes it.
@@ -749,7 +972,24 @@ fn clear_dir(
             Err(e) => return Err(ShareError::io("remove directory", child_path, e)),
         }
     }
-    Ok(())
+    Ok(true)
+}
+
+/// Moves a too-deep directory to the top of the tree under a name nothing there has (an
+/// earlier round's moves may still be there: never replace one).
+fn move_up(dir: &OwnedFd, child: &OsStr, top: &OwnedFd, path: &Path) -> Result<(), ShareError> {
+    let seed = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    for n in 0..64u32 {
+        let up = format!(".exitorder-removing-{seed}-{n}");
+        match rfs::renameat_with(dir, child, top, up.as_str(), rfs::RenameFlags::NOREPLACE) {
+            Ok(()) | Err(rustix::io::Errno::NOENT) => return Ok(()),
+            Err(rustix::io::Errno::EXIST) => continue,
+            Err(e) => return Err(ShareError::io("move up", path, e)),
+        }
+    }
+    Err(ShareError::io("move up", path, rustix::io::Errno::EXIST))
 }
 
 fn utf8<'a>(s: &'a OsStr, kind: &'static str) -> Result<&'a str, ShareError> {
@@ -770,6 +1010,7 @@ mod tests {
         ExitKey {
             pod: PodUid::parse(uid).unwrap(),
             container: ContainerName::parse(name).unwrap(),
+            place: Place::Share,
         }
     }
 
@@ -903,7 +1144,10 @@ mod tests {
         assert!(s.write_allow(&key(uid2, "proxy")).is_err());
         assert!(!s.pods().unwrap().iter().any(|p| p.as_str() == uid2));
         // Removing the pod removes links, never what they point to.
-        assert!(s.remove_pod(&k.pod).unwrap());
+        assert_eq!(
+            s.remove_pod(&k.pod, &mut Budget::new(u64::MAX)).unwrap(),
+            Removal::Removed
+        );
         assert!(outside.join("exit").exists());
         assert!(!s.pod_path(&k.pod).exists());
     }
@@ -1032,7 +1276,10 @@ mod tests {
             Err(e) => panic!("mknod: {e}"),
         }
 
-        assert!(s.remove_pod(&hard.pod).unwrap());
+        assert_eq!(
+            s.remove_pod(&hard.pod, &mut Budget::new(u64::MAX)).unwrap(),
+            Removal::Removed
+        );
         assert_eq!(std::fs::read_to_string(&outside).unwrap(), "wait\n");
     }
 
@@ -1051,6 +1298,7 @@ mod tests {
         let k = ExitKey {
             pod: linked.clone(),
             container: ContainerName::parse("proxy").unwrap(),
+            place: Place::Share,
         };
         assert_eq!(
             s.read_exit(&k).unwrap_err().rejection(),
@@ -1145,7 +1393,10 @@ mod tests {
             0,
         )
         .unwrap();
-        assert!(s.remove_pod(&k.pod).unwrap());
+        assert_eq!(
+            s.remove_pod(&k.pod, &mut Budget::new(u64::MAX)).unwrap(),
+            Removal::Removed
+        );
         assert!(!s.pod_path(&k.pod).exists());
         assert_eq!(
             std::fs::read_to_string(outside.join("sub/file")).unwrap(),
@@ -1174,7 +1425,10 @@ mod tests {
         std::fs::create_dir_all(odd.join(std::ffi::OsStr::from_bytes(b"\xc3"))).unwrap();
         std::fs::write(odd.join("f"), "x").unwrap();
         symlink("/etc", dir.join("link-to-etc")).unwrap();
-        assert!(s.remove_pod(&k.pod).unwrap());
+        assert_eq!(
+            s.remove_pod(&k.pod, &mut Budget::new(u64::MAX)).unwrap(),
+            Removal::Removed
+        );
         assert!(!s.pod_path(&k.pod).exists());
         assert!(
             std::path::Path::new("/etc/passwd").exists(),
@@ -1189,12 +1443,212 @@ mod tests {
         let dir = s.container_path(&k);
         std::fs::create_dir_all(dir.join("nested/deeper")).unwrap();
         std::fs::write(dir.join("exit"), "wait").unwrap();
-        assert!(!s.remove_pod(&k.pod).unwrap());
+        assert_ne!(
+            s.remove_pod(&k.pod, &mut Budget::new(u64::MAX)).unwrap(),
+            Removal::Removed
+        );
         assert!(dir.exists());
         s.write_allow(&k).unwrap();
-        assert!(s.remove_pod(&k.pod).unwrap());
+        assert_eq!(
+            s.remove_pod(&k.pod, &mut Budget::new(u64::MAX)).unwrap(),
+            Removal::Removed
+        );
         assert!(!s.pod_path(&k.pod).exists());
-        assert!(!s.remove_pod(&k.pod).unwrap());
+        // Already gone: nothing to do, and nothing to refuse.
+        assert_eq!(
+            s.remove_pod(&k.pod, &mut Budget::new(u64::MAX)).unwrap(),
+            Removal::Removed
+        );
+    }
+
+    /// A kubelet root with one pod's `exitorder` emptyDir holding `proxy/`.
+    fn kubelet() -> (tempfile::TempDir, Share, ExitKey) {
+        let t = tempfile::tempdir().unwrap();
+        let dir = t
+            .path()
+            .join("pods")
+            .join(UID)
+            .join("volumes/kubernetes.io~empty-dir/exitorder/proxy");
+        std::fs::create_dir_all(&dir).unwrap();
+        let s = Share::open_kubelet(t.path()).unwrap();
+        let k = ExitKey {
+            pod: PodUid::parse(UID).unwrap(),
+            container: ContainerName::parse("proxy").unwrap(),
+            place: Place::PodLocal,
+        };
+        (t, s, k)
+    }
+
+    #[test]
+    fn pod_local_exit_directories_are_where_the_kubelet_keeps_emptydirs() {
+        let (t, s, k) = kubelet();
+        let pod = t.path().join("pods").join(UID);
+        let volume = pod.join("volumes/kubernetes.io~empty-dir/exitorder");
+        assert_eq!(s.container_path(&k), volume.join("proxy"));
+        let pod_entry = Some(ShareEntry::Pod(k.pod.clone()));
+        for on_the_way in [
+            pod.clone(),
+            pod.join("volumes"),
+            pod.join("volumes/kubernetes.io~empty-dir"),
+            volume.clone(),
+        ] {
+            assert_eq!(
+                s.classify(&on_the_way).unwrap(),
+                pod_entry,
+                "{}",
+                on_the_way.display()
+            );
+        }
+        assert_eq!(
+            s.classify(&volume.join("proxy")).unwrap(),
+            Some(ShareEntry::Container(k.clone()))
+        );
+        assert_eq!(
+            s.classify(&volume.join("proxy/exit")).unwrap(),
+            Some(ShareEntry::ExitFile(k.clone()))
+        );
+        // The kubelet's other files and the pod's other volumes are none of the agent's.
+        for other in [
+            pod.join("etc-hosts"),
+            pod.join("volumes/kubernetes.io~secret"),
+            pod.join("volumes/kubernetes.io~empty-dir/cache"),
+            pod.join("volumes/kubernetes.io~empty-dir/cache/proxy/exit"),
+            volume.join("proxy/junk"),
+        ] {
+            assert_eq!(s.classify(&other).unwrap(), None, "{}", other.display());
+        }
+        assert!(s.classify(&volume.join("Bad_Name")).is_err());
+        let mut walked = Vec::new();
+        let complete = s
+            .walk_pod(&k.pod, |p| {
+                walked.push(p.to_owned());
+                Ok::<(), ()>(())
+            })
+            .unwrap()
+            .unwrap();
+        assert!(complete);
+        assert_eq!(walked.last(), Some(&volume));
+        assert_eq!(walked.len(), Place::PodLocal.container_depth() - 1);
+        assert_eq!(s.containers_in(&k.pod).unwrap(), std::slice::from_ref(&k));
+        std::fs::write(volume.join("proxy/exit"), "wait").unwrap();
+        assert_eq!(s.read_exit(&k).unwrap(), ExitState::Waiting);
+        assert_eq!(s.waiting_in(&k.pod).unwrap(), std::slice::from_ref(&k));
+        s.write_allow(&k).unwrap();
+        assert_eq!(s.read_exit(&k).unwrap(), ExitState::Allowed);
+        // The kubelet removes its pods' directories, never the agent.
+        assert_eq!(
+            s.remove_pod(&k.pod, &mut Budget::new(u64::MAX)).unwrap(),
+            Removal::Waiting
+        );
+        assert!(volume.is_dir());
+    }
+
+    #[test]
+    fn a_pod_local_walk_stops_where_the_kubelet_has_not_made_the_rest() {
+        let t = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(t.path().join("pods").join(UID).join("volumes")).unwrap();
+        let s = Share::open_kubelet(t.path()).unwrap();
+        let pod = PodUid::parse(UID).unwrap();
+        let mut walked = 0;
+        let complete = s
+            .walk_pod(&pod, |_| {
+                walked += 1;
+                Ok::<(), ()>(())
+            })
+            .unwrap()
+            .unwrap();
+        assert!(!complete);
+        assert_eq!(walked, 2);
+        assert_eq!(s.containers_in(&pod).unwrap(), []);
+    }
+
+    #[test]
+    fn links_on_the_way_to_pod_local_directories_are_refused() {
+        for level in ["volumes", "volumes/kubernetes.io~empty-dir/exitorder"] {
+            let (t, s, k) = kubelet();
+            let outside = t.path().join("outside");
+            std::fs::create_dir_all(outside.join("kubernetes.io~empty-dir/exitorder/proxy"))
+                .unwrap();
+            std::fs::create_dir_all(outside.join("proxy")).unwrap();
+            std::fs::write(outside.join("proxy/exit"), "wait").unwrap();
+            let at = t.path().join("pods").join(UID).join(level);
+            std::fs::remove_dir_all(&at).unwrap();
+            symlink(&outside, &at).unwrap();
+            let e = s.read_exit(&k).unwrap_err();
+            assert_eq!(e.rejection(), Some(Rejection::Link), "{level}: {e}");
+            assert!(s.write_allow(&k).is_err(), "{level}");
+            assert!(s
+                .walk_pod(&k.pod, |_| Ok::<(), ()>(()))
+                .is_err_and(|e| e.rejection() == Some(Rejection::Link)));
+            assert_eq!(
+                std::fs::read_to_string(outside.join("proxy/exit")).unwrap(),
+                "wait"
+            );
+        }
+    }
+
+    #[test]
+    fn the_kubelets_root_is_opened_never_made() {
+        let t = tempfile::tempdir().unwrap();
+        let root = t.path().join("kubelet");
+        assert!(Share::open_kubelet(&root).is_err());
+        assert!(!root.exists());
+    }
+
+    #[test]
+    fn removal_streams_a_flooded_directory_within_its_budget() {
+        let (_t, s) = setup();
+        let k = key(UID, "proxy");
+        let dir = s.container_path(&k);
+        std::fs::create_dir_all(&dir).unwrap();
+        for i in 0..3_000 {
+            std::fs::write(dir.join(format!("junk-{i}")), "").unwrap();
+        }
+        // Deeper than the removal descends, so moved-up directories outlive a round.
+        let mut deep = dir.clone();
+        for i in 0..(MAX_REMOVE_DEPTH * 3) {
+            deep = deep.join(format!("d{i}"));
+            std::fs::create_dir(&deep).unwrap();
+            std::fs::write(deep.join("f"), "").unwrap();
+        }
+        let count = |p: &Path| walk(p);
+        let mut rounds = 0;
+        loop {
+            let before = count(&s.pod_path(&k.pod));
+            let mut budget = Budget::new(500);
+            let r = s.remove_pod(&k.pod, &mut budget).unwrap();
+            rounds += 1;
+            if r == Removal::Removed {
+                break;
+            }
+            assert_eq!(r, Removal::Unfinished);
+            assert_eq!(budget.left(), 0);
+            let after = count(&s.pod_path(&k.pod));
+            assert!(after < before, "round {rounds}: {before} -> {after}");
+            assert!(rounds < 50, "no end in sight");
+        }
+        assert!(!s.pod_path(&k.pod).exists());
+        assert!(
+            rounds >= 6,
+            "3,000+ entries at 500 a round took {rounds} rounds"
+        );
+    }
+
+    /// Entries below `p`, every level.
+    fn walk(p: &Path) -> usize {
+        std::fs::read_dir(p)
+            .map(|d| {
+                d.map(|e| {
+                    let e = e.unwrap();
+                    1 + if e.file_type().unwrap().is_dir() {
+                        walk(&e.path())
+                    } else {
+                        0
+                    }
+                })
+                .sum()
+            })
+            .unwrap_or(0)
     }
 
     #[test]

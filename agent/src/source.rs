@@ -22,7 +22,9 @@ use crate::containerd::events::{ContainerDelete, TaskExit, TaskStart};
 use crate::containerd::services::events::v1::events_client::EventsClient;
 use crate::containerd::services::events::v1::SubscribeRequest;
 use crate::cri::runtime_service_client::RuntimeServiceClient;
-use crate::cri::{ContainerEventType, GetEventsRequest, VersionRequest, VersionResponse};
+use crate::cri::{
+    ContainerEventResponse, ContainerEventType, GetEventsRequest, VersionRequest, VersionResponse,
+};
 use crate::view::Change;
 
 const BACKOFF_START: Duration = Duration::from_millis(100);
@@ -279,12 +281,8 @@ async fn cri_stream(channel: &Channel, tx: &mpsc::UnboundedSender<SourceSignal>)
                     announced = true;
                     let _ = tx.send(SourceSignal::Connected(SourceKind::CriEvents));
                 }
-                let id = ev.container_id;
-                let change = match ContainerEventType::try_from(ev.container_event_type) {
-                    Ok(ContainerEventType::ContainerStartedEvent) => Change::Started { id },
-                    Ok(ContainerEventType::ContainerStoppedEvent) => Change::Exited { id },
-                    Ok(ContainerEventType::ContainerDeletedEvent) => Change::Removed { id },
-                    _ => continue,
+                let Some(change) = cri_change(ev) else {
+                    continue;
                 };
                 if tx.send(SourceSignal::Change(change)).is_err() {
                     return StreamEnd::Retry("agent stopped".into());
@@ -296,9 +294,21 @@ async fn cri_stream(channel: &Channel, tx: &mpsc::UnboundedSender<SourceSignal>)
     }
 }
 
+/// The view's change for a CRI container event; `None` for what does not change it (a
+/// container created but not started yet, an event type this build does not know).
+pub fn cri_change(ev: ContainerEventResponse) -> Option<Change> {
+    let id = ev.container_id;
+    match ContainerEventType::try_from(ev.container_event_type) {
+        Ok(ContainerEventType::ContainerStartedEvent) => Some(Change::Started { id }),
+        Ok(ContainerEventType::ContainerStoppedEvent) => Some(Change::Exited { id }),
+        Ok(ContainerEventType::ContainerDeletedEvent) => Some(Change::Removed { id }),
+        _ => None,
+    }
+}
+
 /// The view's change for a containerd event; `None` for what does not change it (an exec
 /// process starting or exiting: the kubelet's probes and hooks).
-fn containerd_change(topic: &str, payload: &[u8]) -> Option<Change> {
+pub fn containerd_change(topic: &str, payload: &[u8]) -> Option<Change> {
     match topic {
         "/tasks/start" => {
             let e = TaskStart::decode(payload).ok()?;

@@ -25,9 +25,9 @@ pub struct Histogram {
 impl Histogram {
     pub fn observe(&self, d: Duration) {
         let secs = d.as_secs_f64();
-        for (i, le) in LATENCY_BUCKETS.iter().enumerate() {
-            if secs <= *le {
-                self.buckets[i].fetch_add(1, Ordering::Relaxed);
+        for (bucket, le) in self.buckets.iter().zip(LATENCY_BUCKETS) {
+            if secs <= le {
+                bucket.fetch_add(1, Ordering::Relaxed);
             }
         }
         self.count.fetch_add(1, Ordering::Relaxed);
@@ -69,11 +69,53 @@ pub struct Stats {
     exit_churn: AtomicU64,
     view_containers: AtomicU64,
     view_pods: AtomicU64,
+    /// The HTTP endpoint's connections.
+    pub http: std::sync::Arc<crate::serve::ConnStats>,
+    /// Completing pods the Jobs task keeps state for.
+    job_pods: AtomicU64,
+    kept: [AtomicU64; Kept::ALL.len()],
+}
+
+/// What the agent keeps per pod or container besides the node view's pods and containers and
+/// the pending waits: each goes with its pod, or with time, and each has a cap.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kept {
+    /// Removed containers' ids, so that late events do not bring them back.
+    ViewTombstones,
+    /// Pods the API server deleted, kept while their containers may still be stopping.
+    ApiTombstones,
+    /// What was logged once per pod or container, so it is not logged again.
+    Warnings,
+    /// When each exit file last appeared, to coalesce one that keeps coming back.
+    ExitHistory,
+    /// Directories watched for exit files (the places' roots, pods' and containers').
+    Watches,
+}
+
+impl Kept {
+    pub const ALL: [Kept; 5] = [
+        Kept::ViewTombstones,
+        Kept::ApiTombstones,
+        Kept::Warnings,
+        Kept::ExitHistory,
+        Kept::Watches,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kept::ViewTombstones => "view_tombstones",
+            Kept::ApiTombstones => "api_tombstones",
+            Kept::Warnings => "warnings",
+            Kept::ExitHistory => "exit_history",
+            Kept::Watches => "watches",
+        }
+    }
 }
 
 fn bump(counts: &Mutex<BTreeMap<&'static str, u64>>, key: &'static str) {
     if let Ok(mut m) = counts.lock() {
-        *m.entry(key).or_default() += 1;
+        let n = m.entry(key).or_default();
+        *n = n.saturating_add(1);
     }
 }
 
@@ -81,26 +123,47 @@ fn read_counts(counts: &Mutex<BTreeMap<&'static str, u64>>) -> BTreeMap<&'static
     counts.lock().map(|m| m.clone()).unwrap_or_default()
 }
 
-fn idx(r: Reason) -> usize {
-    Reason::ALL.iter().position(|x| *x == r).unwrap_or(0)
-}
-
-fn rejection_idx(r: Rejection) -> usize {
-    Rejection::ALL.iter().position(|x| *x == r).unwrap_or(0)
+/// The entry of `key` in a table laid out as `all`. The table and `all` have the same length
+/// by their types, so the position is always in range.
+#[allow(clippy::indexing_slicing)]
+fn slot<'a, K: PartialEq + Copy, T, const N: usize>(
+    table: &'a [T; N],
+    all: &[K; N],
+    key: K,
+) -> &'a T {
+    &table[all.iter().position(|x| *x == key).unwrap_or(0)]
 }
 
 impl Stats {
+    pub fn set_job_pods(&self, n: usize) {
+        self.job_pods
+            .store(u64::try_from(n).unwrap_or(u64::MAX), Ordering::Relaxed);
+    }
+
+    pub fn job_pods(&self) -> u64 {
+        self.job_pods.load(Ordering::Relaxed)
+    }
+
+    pub fn set_kept(&self, what: Kept, n: usize) {
+        slot(&self.kept, &Kept::ALL, what)
+            .store(u64::try_from(n).unwrap_or(u64::MAX), Ordering::Relaxed);
+    }
+
+    pub fn kept(&self, what: Kept) -> u64 {
+        slot(&self.kept, &Kept::ALL, what).load(Ordering::Relaxed)
+    }
+
     pub fn allowed(&self, reason: Reason, waited: Duration) {
-        self.allows[idx(reason)].fetch_add(1, Ordering::Relaxed);
-        self.latency[idx(reason)].observe(waited);
+        slot(&self.allows, &Reason::ALL, reason).fetch_add(1, Ordering::Relaxed);
+        slot(&self.latency, &Reason::ALL, reason).observe(waited);
     }
 
     pub fn allows(&self, reason: Reason) -> u64 {
-        self.allows[idx(reason)].load(Ordering::Relaxed)
+        slot(&self.allows, &Reason::ALL, reason).load(Ordering::Relaxed)
     }
 
     pub fn latency(&self, reason: Reason) -> &Histogram {
-        &self.latency[idx(reason)]
+        slot(&self.latency, &Reason::ALL, reason)
     }
 
     pub fn set_pending(&self, n: usize) {
@@ -181,11 +244,11 @@ impl Stats {
     /// A share entry refused: a link, a name that is no pod UID or container name, a file
     /// that is not a regular file, unexpected content.
     pub fn share_rejected(&self, why: Rejection) {
-        self.share_rejected[rejection_idx(why)].fetch_add(1, Ordering::Relaxed);
+        slot(&self.share_rejected, &Rejection::ALL, why).fetch_add(1, Ordering::Relaxed);
     }
 
     pub fn share_rejections(&self, why: Rejection) -> u64 {
-        self.share_rejected[rejection_idx(why)].load(Ordering::Relaxed)
+        slot(&self.share_rejected, &Rejection::ALL, why).load(Ordering::Relaxed)
     }
 
     /// How many containers and pods the node view holds.

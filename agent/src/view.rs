@@ -13,6 +13,7 @@
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
+use crate::bounds::Later as _;
 use crate::decide::RunState;
 use crate::priority::PriorityError;
 
@@ -152,7 +153,11 @@ pub enum Need {
 }
 
 /// How long a removed container's id is remembered, so late events cannot revive it.
-const TOMBSTONE_TTL: Duration = Duration::from_secs(300);
+pub const TOMBSTONE_TTL: Duration = Duration::from_secs(300);
+/// At most this many tombstones, the oldest forgotten first: a node where pods come and go
+/// by the thousand must not keep one per container for the whole TTL. A late event for a
+/// container forgotten this way revives it only until the next listing, which has it no more.
+const MAX_TOMBSTONES: usize = 4_096;
 /// Back-off of failed reads: from this, doubling, up to [`RETRY_MAX`].
 const RETRY_START: Duration = Duration::from_millis(200);
 const RETRY_MAX: Duration = Duration::from_secs(10);
@@ -198,11 +203,26 @@ pub struct NodeView {
     removed: HashMap<String, Instant>,
     /// Whether a listing has been applied since the view was made.
     listed: bool,
+    /// How long a tombstone is kept, when not [`TOMBSTONE_TTL`].
+    tombstone_ttl: Option<Duration>,
 }
 
 impl NodeView {
     pub fn new() -> Self {
         NodeView::default()
+    }
+
+    /// A view that keeps removed containers' ids for `ttl` (the agent's configuration).
+    pub fn with_tombstone_ttl(ttl: Duration) -> Self {
+        NodeView {
+            tombstone_ttl: Some(ttl),
+            ..NodeView::default()
+        }
+    }
+
+    /// Removed containers' ids remembered now.
+    pub fn tombstones(&self) -> usize {
+        self.removed.len()
     }
 
     pub fn pod(&self, uid: &str) -> Option<&PodEntry> {
@@ -273,12 +293,12 @@ impl NodeView {
             Change::SandboxFailed { uid, now } => {
                 if let Some(p) = self.pods.get_mut(&uid) {
                     let failures = match p.sandbox_read {
-                        Some(SandboxRead::Failed { failures, .. }) => failures + 1,
+                        Some(SandboxRead::Failed { failures, .. }) => failures.saturating_add(1),
                         _ => 1,
                     };
                     p.sandbox_read = Some(SandboxRead::Failed {
                         failures,
-                        retry_at: now + backoff(failures),
+                        retry_at: now.later(backoff(failures)),
                     });
                     touched.insert(uid);
                 }
@@ -295,12 +315,12 @@ impl NodeView {
                 if let Some(c) = self.container_mut(&id) {
                     let failures = match c.env {
                         EnvPriority::Failed { failures, .. }
-                        | EnvPriority::Reading { failures } => failures + 1,
+                        | EnvPriority::Reading { failures } => failures.saturating_add(1),
                         _ => 1,
                     };
                     c.env = EnvPriority::Failed {
                         failures,
-                        retry_at: now + backoff(failures),
+                        retry_at: now.later(backoff(failures)),
                     };
                     if let Some(uid) = self.pod_of.get(&id) {
                         touched.insert(uid.clone());
@@ -309,8 +329,20 @@ impl NodeView {
                 // An undescribed container is asked for again at the next `needs`.
             }
         }
+        let ttl = self.tombstone_ttl.unwrap_or(TOMBSTONE_TTL);
         self.removed
-            .retain(|_, at| now.saturating_duration_since(*at) < TOMBSTONE_TTL);
+            .retain(|_, at| now.saturating_duration_since(*at) < ttl);
+        if let Some(excess) = self
+            .removed
+            .len()
+            .checked_sub(MAX_TOMBSTONES)
+            .filter(|n| *n > 0)
+        {
+            let mut times: Vec<Instant> = self.removed.values().copied().collect();
+            let (_, cut, _) = times.select_nth_unstable(excess.saturating_sub(1));
+            let cut = *cut;
+            self.removed.retain(|_, at| *at > cut);
+        }
         touched
     }
 
@@ -563,6 +595,26 @@ mod tests {
 
     fn state(v: &NodeView, id: &str) -> Option<RunState> {
         v.pod(UID)?.containers.get(id).map(|c| c.info.state)
+    }
+
+    #[test]
+    fn tombstones_are_bounded_and_the_newest_kept() {
+        let mut v = NodeView::new();
+        let t0 = Instant::now();
+        for i in 0..(MAX_TOMBSTONES + 1_000) {
+            let at = t0 + Duration::from_millis(u64::try_from(i).unwrap());
+            v.apply(
+                Change::Removed {
+                    id: format!("c{i}"),
+                },
+                at,
+            );
+        }
+        assert!(v.removed.len() <= MAX_TOMBSTONES, "{}", v.removed.len());
+        assert!(v
+            .removed
+            .contains_key(&format!("c{}", MAX_TOMBSTONES + 999)));
+        assert!(!v.removed.contains_key("c0"));
     }
 
     #[test]

@@ -11,8 +11,9 @@ use std::time::{Duration, Instant};
 
 use tracing::{debug, warn};
 
+use crate::bounds::Later as _;
 use crate::share::{
-    ContainerName, ExitKey, ExitState, PodUid, Rejection, Share, ShareEntry, ShareError,
+    ContainerName, ExitKey, ExitState, Place, PodUid, Rejection, Share, ShareEntry, ShareError,
 };
 use crate::stats::Stats;
 use crate::watch::{FsEvent, ShareWatcher};
@@ -20,6 +21,11 @@ use crate::watch::{FsEvent, ShareWatcher};
 /// A wait that reappears sooner than this after its last decision is decided at the end of
 /// the window, not at once.
 pub const CHURN_WINDOW: Duration = Duration::from_millis(100);
+/// Most waits whose last appearance is remembered: a pod that makes up container directories
+/// by the thousand between two prunings must not grow the history with them. Past it, what is
+/// older than the window goes, and if that is not enough, all of it (a wait that comes back
+/// then is decided at once rather than coalesced, once).
+pub const HISTORY_MAX: usize = 4096;
 
 pub struct Waiter {
     pub since: Instant,
@@ -30,15 +36,27 @@ pub struct Waiter {
     /// and is answered again, not before `retry_at`.
     pub write_failures: u32,
     pub retry_at: Option<Instant>,
+    /// Where its exit directory is, and so where `allow` goes.
+    pub place: Place,
 }
 
 impl Waiter {
-    pub fn new(since: Instant) -> Self {
+    pub fn new(since: Instant, place: Place) -> Self {
         Waiter {
             since,
             held_for: None,
             write_failures: 0,
             retry_at: None,
+            place,
+        }
+    }
+
+    /// The exit directory this waiter waits in.
+    pub fn key(&self, pod: &PodUid, container: &ContainerName) -> ExitKey {
+        ExitKey {
+            pod: pod.clone(),
+            container: container.clone(),
+            place: self.place,
         }
     }
 }
@@ -87,11 +105,27 @@ impl Waits {
         self.pending.get(pod)
     }
 
+    /// Drops the wait of `key`'s container, when it waits in `key`'s place.
     pub fn drop_waiter(&mut self, key: &ExitKey) {
         if let Some(p) = self.pending.get_mut(&key.pod) {
-            p.waiting.remove(&key.container);
+            if p.waiting
+                .get(&key.container)
+                .is_some_and(|w| w.place == key.place)
+            {
+                p.waiting.remove(&key.container);
+            }
             if p.waiting.is_empty() {
                 self.pending.remove(&key.pod);
+            }
+        }
+    }
+
+    /// Drops every wait of `pod` in `place`: the agent no longer serves that place.
+    fn drop_pod_at(&mut self, pod: &PodUid, place: Place) {
+        if let Some(p) = self.pending.get_mut(pod) {
+            p.waiting.retain(|_, w| w.place != place);
+            if p.waiting.is_empty() {
+                self.pending.remove(pod);
             }
         }
     }
@@ -99,32 +133,73 @@ impl Waits {
     /// Forgets churn history older than the window.
     pub fn prune(&mut self, now: Instant) {
         self.last_seen
-            .retain(|_, at| now.saturating_duration_since(*at) < CHURN_WINDOW * 10);
+            .retain(|_, at| now.saturating_duration_since(*at) < CHURN_WINDOW.saturating_mul(10));
+    }
+
+    /// Waits whose last appearance is remembered.
+    pub fn history_len(&self) -> usize {
+        self.last_seen.len()
+    }
+
+    /// Notes that `key`'s wait appeared `now`; whether it came back within the churn window.
+    fn seen(&mut self, key: &ExitKey, now: Instant) -> bool {
+        if self.last_seen.len() >= HISTORY_MAX && !self.last_seen.contains_key(key) {
+            self.prune(now);
+            if self.last_seen.len() >= HISTORY_MAX {
+                warn!(
+                    limit = HISTORY_MAX,
+                    "more exit files appearing at once than the agent remembers; forgetting when each last appeared"
+                );
+                self.last_seen.clear();
+            }
+        }
+        self.last_seen
+            .insert(key.clone(), now)
+            .is_some_and(|at| now.saturating_duration_since(at) < CHURN_WINDOW)
     }
 }
 
-/// The share, its watcher and the waits found in it.
+/// The places of exit directories, their watcher and the waits found in them.
 pub struct ShareSync<'a> {
+    /// The host share.
     pub share: &'a Share,
+    /// The kubelet's directory of pods, for pod-local handshakes, when the agent serves them.
+    pub local: Option<&'a Share>,
     pub watcher: &'a mut ShareWatcher,
     pub waits: &'a mut Waits,
     pub stats: &'a Arc<Stats>,
 }
 
-impl ShareSync<'_> {
+impl<'a> ShareSync<'a> {
+    fn at(&self, place: Place) -> Option<&'a Share> {
+        match place {
+            Place::Share => Some(self.share),
+            Place::PodLocal => self.local,
+        }
+    }
+
+    fn places(&self) -> impl Iterator<Item = &'a Share> {
+        std::iter::once(self.share).chain(self.local)
+    }
+
     pub fn on_event(&mut self, ev: FsEvent, dirty: &mut BTreeSet<PodUid>) {
         match ev {
             FsEvent::Changed(paths) => {
                 for path in paths {
-                    match self.share.classify(&path) {
-                        Ok(Some(ShareEntry::Pod(pod))) => self.sync_pod(&pod, dirty),
-                        Ok(Some(ShareEntry::Container(key))) => self.sync_container(&key, dirty),
-                        Ok(Some(ShareEntry::ExitFile(key))) => self.sync_exit(&key, dirty),
-                        Ok(None) => {}
-                        Err(e) => {
-                            self.count(&e);
-                            debug!(error = %e, "ignoring share entry");
+                    for share in self.places() {
+                        match share.classify(&path) {
+                            Ok(Some(ShareEntry::Pod(pod))) => self.sync_pod(share, &pod, dirty),
+                            Ok(Some(ShareEntry::Container(key))) => {
+                                self.sync_container(&key, dirty)
+                            }
+                            Ok(Some(ShareEntry::ExitFile(key))) => self.sync_exit(&key, dirty),
+                            Ok(None) => continue,
+                            Err(e) => {
+                                self.count(&e);
+                                debug!(error = %e, "ignoring share entry");
+                            }
                         }
+                        break;
                     }
                 }
             }
@@ -140,30 +215,53 @@ impl ShareSync<'_> {
         }
     }
 
-    /// Walks the whole share: watches every pod and container directory and picks up every
+    /// Walks every place: watches every pod and container directory and picks up every
     /// exit file waiting.
     pub fn rescan(&mut self, dirty: &mut BTreeSet<PodUid>) {
-        match self.share.pods() {
-            Ok(pods) => {
-                for pod in pods {
-                    self.sync_pod(&pod, dirty);
+        // Watches of pod directories that are gone, when the events of their removal were
+        // lost (a full inotify queue): the kernel has dropped them; so does the set.
+        for share in self.places() {
+            let root = share.pods_path();
+            for name in self.watcher.watched_below(&root) {
+                let dir = root.join(name);
+                if std::fs::symlink_metadata(&dir)
+                    .is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound)
+                {
+                    self.watcher.forget(&dir);
                 }
             }
-            Err(e) => {
-                self.stats.share_error();
-                warn!(error = %e, "cannot list the share");
+        }
+        for share in self.places() {
+            match share.pods() {
+                Ok(pods) => {
+                    for pod in pods {
+                        self.sync_pod(share, &pod, dirty);
+                    }
+                }
+                Err(e) => {
+                    self.stats.share_error();
+                    warn!(dir = %share.pods_path().display(), error = %e, "cannot list pods");
+                }
             }
         }
-        // Waits whose pod directory vanished (or is no directory any more).
-        let gone: Vec<PodUid> = self
+        // Waits whose directory vanished (or is no directory any more).
+        let gone: Vec<(Place, PodUid)> = self
             .waits
             .pending
-            .keys()
-            .filter(|p| self.share.check_pod_dir(p).is_err())
-            .cloned()
+            .iter()
+            .flat_map(|(pod, p)| p.waiting.values().map(move |w| (w.place, pod.clone())))
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .filter(|(place, pod)| {
+                self.at(*place)
+                    .is_none_or(|share| share.check_pod_dir(pod).is_err())
+            })
             .collect();
-        for pod in gone {
-            self.sync_pod(&pod, dirty);
+        for (place, pod) in gone {
+            match self.at(place) {
+                Some(share) => self.sync_pod(share, &pod, dirty),
+                None => self.waits.drop_pod_at(&pod, place),
+            }
         }
     }
 
@@ -175,29 +273,15 @@ impl ShareSync<'_> {
         }
     }
 
-    fn sync_pod(&mut self, pod: &PodUid, dirty: &mut BTreeSet<PodUid>) {
-        let path = self.share.pod_path(pod);
+    fn sync_pod(&mut self, share: &Share, pod: &PodUid, dirty: &mut BTreeSet<PodUid>) {
+        let path = share.pod_path(pod);
         // Opened without following a link first: inotify follows one and would watch its
         // target. (Only the kubelet, as root, can swap the directory between the two.)
-        let usable = match self.share.check_pod_dir(pod) {
-            Ok(()) => true,
-            Err(e) if e.is_not_found() => false,
-            Err(e) => {
-                self.count(&e);
-                warn!(pod = %pod, error = %e, "skipping pod directory");
-                false
-            }
-        };
-        if !usable {
-            self.watcher.forget(&path);
-        } else {
-            // Watch before listing: the kubelet creates container directories right after
-            // the pod's, and one created between a listing and the watch would go unseen.
-            if let Err(e) = self.watcher.watch(&path) {
-                self.stats.share_error();
-                warn!(error = %e, "cannot watch pod directory");
-            }
-            match self.share.containers_in(pod) {
+        // Watched before listing, level by level: the kubelet creates what is below right
+        // after, and what is created between a listing and its watch would go unseen.
+        let watcher = &mut *self.watcher;
+        match share.walk_pod(pod, |dir| watcher.watch(dir)) {
+            Ok(Ok(true)) => match share.containers_in(pod) {
                 Ok(keys) => {
                     for key in keys {
                         self.sync_container(&key, dirty);
@@ -207,19 +291,34 @@ impl ShareSync<'_> {
                     self.stats.share_error();
                     warn!(pod = %pod, error = %e, "cannot list pod directory");
                 }
+            },
+            // The kubelet has not made the rest yet: the last level's watch tells when it does.
+            Ok(Ok(false)) => {}
+            Ok(Err(e)) => {
+                self.stats.share_error();
+                warn!(error = %e, "cannot watch pod directory");
+            }
+            Err(e) if e.is_not_found() => self.watcher.forget(&path),
+            Err(e) => {
+                self.count(&e);
+                warn!(pod = %pod, error = %e, "skipping pod directory");
+                self.watcher.forget(&path);
             }
         }
         // Waits recorded for containers whose directory is gone are re-read (and dropped).
+        let place = share.place();
         let known: Vec<ExitKey> = self
             .waits
             .pending
             .get(pod)
             .map(|p| {
                 p.waiting
-                    .keys()
-                    .map(|c| ExitKey {
+                    .iter()
+                    .filter(|(_, w)| w.place == place)
+                    .map(|(c, _)| ExitKey {
                         pod: pod.clone(),
                         container: c.clone(),
+                        place,
                     })
                     .collect()
             })
@@ -230,21 +329,24 @@ impl ShareSync<'_> {
     }
 
     fn sync_container(&mut self, key: &ExitKey, dirty: &mut BTreeSet<PodUid>) {
-        match self.share.prepare_container_dir(key) {
+        let Some(share) = self.at(key.place) else {
+            return;
+        };
+        match share.prepare_container_dir(key) {
             Ok(()) => {
-                if let Err(e) = self.watcher.watch(&self.share.container_path(key)) {
+                if let Err(e) = self.watcher.watch(&share.container_path(key)) {
                     self.stats.share_error();
                     warn!(container = %key, error = %e, "cannot watch container directory");
                 }
             }
-            Err(e) if e.is_not_found() => self.watcher.forget(&self.share.container_path(key)),
+            Err(e) if e.is_not_found() => self.watcher.forget(&share.container_path(key)),
             Err(e) => {
                 self.count(&e);
                 warn!(container = %key, error = %e, "skipping container directory");
                 if e.rejection().is_some() {
                     // No wait lives in what is no directory of the pod's own; reading its
                     // exit file would only refuse (and count) it a second time.
-                    self.watcher.forget(&self.share.container_path(key));
+                    self.watcher.forget(&share.container_path(key));
                     self.waits.drop_waiter(key);
                     self.stats.set_pending(self.waits.count());
                     return;
@@ -255,7 +357,11 @@ impl ShareSync<'_> {
     }
 
     fn sync_exit(&mut self, key: &ExitKey, dirty: &mut BTreeSet<PodUid>) {
-        let state = match self.share.read_exit(key) {
+        let Some(share) = self.at(key.place) else {
+            self.waits.drop_waiter(key);
+            return;
+        };
+        let state = match share.read_exit(key) {
             Ok(s) => s,
             Err(e) => {
                 self.count(&e);
@@ -274,15 +380,11 @@ impl ShareSync<'_> {
                     return;
                 }
                 let now = Instant::now();
-                let since = self
-                    .share
+                let since = share
                     .exit_age(key)
                     .and_then(|age| now.checked_sub(age))
                     .unwrap_or(now);
-                let churning = waits
-                    .last_seen
-                    .insert(key.clone(), now)
-                    .is_some_and(|at| now.saturating_duration_since(at) < CHURN_WINDOW);
+                let churning = waits.seen(key, now);
                 let pod = waits
                     .pending
                     .entry(key.pod.clone())
@@ -296,12 +398,12 @@ impl ShareSync<'_> {
                     });
                 pod.first_seen = pod.first_seen.min(since);
                 pod.waiting
-                    .insert(key.container.clone(), Waiter::new(since));
+                    .insert(key.container.clone(), Waiter::new(since, key.place));
                 debug!(container = %key, "exit file waiting");
                 if churning {
                     // Decided at the end of the window, with whatever came meanwhile.
                     self.stats.exit_churn();
-                    let at = now + CHURN_WINDOW;
+                    let at = now.later(CHURN_WINDOW);
                     pod.wake = Some(pod.wake.map_or(at, |w| w.min(at)));
                 } else {
                     dirty.insert(key.pod.clone());
@@ -343,8 +445,15 @@ mod tests {
             let share = Share::open(&dir.path().join("share")).unwrap();
             let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
             Fixture {
+                watcher: ShareWatcher::new(
+                    tx,
+                    vec![crate::watch::Root {
+                        pods: share.pods_path(),
+                        container_depth: 2,
+                    }],
+                )
+                .unwrap(),
                 share,
-                watcher: ShareWatcher::new(tx).unwrap(),
                 waits: Waits::default(),
                 stats: Arc::new(Stats::default()),
                 _events: rx,
@@ -365,6 +474,7 @@ mod tests {
             let mut dirty = BTreeSet::new();
             ShareSync {
                 share: &self.share,
+                local: None,
                 watcher: &mut self.watcher,
                 waits: &mut self.waits,
                 stats: &self.stats,
@@ -455,6 +565,33 @@ mod tests {
     }
 
     #[test]
+    fn the_churn_history_is_bounded() {
+        let mut w = Waits::default();
+        let key = |i: usize| ExitKey {
+            pod: PodUid::parse(UID).unwrap(),
+            container: ContainerName::parse(&format!("c{i}")).unwrap(),
+            place: Place::Share,
+        };
+        let t0 = Instant::now();
+        for i in 0..HISTORY_MAX {
+            assert!(!w.seen(&key(i), t0));
+        }
+        assert!(w.seen(&key(0), t0 + Duration::from_millis(1)), "churn");
+        // Full of recent ones: all forgotten, the newest remembered.
+        assert!(!w.seen(&key(HISTORY_MAX), t0 + Duration::from_millis(2)));
+        assert_eq!(w.history_len(), 1);
+        // Full of old ones and one recent: the old ones make room, the recent one stays.
+        let later = t0 + CHURN_WINDOW * 20;
+        for i in 0..HISTORY_MAX - 2 {
+            w.seen(&key(i), t0 + Duration::from_millis(3));
+        }
+        w.seen(&key(HISTORY_MAX + 2), later);
+        assert_eq!(w.history_len(), HISTORY_MAX);
+        assert!(!w.seen(&key(HISTORY_MAX + 1), later));
+        assert_eq!(w.history_len(), 2);
+    }
+
+    #[test]
     fn a_wait_whose_directory_turns_into_a_link_is_dropped() {
         let mut f = Fixture::new();
         let dir = f.pods().join(UID).join("proxy");
@@ -474,6 +611,7 @@ mod tests {
         let mut dirty = BTreeSet::new();
         ShareSync {
             share: &f.share,
+            local: None,
             watcher: &mut f.watcher,
             waits: &mut f.waits,
             stats: &f.stats,

@@ -6,14 +6,22 @@
 
 /// The host share and what is in it.
 pub mod share {
+    use core::ffi::CStr;
+
     /// The share's default location on a node.
     pub const DEFAULT_DIR: &str = "/var/lib/exitorder";
     /// `pods/<pod-uid>/<container>/`: one directory per container.
     pub const PODS_DIR: &str = "pods";
     /// `bin/`: where the agent installs the entrypoint.
     pub const BIN_DIR: &str = "bin";
-    /// The entrypoint's file name, in `bin/` and in the agent's image.
-    pub const ENTRYPOINT: &str = "exitorder-entrypoint";
+    /// The entrypoint's file name, in `bin/`, in the agent's image and in a pod's
+    /// `exitorder-bin` volume, as the entrypoint hands it to the C library.
+    pub const ENTRYPOINT_C: &CStr = c"exitorder-entrypoint";
+    /// The same name as text.
+    pub const ENTRYPOINT: &str = match ENTRYPOINT_C.to_str() {
+        Ok(s) => s,
+        Err(_) => panic!("the entrypoint's name is UTF-8"),
+    };
 }
 
 /// The exit handshake in a container's directory.
@@ -92,4 +100,27 @@ pub mod kubelet {
     pub const ANNOTATION_HASH: &str = "io.kubernetes.container.hash";
     pub const ANNOTATION_PRESTOP: &str = "io.kubernetes.container.preStopHandler";
     pub const ANNOTATION_PORTS: &str = "io.kubernetes.container.ports";
+}
+
+/// The pod-local handshake: each sidecar's exit directory is a sub-directory of the pod's own
+/// `emptyDir` volume, which the kubelet keeps on the node at
+/// `<kubelet root>/pods/<pod uid>/volumes/kubernetes.io~empty-dir/<volume>/<container>/`
+/// (pkg/volume/emptydir), where the agent finds it.
+pub mod podlocal {
+    /// Where kubeadm, k3s, rke2 and OpenShift keep the kubelet's state.
+    pub const DEFAULT_KUBELET_ROOT: &str = "/var/lib/kubelet";
+    /// The kubelet's directory of pods, under its root.
+    pub const PODS_DIR: &str = "pods";
+    /// From a pod's directory to the volume: the kubelet's volumes, the emptyDir plugin's.
+    pub const VOLUME_PATH: [&str; 2] = ["volumes", "kubernetes.io~empty-dir"];
+    /// The pod's volume that holds its sidecars' exit directories.
+    pub const VOLUME: &str = "exitorder";
+    /// The pod's volume the entrypoint is copied into, mounted read-only at `mount::BIN_DIR`.
+    pub const BIN_VOLUME: &str = "exitorder-bin";
+    /// The init container that copies it there, from the project's image.
+    pub const INSTALL_CONTAINER: &str = "exitorder-install";
+    /// The entrypoint in the project's image.
+    pub const IMAGE_ENTRYPOINT: &str = "/usr/local/bin/exitorder-entrypoint";
+    /// The user the install container runs as: no user of the image (it has none), not root.
+    pub const INSTALL_UID: i64 = 65532;
 }

@@ -15,6 +15,9 @@
 //!
 //! URLs are checked here (see [`crate::url`]), so a bad one is a usage
 //! error before anything waits or connects.
+//!
+//! And one puts the binary where a pod's containers find it:
+//! - `install DIR`, what the init container `exitorder-install` runs.
 
 use alloc::ffi::CString;
 use alloc::format;
@@ -41,7 +44,7 @@ pub const ENV_TIMEOUT: &str = "EXITORDER_WAIT_TIMEOUT";
 /// bound of `wait --http-get`'s request.
 pub const DEFAULT_HTTP_TIMEOUT: Duration = Duration::from_secs(120);
 
-/// Exit status when an HTTP request failed or `await` timed out.
+/// Exit status when an HTTP request failed, `await` timed out or `install` failed.
 pub const EX_FAILED: u8 = 1;
 /// Exit status for bad usage (`EX_USAGE` from sysexits.h).
 pub const EX_USAGE: u8 = 64;
@@ -52,6 +55,7 @@ usage: exitorder-entrypoint wait [--dir DIR] [--timeout DURATION]
        exitorder-entrypoint -wait-container-exit [-entrypoint CMD] [-- ARGS...]
        exitorder-entrypoint shutdown --post URL [--timeout DURATION]
        exitorder-entrypoint await --http-get URL [--timeout DURATION]
+       exitorder-entrypoint install DIR
 
 wait: waits until the exitorder agent on this node allows this container to
 exit, then runs CMD with ARGS in its place, or GETs URL (exit 0 on any
@@ -61,6 +65,10 @@ shutdown: POSTs an empty body to URL (a mesh proxy's shutdown endpoint),
 retrying refused connections; exit 0 on a 2xx answer.
 await: GETs URL until it answers 2xx (a postStart hook that holds the next
 container back until this one is ready).
+install: copies this binary into DIR as exitorder-entrypoint, mode 0555, by a
+rename (a reader sees the old file or the new one, never a part); what an
+init container runs to give the pod's other containers the entrypoint. DIR
+must be a directory, not a link to one.
 URLs: http:// to 127.x.y.z, localhost or [::1] only.
 
 options:
@@ -78,7 +86,8 @@ options:
                        wait; without it, the arguments after -- are the command
   -h, --help           show this help
 
-exit status: 0 done; 1 the HTTP request failed (or await timed out);
+exit status: 0 done; 1 the HTTP request failed (or await timed out, or
+install failed);
 64 usage; 126 CMD cannot run; 127 CMD not found; 128+N signal N while
 waiting; otherwise CMD's own.
 ";
@@ -96,6 +105,14 @@ pub enum Command {
     Shutdown(HttpArgs),
     /// Poll a readiness endpoint until it answers 2xx.
     Await(HttpArgs),
+    /// Copy this binary into a directory.
+    Install(InstallArgs),
+}
+
+/// Arguments of `install`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InstallArgs {
+    pub dir: CString,
 }
 
 /// Arguments of the wait, with environment and defaults already applied.
@@ -186,6 +203,7 @@ where
         b"wait" => return parse_wait(args, env),
         b"shutdown" => return parse_http(args, "post", Command::Shutdown),
         b"await" => return parse_http(args, "http-get", Command::Await),
+        b"install" => return parse_install(args),
         _ => {}
     }
     let kind = Flag::split(&first).map(|flag| match flag.name {
@@ -347,6 +365,30 @@ fn parse_http(
         url,
         timeout: timeout.unwrap_or(DEFAULT_HTTP_TIMEOUT),
     }))
+}
+
+/// `install DIR`: one directory, nothing else.
+fn parse_install(mut args: impl Iterator<Item = CString>) -> Result<Command, UsageError> {
+    let Some(dir) = args.next() else {
+        return Err(usage_error("install: DIR is required"));
+    };
+    // Anything that starts like a flag is one, never a directory's name: a relative
+    // directory named `-x` is given as `./-x`.
+    if dir.as_bytes().first() == Some(&b'-') {
+        return match Flag::split(&dir) {
+            Some(flag) if matches!(flag.name, "h" | "help") && flag.value.is_none() => {
+                Ok(Command::Help)
+            }
+            _ => Err(unexpected_argument(&dir)),
+        };
+    }
+    if dir.is_empty() {
+        return Err(usage_error("install: DIR is empty"));
+    }
+    if let Some(extra) = args.next() {
+        return Err(unexpected_argument(&extra));
+    }
+    Ok(Command::Install(InstallArgs { dir }))
 }
 
 /// Sets a flag's value, refusing a second one: two URLs or two sleeps are
@@ -910,6 +952,35 @@ mod tests {
     }
 
     #[test]
+    fn install_takes_one_directory() {
+        for dir in ["/var/run/exitorder-bin", "bin/", "./-x", "relative"] {
+            assert_eq!(
+                parse_with(&["install", dir], &Env::default()),
+                Ok(Command::Install(InstallArgs { dir: c(dir) }))
+            );
+        }
+        for help in ["-h", "--help"] {
+            assert_eq!(
+                parse_with(&["install", help], &Env::default()),
+                Ok(Command::Help)
+            );
+        }
+        for (args, needle) in [
+            (&["install"][..], "DIR is required"),
+            (&["install", ""], "DIR is empty"),
+            (&["install", "/a", "/b"], "unexpected argument"),
+            (&["install", "--dir", "/a"], "unknown flag --dir"),
+            (&["install", "-"], "unexpected argument \"-\""),
+        ] {
+            let message = error(args);
+            assert!(
+                message.contains(needle),
+                "{args:?}: {message:?} lacks {needle:?}"
+            );
+        }
+    }
+
+    #[test]
     fn usage_advertises_every_subcommand() {
         for text in [
             "wait [--dir DIR]",
@@ -918,6 +989,7 @@ mod tests {
             "-wait-container-exit",
             "shutdown --post URL",
             "await --http-get URL",
+            "install DIR",
             "exit status",
         ] {
             assert!(USAGE.contains(text), "{text}");

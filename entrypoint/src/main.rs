@@ -18,7 +18,7 @@ mod runtime;
 use core::ffi::{c_char, c_int};
 
 use exitorder_entrypoint::cli::{self, Command};
-use exitorder_entrypoint::{endpoint, log, prestop, sys};
+use exitorder_entrypoint::{endpoint, install, log, prestop, sys};
 
 /// Called by the C runtime, with the process's arguments.
 #[no_mangle]
@@ -35,6 +35,7 @@ extern "C" fn main(argc: c_int, argv: *const *const c_char) -> c_int {
         Ok(Command::Wait(args)) => prestop::run(&args),
         Ok(Command::Shutdown(args)) => endpoint::shutdown(&args),
         Ok(Command::Await(args)) => endpoint::await_ready(&args),
+        Ok(Command::Install(args)) => install::run(&args),
         Err(err) => {
             log!("{err}");
             let _ = sys::write_all(sys::STDERR, cli::USAGE.as_bytes());

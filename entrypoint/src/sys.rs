@@ -93,6 +93,50 @@ pub fn open(path: &CStr, flags: c_int, mode: libc::mode_t) -> Result<Fd, OsError
     check(unsafe { libc::open(path.as_ptr(), flags, mode) }).map(Fd)
 }
 
+/// openat(2), relative to an open directory.
+pub fn openat(dir: &Fd, name: &CStr, flags: c_int, mode: libc::mode_t) -> Result<Fd, OsError> {
+    // SAFETY: name is NUL-terminated and dir a descriptor we own; the returned
+    // descriptor is new and so owned by nobody else.
+    check(unsafe { libc::openat(dir.raw(), name.as_ptr(), flags, mode) }).map(Fd)
+}
+
+/// renameat(2) within one directory.
+pub fn renameat(dir: &Fd, from: &CStr, to: &CStr) -> Result<(), OsError> {
+    // SAFETY: both names are NUL-terminated; dir is a descriptor we own.
+    check(unsafe { libc::renameat(dir.raw(), from.as_ptr(), dir.raw(), to.as_ptr()) }).map(drop)
+}
+
+/// unlinkat(2) of a file in an open directory.
+pub fn unlinkat(dir: &Fd, name: &CStr) -> Result<(), OsError> {
+    // SAFETY: name is NUL-terminated; dir is a descriptor we own.
+    check(unsafe { libc::unlinkat(dir.raw(), name.as_ptr(), 0) }).map(drop)
+}
+
+/// flock(2) with `LOCK_EX`, waiting for it; held until `fd` is closed.
+pub fn lock_exclusive(fd: &Fd) -> Result<(), OsError> {
+    loop {
+        // SAFETY: plain system call on a descriptor we own.
+        match check(unsafe { libc::flock(fd.raw(), libc::LOCK_EX) }) {
+            Err(OsError(libc::EINTR)) => {}
+            other => return other.map(drop),
+        }
+    }
+}
+
+/// Whether `path` itself is a symbolic link: readlink(2) reads nothing else.
+pub fn is_link(path: &CStr) -> bool {
+    let mut buffer = [0u8; 1];
+    // SAFETY: path is NUL-terminated; the kernel writes at most buffer.len()
+    // bytes into the buffer.
+    unsafe { libc::readlink(path.as_ptr(), buffer.as_mut_ptr().cast(), buffer.len()) >= 0 }
+}
+
+/// fsync(2).
+pub fn fsync(fd: &Fd) -> Result<(), OsError> {
+    // SAFETY: plain system call on a descriptor we own.
+    check(unsafe { libc::fsync(fd.raw()) }).map(drop)
+}
+
 /// fchmod(2).
 pub fn fchmod(fd: &Fd, mode: libc::mode_t) -> Result<(), OsError> {
     // SAFETY: plain system call on a descriptor we own.

@@ -1,6 +1,6 @@
 //! The entrypoint's command line (`cli::parse`): what a pod spec's preStop or postStart hook
 //! passes it, in both spellings (`wait ...` and the Kruise `-wait-container-exit ...`), with
-//! its two environment variables.
+//! its two environment variables, and what the init container that installs it passes.
 //!
 //! Input: a selector byte, then NUL-separated arguments. Selector bit 0 takes the first
 //! argument as `EXITORDER_DIR`, bit 1 the next one as `EXITORDER_WAIT_TIMEOUT` (an empty
@@ -52,6 +52,10 @@ fuzz_target!(|data: &[u8]| {
         Command::Shutdown(http) | Command::Await(http) => {
             check_duration(http.timeout);
             check_url(&http.url);
+        }
+        Command::Install(install) => {
+            assert!(!install.dir.is_empty(), "{install:?}");
+            assert_ne!(install.dir.as_bytes().first(), Some(&b'-'), "{install:?}");
         }
     }
     let again = render(&command);
@@ -122,6 +126,7 @@ fn render(command: &Command) -> Vec<CString> {
         }
         Command::Shutdown(HttpArgs { url, timeout }) => http("shutdown", "post", url, *timeout),
         Command::Await(HttpArgs { url, timeout }) => http("await", "http-get", url, *timeout),
+        Command::Install(install) => vec![arg("install"), install.dir.clone()],
     }
 }
 

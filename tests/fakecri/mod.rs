@@ -59,6 +59,8 @@ pub struct State {
     pub events: Option<tokio::sync::broadcast::Sender<ContainerEventResponse>>,
     pub events_unimplemented: bool,
     pub subscriptions: u64,
+    /// StopContainer calls made, by id.
+    pub stopped: Vec<String>,
     seq: i64,
 }
 
@@ -246,6 +248,18 @@ impl FakeCri {
     /// Removes a container from the runtime.
     pub fn remove(&self, id: &str) {
         self.state.lock().unwrap().containers.retain(|c| c.id != id);
+    }
+
+    /// Removes a pod from the runtime: its containers and its sandbox.
+    pub fn remove_pod(&self, uid: &str) {
+        let mut s = self.state.lock().unwrap();
+        s.containers.retain(|c| c.pod_uid != uid);
+        s.sandboxes.retain(|sb| sb.uid != uid);
+    }
+
+    /// The containers StopContainer was called for, in order.
+    pub fn stopped(&self) -> Vec<String> {
+        self.state.lock().unwrap().stopped.clone()
     }
 
     pub fn list_calls(&self) -> u64 {
@@ -444,11 +458,29 @@ impl RuntimeService for FakeCri {
     ) -> Result<Response<StartContainerResponse>, Status> {
         unimplemented()
     }
+    /// The container exits at once (status 0), as one that honours TERM does.
     async fn stop_container(
         &self,
-        _: Request<StopContainerRequest>,
+        req: Request<StopContainerRequest>,
     ) -> Result<Response<StopContainerResponse>, Status> {
-        unimplemented()
+        self.check()?;
+        let id = req.into_inner().container_id;
+        let mut s = self.state.lock().unwrap();
+        s.stopped.push(id.clone());
+        let c = s
+            .containers
+            .iter_mut()
+            .find(|c| c.id == id)
+            .ok_or_else(|| Status::not_found("no such container"))?;
+        c.state = ContainerState::ContainerExited;
+        if let Some(tx) = &s.events {
+            let _ = tx.send(ContainerEventResponse {
+                container_id: id,
+                container_event_type: ContainerEventType::ContainerStoppedEvent as i32,
+                ..Default::default()
+            });
+        }
+        Ok(Response::new(StopContainerResponse {}))
     }
     async fn remove_container(
         &self,

@@ -3,6 +3,9 @@
 
 #![allow(dead_code)]
 
+pub mod flood;
+pub mod pss;
+
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -397,4 +400,22 @@ pub fn parse_metrics(text: &str) -> Vec<(String, f64)> {
             )
         })
         .collect()
+}
+
+/// Imports the project's image (`scripts/image` writes it) into `node`; its reference, the
+/// one the chart and the webhook name by default. `None` when it was not built and this is
+/// not CI (the test then returns, having said why); in CI a missing image fails.
+pub fn project_image(node: &Node) -> Option<String> {
+    let archive =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join(exitorder_testbed::install::IMAGE_IN_TREE);
+    if !archive.is_file() {
+        skip_or_fail(&format!(
+            "the project's image {} is not built (scripts/image)",
+            archive.display()
+        ));
+        return None;
+    }
+    node.import_image(&archive)
+        .unwrap_or_else(|e| panic!("import {}: {e}", archive.display()));
+    Some(exitorder::webhook::DEFAULT_INSTALL_IMAGE.to_owned())
 }

@@ -1,5 +1,5 @@
-//! What one sidecar gets: the share, its own directory, the entrypoint, `POD_UID`, and a
-//! preStop that waits for the agent's `allow` before doing what the sidecar's own preStop
+//! What one sidecar gets: its own exit directory (in the node's share, with `POD_UID`, or in
+//! the pod's own volume, see [`super::podlocal`]), the entrypoint, and a preStop that waits for the agent's `allow` before doing what the sidecar's own preStop
 //! did. Each step first looks for what an earlier pass added, so a second pass changes
 //! nothing (the API server reinvokes the webhook after other injectors, with its own output).
 
@@ -93,12 +93,19 @@ pub fn share_only_as_injected(spec: &PodSpec, share_dir: &str) -> Result<(), Str
 pub struct Sidecar {
     /// The entrypoint's `--timeout`.
     pub timeout: Duration,
+    /// Where its exit directory is.
+    pub handshake: super::mutate::HandshakeVolume,
 }
 
 impl Sidecar {
     pub fn inject(&self, c: &mut Container, warnings: &mut Vec<String>) -> Result<(), String> {
-        pod_uid_env(c)?;
-        mounts(c)?;
+        match self.handshake {
+            super::mutate::HandshakeVolume::HostPath => {
+                pod_uid_env(c)?;
+                mounts(c)?;
+            }
+            super::mutate::HandshakeVolume::EmptyDir => super::podlocal::mounts(c)?,
+        }
         self.pre_stop(c, warnings);
         Ok(())
     }
@@ -257,8 +264,9 @@ fn request_target(path: &str) -> String {
         let b = s.as_bytes();
         b.iter().enumerate().any(|(i, c)| {
             *c == b'%'
-                && !(b.get(i + 1).is_some_and(u8::is_ascii_hexdigit)
-                    && b.get(i + 2).is_some_and(u8::is_ascii_hexdigit))
+                && !b
+                    .get(i.saturating_add(1)..i.saturating_add(3))
+                    .is_some_and(|h| h.iter().all(u8::is_ascii_hexdigit))
         })
     };
     let (before_fragment, fragment) = path.split_once('#').unwrap_or((&path, ""));
@@ -286,20 +294,20 @@ fn request_target(path: &str) -> String {
 fn unescape(s: &str) -> Vec<u8> {
     let b = s.as_bytes();
     let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
+    let mut i = 0usize;
+    while let Some(&c) = b.get(i) {
         let hex = b
-            .get(i + 1..i + 3)
+            .get(i.saturating_add(1)..i.saturating_add(3))
             .and_then(|h| std::str::from_utf8(h).ok())
             .and_then(|h| u8::from_str_radix(h, 16).ok());
-        match (b[i], hex) {
+        match (c, hex) {
             (b'%', Some(v)) => {
                 out.push(v);
-                i += 3;
+                i = i.saturating_add(3);
             }
             (c, _) => {
                 out.push(c);
-                i += 1;
+                i = i.saturating_add(1);
             }
         }
     }
@@ -564,6 +572,7 @@ mod tests {
         let mut warnings = Vec::new();
         let s = Sidecar {
             timeout: Duration::from_secs(25),
+            handshake: super::super::mutate::HandshakeVolume::HostPath,
         };
         s.inject(&mut c, &mut warnings).unwrap();
         let first = c.clone();
@@ -676,6 +685,7 @@ mod tests {
         share_volume(&mut spec, share).unwrap();
         Sidecar {
             timeout: Duration::from_secs(1),
+            handshake: super::super::mutate::HandshakeVolume::HostPath,
         }
         .inject(&mut spec.containers[0], &mut Vec::new())
         .unwrap();
@@ -723,6 +733,7 @@ mod tests {
         };
         let s = Sidecar {
             timeout: Duration::from_secs(1),
+            handshake: super::super::mutate::HandshakeVolume::HostPath,
         };
         let e = s.inject(&mut c, &mut Vec::new()).unwrap_err();
         assert!(e.contains("POD_UID"), "{e}");

@@ -7,12 +7,14 @@
 //! - [`tls`]: the serving certificate, reloaded when it changes;
 //! - [`server`]: the HTTPS endpoint.
 
+pub mod guard;
 pub mod inject;
 pub mod mutate;
+pub mod podlocal;
 pub mod review;
 pub mod server;
 pub mod tls;
 
-pub use mutate::{mutate, Admission, Settings};
+pub use mutate::{mutate, Admission, HandshakeVolume, Settings, DEFAULT_INSTALL_IMAGE};
 pub use server::{Webhook, WebhookConfig, WebhookError};
 pub use tls::CertFiles;

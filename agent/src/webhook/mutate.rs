@@ -16,6 +16,22 @@ use super::inject::{self, Sidecar};
 use crate::priority::{self, PodPriorities};
 use crate::stoporder::StopOrder;
 
+/// Where an injected sidecar's exit directory lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum HandshakeVolume {
+    /// In the pod's own `emptyDir`, with the entrypoint copied in by an init container: no
+    /// hostPath, so the pod stays admissible under Pod Security `baseline` and `restricted`.
+    #[value(name = "emptyDir")]
+    EmptyDir,
+    /// In the node's share, through a hostPath volume (the Kruise-style layout).
+    #[value(name = "hostPath")]
+    HostPath,
+}
+
+/// The project's image, as the chart's defaults name it: what `exitorder-install` runs.
+pub const DEFAULT_INSTALL_IMAGE: &str =
+    concat!("ghcr.io/exitorder/exitorder:", env!("CARGO_PKG_VERSION"));
+
 /// What the mutation needs to know of the node side.
 #[derive(Debug, Clone)]
 pub struct Settings {
@@ -24,6 +40,9 @@ pub struct Settings {
     /// The agent's grace reserve: an entrypoint gives up this long before the pod's grace
     /// period ends, as the agent releases it then.
     pub grace_reserve: Duration,
+    pub handshake_volume: HandshakeVolume,
+    /// The image the init container `exitorder-install` copies the entrypoint from.
+    pub install_image: String,
 }
 
 impl Default for Settings {
@@ -31,6 +50,8 @@ impl Default for Settings {
         Settings {
             share_dir: exitorder_contract::share::DEFAULT_DIR.to_owned(),
             grace_reserve: Duration::from_secs(5),
+            handshake_volume: HandshakeVolume::EmptyDir,
+            install_image: DEFAULT_INSTALL_IMAGE.to_owned(),
         }
     }
 }
@@ -88,7 +109,11 @@ pub fn mutate(object: &Value, settings: &Settings) -> Admission {
     };
     let annotations = pod.metadata.annotations.clone().unwrap_or_default();
     let mut mutated = pod.clone();
-    let (warnings, first) = match inject_into(&mut mutated, &annotations, settings) {
+    let Injected {
+        warnings,
+        first,
+        install_at,
+    } = match inject_into(&mut mutated, &annotations, settings) {
         Ok(w) => w,
         Err(message) => return Admission::Deny(message),
     };
@@ -106,7 +131,27 @@ pub fn mutate(object: &Value, settings: &Settings) -> Admission {
         .flat_map(|s| s.containers.iter().map(|c| c.name.clone()))
         .collect();
     patch.0.extend(moves_first(&names, &first));
+    if let Some(at) = install_at.filter(|at| *at > 0) {
+        let op = serde_json::json!({
+            "op": "move",
+            "from": format!("/spec/initContainers/{at}"),
+            "path": "/spec/initContainers/0",
+        });
+        if let Ok(op) = serde_json::from_value(op) {
+            patch.0.push(op);
+        }
+    }
     Admission::Allow { patch, warnings }
+}
+
+/// What the injection did beyond the pod's fields.
+#[derive(Default)]
+struct Injected {
+    warnings: Vec<String>,
+    /// Containers to move first (start order).
+    first: Vec<String>,
+    /// Where `exitorder-install` was appended, to be moved to the front.
+    install_at: Option<usize>,
 }
 
 /// `move` operations that bring `first` (in this order) before the other containers, which
@@ -195,12 +240,12 @@ fn env_priority(c: &Container) -> Result<Option<u8>, String> {
     priority::from_env(literal).map_err(|e| format!("container {:?}: {e}", c.name))
 }
 
-/// Injects into `pod`; the warnings, and the containers to move first (start order).
+/// Injects into `pod`.
 fn inject_into(
     pod: &mut Pod,
     annotations: &BTreeMap<String, String>,
     settings: &Settings,
-) -> Result<(Vec<String>, Vec<String>), String> {
+) -> Result<Injected, String> {
     let mut warnings = Vec::new();
     let named =
         priority::from_annotations(annotations.iter().map(|(k, v)| (k.as_str(), v.as_str())))
@@ -232,7 +277,10 @@ fn inject_into(
         if let Some(spec) = &pod.spec {
             inject::share_only_as_injected(spec, &settings.share_dir)?;
         }
-        return Ok((warnings, Vec::new()));
+        return Ok(Injected {
+            warnings,
+            ..Injected::default()
+        });
     }
     let grace = pod
         .spec
@@ -241,10 +289,23 @@ fn inject_into(
         .unwrap_or(DEFAULT_GRACE_SECONDS);
     let timeout = entrypoint_timeout(grace, settings.grace_reserve);
     let Some(spec) = pod.spec.as_mut() else {
-        return Ok((warnings, Vec::new()));
+        return Ok(Injected {
+            warnings,
+            ..Injected::default()
+        });
     };
-    inject::share_volume(spec, &settings.share_dir)?;
-    let sidecar = Sidecar { timeout };
+    let mut install_at = None;
+    match settings.handshake_volume {
+        HandshakeVolume::HostPath => inject::share_volume(spec, &settings.share_dir)?,
+        HandshakeVolume::EmptyDir => {
+            super::podlocal::volumes(spec)?;
+            install_at = super::podlocal::install_container(spec, &settings.install_image)?;
+        }
+    }
+    let sidecar = Sidecar {
+        timeout,
+        handshake: settings.handshake_volume,
+    };
     for c in spec.containers.iter_mut().chain(
         spec.init_containers
             .iter_mut()
@@ -277,7 +338,11 @@ fn inject_into(
                 order.to_annotation(),
             );
     }
-    Ok((warnings, first))
+    Ok(Injected {
+        warnings,
+        first,
+        install_at,
+    })
 }
 
 fn all_names(pod: &Pod) -> Vec<&str> {
@@ -385,6 +450,31 @@ mod tests {
                 "{v}"
             );
         }
+    }
+
+    #[test]
+    fn the_install_container_goes_first_and_moves_nothing_else_field_by_field() {
+        // Init containers this build cannot fully read keep every field: they move whole.
+        let p = pod(
+            json!({"exitorder.io/inject": "true"}),
+            json!({"initContainers": [
+                       {"name": "setup", "image": "s", "futureField": {"x": 1}},
+                       {"name": "istio-proxy", "image": "p", "restartPolicy": "Always",
+                        "futureField": [2]}],
+                   "containers": [{"name": "app", "image": "a"}]}),
+        );
+        let out = apply(&p, &mutate(&p, &Settings::default()));
+        let inits = out["spec"]["initContainers"].as_array().unwrap();
+        let names: Vec<&str> = inits.iter().filter_map(|c| c["name"].as_str()).collect();
+        assert_eq!(names, ["exitorder-install", "setup", "istio-proxy"]);
+        assert_eq!(inits[1]["futureField"], json!({"x": 1}));
+        assert_eq!(inits[2]["futureField"], json!([2]));
+        assert!(inits[0].get("futureField").is_none());
+        assert_eq!(
+            mutate(&out, &Settings::default()),
+            Admission::unchanged(),
+            "a second pass changes nothing"
+        );
     }
 
     #[test]

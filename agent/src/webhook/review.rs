@@ -115,8 +115,22 @@ pub struct Answer {
     pub message: Option<String>,
 }
 
-/// Answers one request body.
+/// What a review is asked of the webhook.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ask {
+    /// `/mutate`: the injection, for pod creations.
+    Mutate,
+    /// `/validate`: the share's guard, for every pod and ephemeral container sent.
+    Validate,
+}
+
+/// Answers one request body to `/mutate`.
 pub fn answer(body: &[u8], settings: &Settings) -> Result<Answer, BadReview> {
+    answer_to(Ask::Mutate, body, settings)
+}
+
+/// Answers one request body.
+pub fn answer_to(ask: Ask, body: &[u8], settings: &Settings) -> Result<Answer, BadReview> {
     let review: ReviewIn = serde_json::from_slice::<Value>(body)
         .map_err(|e| BadReview::NotJson(e.to_string()))
         .and_then(|v| serde_json::from_value(v).map_err(|e| BadReview::NotReview(e.to_string())))?;
@@ -140,13 +154,26 @@ pub fn answer(body: &[u8], settings: &Settings) -> Result<Answer, BadReview> {
             .kind
             .as_ref()
             .is_some_and(|k| k.group.is_empty() && k.kind == "Pod");
-    let admission = match (&req.object, is_pod_creation) {
-        (Some(object), true) => mutate::mutate(object, settings),
-        // Only pod creations are sent by the webhook configuration; anything else passes.
-        _ => Admission::Allow {
-            patch: json_patch::Patch::default(),
-            warnings: Vec::new(),
-        },
+    let is_pod = req
+        .kind
+        .as_ref()
+        .is_some_and(|k| k.group.is_empty() && k.kind == "Pod");
+    let pass = || Admission::Allow {
+        patch: json_patch::Patch::default(),
+        warnings: Vec::new(),
+    };
+    let admission = match (ask, &req.object) {
+        (Ask::Mutate, Some(object)) if is_pod_creation => mutate::mutate(object, settings),
+        // Pod creations, updates and ephemeral containers (an update of the subresource,
+        // whose object is the whole pod) are what the guard's configuration sends.
+        (Ask::Validate, Some(object)) if is_pod => {
+            match super::guard::check(object, &settings.share_dir) {
+                Ok(()) => pass(),
+                Err(why) => Admission::Deny(why),
+            }
+        }
+        // Anything else passes: it is no pod, or nothing the webhook is asked about.
+        _ => pass(),
     };
     let (response, outcome, message) = match admission {
         Admission::Allow { patch, warnings } if patch.0.is_empty() => (

@@ -1,5 +1,5 @@
-//! The webhook's HTTPS endpoint: `POST /mutate` (AdmissionReview), `GET /healthz`,
-//! `GET /readyz`, `GET /metrics`, all on one TLS port.
+//! The webhook's HTTPS endpoint: `POST /mutate` and `POST /validate` (AdmissionReview),
+//! `GET /healthz`, `GET /readyz`, `GET /metrics`, all on one TLS port.
 //!
 //! The API server gives a webhook `timeoutSeconds` (at most 10 s) and then goes on without
 //! it (failurePolicy Ignore): every request here is answered well within that or dropped, a
@@ -16,16 +16,15 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use hyper::{Method, Request, Response, StatusCode};
-use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 use tracing::{debug, info, warn, Instrument};
 
 use super::mutate::Settings;
 use super::review::{self, Outcome};
 use super::tls::{CertFiles, ReloadCounts, Reloading, TlsError};
+use crate::serve::{self, ConnStats, Limits};
 use crate::stats::Histogram;
 
 /// Larger than any pod the API server accepts (its request limit is 3 MiB), with room for
@@ -71,9 +70,19 @@ pub struct WebhookStats {
     invalid: AtomicU64,
     latency: Histogram,
     reloads: Arc<ReloadCounts>,
+    conns: Arc<ConnStats>,
 }
 
 impl WebhookStats {
+    fn reviews_of(&self, o: Outcome) -> &AtomicU64 {
+        let [patched, unchanged, denied] = &self.reviews;
+        match o {
+            Outcome::Patched => patched,
+            Outcome::Unchanged => unchanged,
+            Outcome::Denied => denied,
+        }
+    }
+
     fn render(&self) -> String {
         let mut out = String::with_capacity(2048);
         let _ = writeln!(
@@ -82,7 +91,7 @@ impl WebhookStats {
              # TYPE exitorder_webhook_reviews_total counter"
         );
         for o in Outcome::ALL {
-            let n = self.reviews[o as usize].load(Ordering::Relaxed);
+            let n = self.reviews_of(o).load(Ordering::Relaxed);
             let _ = writeln!(
                 out,
                 "exitorder_webhook_reviews_total{{outcome=\"{}\"}} {n}",
@@ -114,6 +123,17 @@ impl WebhookStats {
             self.reloads.ok.load(Ordering::Relaxed),
             self.reloads.failed.load(Ordering::Relaxed)
         );
+        let _ = writeln!(
+            out,
+            "# HELP exitorder_webhook_connections Open connections.\n\
+             # TYPE exitorder_webhook_connections gauge\n\
+             exitorder_webhook_connections {}\n\
+             # HELP exitorder_webhook_connections_evicted_total Connections closed to make room for a new one, from the peer holding the most.\n\
+             # TYPE exitorder_webhook_connections_evicted_total counter\n\
+             exitorder_webhook_connections_evicted_total {}",
+            self.conns.open.load(Ordering::Relaxed),
+            self.conns.evicted.load(Ordering::Relaxed)
+        );
         out
     }
 }
@@ -132,13 +152,10 @@ impl Webhook {
     pub async fn bind(cfg: WebhookConfig) -> Result<Self, WebhookError> {
         let certs = Reloading::new(cfg.files.clone())?;
         let acceptor = TlsAcceptor::from(Arc::new(certs.server_config()?));
-        let listener =
-            TcpListener::bind(cfg.addr)
-                .await
-                .map_err(|source| WebhookError::Listen {
-                    addr: cfg.addr,
-                    source,
-                })?;
+        let listener = serve::bind(cfg.addr).map_err(|source| WebhookError::Listen {
+            addr: cfg.addr,
+            source,
+        })?;
         Ok(Webhook {
             listener,
             acceptor,
@@ -171,7 +188,6 @@ impl Webhook {
                 .instrument(tracing::info_span!("certificate_reload")),
         );
         let settings = Arc::new(cfg.settings);
-        let tracker = TaskTracker::new();
         // Connections stop at the end of the drain, not at `cancel`.
         let stop = CancellationToken::new();
         let drained = {
@@ -185,37 +201,33 @@ impl Webhook {
                 stop.cancel();
             }
         };
-        tokio::pin!(drained);
-        loop {
-            let (tcp, peer) = tokio::select! {
-                () = &mut drained => break,
-                accepted = listener.accept() => match accepted {
-                    Ok(c) => c,
-                    Err(e) => {
-                        debug!(error = %e, "accept failed");
-                        continue;
+        let serving = {
+            let stats = Arc::clone(&stats);
+            serve::accept_loop(
+                listener,
+                Limits::WEBHOOK,
+                Arc::clone(&stats.conns),
+                stop.clone(),
+                move |tcp, _peer, conn| {
+                    Connection {
+                        acceptor: acceptor.clone(),
+                        settings: Arc::clone(&settings),
+                        stats: Arc::clone(&stats),
+                        conn,
                     }
+                    .serve(tcp)
                 },
-            };
-            let conn = Connection {
-                acceptor: acceptor.clone(),
-                settings: Arc::clone(&settings),
-                stats: Arc::clone(&stats),
-                cancel: stop.clone(),
-            };
-            tracker.spawn(
-                conn.serve(tcp)
-                    .instrument(tracing::debug_span!("webhook_conn", %peer)),
-            );
-        }
-        info!("webhook shutting down");
-        drop(listener);
-        tracker.close();
-        if tokio::time::timeout(cfg.shutdown_timeout, tracker.wait())
-            .await
-            .is_err()
-        {
-            warn!(timeout = ?cfg.shutdown_timeout, "connections still open at the end of the shutdown; dropped");
+            )
+        };
+        tokio::pin!(serving);
+        tokio::select! {
+            () = &mut serving => {}
+            () = drained => {
+                info!("webhook shutting down");
+                if tokio::time::timeout(cfg.shutdown_timeout, serving).await.is_err() {
+                    warn!(timeout = ?cfg.shutdown_timeout, "connections still open at the end of the shutdown; dropped");
+                }
+            }
         }
         reload.abort();
     }
@@ -225,12 +237,16 @@ struct Connection {
     acceptor: TlsAcceptor,
     settings: Arc<Settings>,
     stats: Arc<WebhookStats>,
-    cancel: CancellationToken,
+    conn: serve::Conn,
 }
 
 impl Connection {
     async fn serve(self, tcp: tokio::net::TcpStream) {
-        let tls = match tokio::time::timeout(IO_TIMEOUT, self.acceptor.accept(tcp)).await {
+        let handshake = tokio::time::timeout(IO_TIMEOUT, self.acceptor.accept(tcp));
+        let tls = match tokio::select! {
+            r = handshake => r,
+            () = self.conn.stop.cancelled() => return,
+        } {
             Ok(Ok(s)) => s,
             Ok(Err(e)) => {
                 debug!(error = %e, "TLS handshake failed");
@@ -246,22 +262,7 @@ impl Connection {
             let (settings, stats) = (Arc::clone(&settings), Arc::clone(&stats));
             async move { Ok::<_, Infallible>(respond(req, &settings, &stats).await) }
         });
-        let conn = hyper::server::conn::http1::Builder::new()
-            .timer(TokioTimer::new())
-            .header_read_timeout(IO_TIMEOUT)
-            .serve_connection(TokioIo::new(tls), svc);
-        tokio::pin!(conn);
-        tokio::select! {
-            res = conn.as_mut() => {
-                if let Err(e) = res {
-                    debug!(error = %e, "connection ended");
-                }
-            }
-            () = self.cancel.cancelled() => {
-                conn.as_mut().graceful_shutdown();
-                let _ = conn.await;
-            }
-        }
+        serve::http1(tls, svc, &Limits::WEBHOOK, self.conn).await;
     }
 }
 
@@ -277,7 +278,12 @@ async fn respond(
     stats: &WebhookStats,
 ) -> Response<Full<Bytes>> {
     match (req.method(), req.uri().path()) {
-        (&Method::POST, "/mutate") => mutate(req, settings, stats).await,
+        (&Method::POST, "/mutate") => {
+            review_request(review::Ask::Mutate, req, settings, stats).await
+        }
+        (&Method::POST, "/validate") => {
+            review_request(review::Ask::Validate, req, settings, stats).await
+        }
         (&Method::GET, "/healthz") => text(StatusCode::OK, "ok\n"),
         (&Method::GET, "/readyz") if stats.draining.load(Ordering::Relaxed) => {
             text(StatusCode::SERVICE_UNAVAILABLE, "draining\n")
@@ -292,14 +298,15 @@ async fn respond(
             );
             r
         }
-        (_, "/mutate" | "/healthz" | "/readyz" | "/metrics") => {
+        (_, "/mutate" | "/validate" | "/healthz" | "/readyz" | "/metrics") => {
             text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n")
         }
         _ => text(StatusCode::NOT_FOUND, "not found\n"),
     }
 }
 
-async fn mutate(
+async fn review_request(
+    ask: review::Ask,
     req: Request<Incoming>,
     settings: &Settings,
     stats: &WebhookStats,
@@ -339,9 +346,9 @@ async fn mutate(
             )
         }
     };
-    match review::answer(&bytes, settings) {
+    match review::answer_to(ask, &bytes, settings) {
         Ok(a) => {
-            stats.reviews[a.outcome as usize].fetch_add(1, Ordering::Relaxed);
+            stats.reviews_of(a.outcome).fetch_add(1, Ordering::Relaxed);
             stats.latency.observe(started.elapsed());
             match &a.message {
                 Some(m) => {

@@ -7,8 +7,11 @@
 //! 3. The agent's memory and CPU, idle with many pods and while all of them are deleted at
 //!    once.
 //! 4. The admission webhook's answer time over HTTPS (no containerd needed).
+//! 5. Only when asked for (`--only churn`, minutes): the agent's memory while thousands of
+//!    pods are created and deleted.
 
 pub mod baseline;
+pub mod churn;
 pub mod measure;
 pub mod proc;
 pub mod report;
@@ -74,6 +77,8 @@ pub enum Part {
     Resources,
     /// The admission webhook's review latency over HTTPS.
     Webhook,
+    /// The agent's memory while thousands of pods are created and deleted; only when named.
+    Churn,
 }
 
 #[derive(Debug, Clone, clap::Args)]
@@ -118,14 +123,27 @@ pub struct BenchArgs {
     /// Admission reviews sent to the webhook, one after another on one connection.
     #[arg(long, default_value_t = 1000, value_parser = positive)]
     pub reviews: usize,
-    /// Run only these parts (comma-separated); the others are null in the JSON.
+    /// Run only these parts (comma-separated); the others are null in the JSON. `churn`
+    /// runs only when named here: it takes minutes.
     #[arg(long, value_enum, value_delimiter = ',')]
     pub only: Vec<Part>,
+    /// Pods created and deleted in the churn.
+    #[arg(long, default_value_t = 2000, value_parser = positive)]
+    pub churn_pods: usize,
+    /// Pods alive at once in the churn (each created, started and deleted in turn).
+    #[arg(long, default_value_t = 8, value_parser = positive)]
+    pub churn_concurrency: usize,
+    /// The agent's memory is read every this many pods of the churn.
+    #[arg(long, default_value_t = 100, value_parser = positive)]
+    pub churn_sample_every: usize,
 }
 
 impl BenchArgs {
     fn runs(&self, part: Part) -> bool {
-        self.only.is_empty() || self.only.contains(&part)
+        match part {
+            Part::Churn => self.only.contains(&part),
+            _ => self.only.is_empty() || self.only.contains(&part),
+        }
     }
 
     fn settings(&self) -> Settings {
@@ -144,6 +162,9 @@ impl BenchArgs {
             burst_pods: self.burst_pods,
             start_concurrency: self.start_concurrency,
             reviews: self.reviews,
+            churn_pods: self.churn_pods,
+            churn_concurrency: self.churn_concurrency,
+            churn_sample_every: self.churn_sample_every,
         }
     }
 }
@@ -167,7 +188,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
 pub async fn measure(args: &BenchArgs) -> anyhow::Result<Report> {
     let started = Instant::now();
     let agent = crate::demo::agent_binary(args.binaries.agent_binary.clone())?;
-    let mut report = if [Part::Detect, Part::Return, Part::Resources]
+    let mut report = if [Part::Detect, Part::Return, Part::Resources, Part::Churn]
         .iter()
         .any(|p| args.runs(*p))
     {
@@ -224,6 +245,26 @@ async fn measure_all(node: &Node, args: &BenchArgs, bin: &Binaries) -> anyhow::R
         let (idle, burst) = resources(node, args, bin).await?;
         report.agent_idle = Some(idle);
         report.agent_burst = Some(burst);
+    }
+    if args.runs(Part::Churn) {
+        progress!(
+            "churn: {} pods created and deleted, {} at a time; the agent's memory every {} pods",
+            args.churn_pods,
+            args.churn_concurrency,
+            args.churn_sample_every
+        );
+        report.agent_churn = Some(
+            churn::churn(
+                node,
+                bin,
+                churn::ChurnPlan {
+                    pods: args.churn_pods,
+                    concurrency: args.churn_concurrency,
+                    sample_every: args.churn_sample_every,
+                },
+            )
+            .await?,
+        );
     }
     Ok(report)
 }
@@ -335,7 +376,7 @@ fn trigger_ns(d: &Deletion) -> Option<i64> {
 fn forget_pods<'a>(share: &Share, uids: impl IntoIterator<Item = &'a str>) {
     for uid in uids {
         if let Ok(pod) = PodUid::parse(uid) {
-            let _ = share.remove_pod(&pod);
+            let _ = share.remove_pod(&pod, &mut exitorder::share::Budget::new(u64::MAX));
         }
     }
 }
@@ -561,6 +602,7 @@ async fn detect_with_kruise(
                 allows.get(&ExitKey {
                     pod,
                     container: proxy.clone(),
+                    place: exitorder::share::Place::Share,
                 })
             });
             Trial {
@@ -784,6 +826,14 @@ mod tests {
         assert_eq!(d.idle, Duration::from_secs(60));
         assert!(!d.json && d.only.is_empty());
         assert!(d.runs(Part::Detect) && d.runs(Part::Resources));
+        // Minutes long: only when named.
+        assert!(!d.runs(Part::Churn));
+        assert_eq!((d.churn_pods, d.churn_concurrency), (2000, 8));
+        let c = Cli::try_parse_from(["bench", "--only", "churn", "--churn-pods", "50"])
+            .unwrap()
+            .bench;
+        assert!(c.runs(Part::Churn) && !c.runs(Part::Detect) && !c.runs(Part::Webhook));
+        assert_eq!(c.settings().churn_pods, 50);
 
         let a = Cli::try_parse_from([
             "bench",

@@ -46,6 +46,9 @@ pub struct Settings {
     pub burst_pods: usize,
     pub start_concurrency: usize,
     pub reviews: usize,
+    pub churn_pods: usize,
+    pub churn_concurrency: usize,
+    pub churn_sample_every: usize,
 }
 
 /// Exit of the app -> `allow` written, for one way of detecting it.
@@ -244,6 +247,7 @@ pub struct Report {
     pub agent_idle: Option<IdleRow>,
     pub agent_burst: Option<BurstRow>,
     pub webhook: Option<super::webhook::WebhookRow>,
+    pub agent_churn: Option<super::churn::ChurnRow>,
 }
 
 impl Report {
@@ -259,8 +263,17 @@ impl Report {
             agent_idle: None,
             agent_burst: None,
             webhook: None,
+            agent_churn: None,
         }
     }
+}
+
+/// `key value` pairs, comma-separated.
+fn counts<V: std::fmt::Display>(m: &std::collections::BTreeMap<String, V>) -> String {
+    m.iter()
+        .map(|(k, v)| format!("{k} {v}"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 fn ms(v: Option<f64>) -> String {
@@ -470,6 +483,47 @@ impl Report {
                 w.cpu_seconds
             );
         }
+        if let Some(c) = &self.agent_churn {
+            let _ = writeln!(
+                t,
+                "\nChurn: {} pods (app + proxy, priority 1, preStop wait) created, started and \
+                 deleted the kubelet's way, {} at a time, with the agent watching (containerd \
+                 events, default settings).\n  {} cycled in {:.1} s ({:.1} pods/s), {} failed{}; \
+                 agent RSS start {:.2} MiB, peak {:.2} (high water {:.2}), end {:.2}; slope {} \
+                 KiB per 1,000 pods ({} over the second half); CPU {:.2} s\n  proxies allowed: {}",
+                c.pods_asked,
+                c.concurrency,
+                c.pods_cycled,
+                c.seconds,
+                c.pods_per_second,
+                c.failures,
+                c.first_failure
+                    .as_deref()
+                    .map_or_else(String::new, |e| format!(" (first: {e})")),
+                c.rss_start_mib,
+                c.rss_peak_mib,
+                c.rss_high_water_mib,
+                c.rss_end_mib,
+                ms(c.rss_slope_kib_per_1000_pods),
+                ms(c.rss_slope_second_half_kib_per_1000_pods),
+                c.cpu_seconds,
+                counts(&c.allows)
+            );
+            let _ = writeln!(
+                t,
+                "  RSS MiB by pods cycled: {}",
+                c.samples
+                    .iter()
+                    .map(|s| format!("{} {:.2}", s.pods, s.rss_mib))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+            let _ = writeln!(
+                t,
+                "  the agent held at the end: {}",
+                counts(&c.agent_state_at_end)
+            );
+        }
         t
     }
 }
@@ -495,6 +549,9 @@ mod tests {
             burst_pods: 3,
             start_concurrency: 4,
             reviews: 8,
+            churn_pods: 4,
+            churn_concurrency: 2,
+            churn_sample_every: 2,
         }
     }
 
@@ -580,6 +637,36 @@ mod tests {
                 rss_mib: 6.5,
                 cpu_seconds: 0.02,
             }),
+            agent_churn: Some(super::super::churn::ChurnRow {
+                pods_asked: 4,
+                pods_cycled: 4,
+                failures: 0,
+                first_failure: None,
+                concurrency: 2,
+                seconds: 2.0,
+                pods_per_second: 2.0,
+                rss_start_mib: 9.0,
+                rss_peak_mib: 9.5,
+                rss_end_mib: 9.25,
+                rss_high_water_mib: 9.75,
+                rss_slope_kib_per_1000_pods: Some(64.0),
+                rss_slope_second_half_kib_per_1000_pods: Some(0.0),
+                cpu_seconds: 0.5,
+                allows: [("ordered".to_owned(), 4)].into(),
+                agent_state_at_end: [("exitorder_view_pods".to_owned(), 1.0)].into(),
+                samples: vec![
+                    super::super::churn::ChurnSample {
+                        pods: 0,
+                        seconds: 0.0,
+                        rss_mib: 9.0,
+                    },
+                    super::super::churn::ChurnSample {
+                        pods: 4,
+                        seconds: 2.0,
+                        rss_mib: 9.25,
+                    },
+                ],
+            }),
         }
     }
 
@@ -602,6 +689,9 @@ mod tests {
         assert_eq!(v["agent_burst"]["runtime_list_max_ms"], 30.0);
         assert_eq!(v["webhook"]["review_p99_ms"], 0.9);
         assert_eq!(v["webhook"]["patched"], 6);
+        assert_eq!(v["agent_churn"]["rss_end_mib"], 9.25);
+        assert_eq!(v["agent_churn"]["samples"][1]["pods"], 4);
+        assert_eq!(v["agent_churn"]["allows"]["ordered"], 4);
         assert!(report().table().contains("review p50 0.400 ms"));
         assert_eq!(v["settings"]["batch"], 2);
         // One line, so it can be the last line of the output.
@@ -635,6 +725,10 @@ mod tests {
             "deleting 3 pods at once",
             "latest allow 9.000 ms",
             "ListContainers p50 2.000 ms, max 30.000 ms",
+            "4 cycled in 2.0 s",
+            "RSS MiB by pods cycled: 0 9.00, 4 9.25",
+            "proxies allowed: ordered 4",
+            "held at the end: exitorder_view_pods 1",
         ] {
             assert!(t.contains(needle), "{needle:?} missing from:\n{t}");
         }

@@ -96,6 +96,7 @@ impl Waiter {
         let key = ExitKey {
             pod: PodUid::parse(&crate::node::random_uuid())?,
             container: ContainerName::parse("proxy")?,
+            place: exitorder::share::Place::Share,
         };
         let dir = share.container_path(&key);
         std::fs::create_dir_all(&dir).map_err(|source| ReturnsError::Io {
@@ -227,7 +228,7 @@ pub fn measure(
                 posted.push((w, answer_at));
             } else {
                 out.anomalies.not_posted += 1;
-                let _ = share.remove_pod(&w.key.pod);
+                let _ = share.remove_pod(&w.key.pod, &mut exitorder::share::Budget::new(u64::MAX));
             }
         }
         posted.sort_by_key(|(_, at)| *at);
@@ -248,7 +249,7 @@ pub fn measure(
                 Some((_, true)) => out.anomalies.returned_before_answer += 1,
                 _ => out.anomalies.failed += 1,
             }
-            let _ = share.remove_pod(&w.key.pod);
+            let _ = share.remove_pod(&w.key.pod, &mut exitorder::share::Budget::new(u64::MAX));
         }
     }
     Ok(out)

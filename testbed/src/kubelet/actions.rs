@@ -87,7 +87,8 @@ pub async fn run(h: &Handler, t: &Target<'_>, timeout: Option<Duration>) -> Resu
 }
 
 async fn exec(t: &Target<'_>, cmd: &[String], timeout: Option<Duration>) -> Result<String, String> {
-    let secs = timeout.map_or(0, |d| i64::try_from(d.as_secs().max(1)).unwrap_or(i64::MAX));
+    let max = super::container::MAX_RUNTIME_SECONDS.unsigned_abs();
+    let secs = timeout.map_or(0, |d| i64::try_from(d.as_secs().clamp(1, max)).unwrap_or(1));
     let mut req = tonic::Request::new(ExecSyncRequest {
         container_id: t.container_id.to_owned(),
         cmd: cmd.to_vec(),
@@ -96,7 +97,7 @@ async fn exec(t: &Target<'_>, cmd: &[String], timeout: Option<Duration>) -> Resu
     if let Some(d) = timeout {
         // The runtime enforces the timeout; the call's own deadline only guards a runtime
         // that does not answer.
-        req.set_timeout(d + Duration::from_secs(10));
+        req.set_timeout(d.min(Duration::from_secs(max)) + Duration::from_secs(10));
     }
     let mut client = t.client.clone();
     match client.exec_sync(req).await {

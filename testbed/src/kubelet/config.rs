@@ -116,6 +116,11 @@ pub fn sandbox(plan: &PodPlan, log_directory: &Path, cgroup_parent: &str) -> Pod
     }
 }
 
+/// A pod annotation of the test bed's own: its text is written as the containers'
+/// `io.kubernetes.pod.terminationGracePeriod` in place of the pod's grace period, standing for
+/// a kubelet or runtime that hands the agent any text there (the agent must survive it).
+pub const RUNTIME_GRACE_ANNOTATION: &str = "testbed.exitorder.io/runtime-grace";
+
 /// A host path for each of a container's mounts, resolved by the caller (volumes live on the
 /// node), in the order of `c.mounts`.
 pub fn container(
@@ -143,7 +148,13 @@ pub fn container(
             "io.kubernetes.container.terminationMessagePolicy",
             c.termination_message_policy.clone(),
         ),
-        (ANNOTATION_GRACE, plan.grace_seconds.to_string()),
+        (
+            ANNOTATION_GRACE,
+            plan.annotations
+                .get(RUNTIME_GRACE_ANNOTATION)
+                .cloned()
+                .unwrap_or_else(|| plan.grace_seconds.to_string()),
+        ),
     ]
     .into_iter()
     .collect();

@@ -19,6 +19,10 @@ use super::{PodCtx, What};
 const MAX_BACKOFF: Duration = Duration::from_secs(300);
 /// The kubelet gives a killed container at least this long to stop.
 pub(crate) const MIN_GRACE_SECONDS: i64 = 2;
+/// The longest timeout handed to the runtime: containerd turns seconds into Go's int64
+/// nanoseconds, where anything past 292 years wraps to a time already gone, and a pod's grace
+/// period may be any int64. A century stands for "never".
+pub(crate) const MAX_RUNTIME_SECONDS: i64 = 100 * 365 * 24 * 3600;
 /// CRI calls that set a container up; no image is ever pulled, so they are quick.
 const SETUP_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -294,9 +298,9 @@ async fn kill(
     let stop = client.stop_container(request(
         StopContainerRequest {
             container_id: id.to_owned(),
-            timeout: grace,
+            timeout: grace.min(MAX_RUNTIME_SECONDS),
         },
-        Duration::from_secs(u64::try_from(grace).unwrap_or(0) + 30),
+        Duration::from_secs(u64::try_from(grace.min(MAX_RUNTIME_SECONDS)).unwrap_or(0) + 30),
     ));
     tokio::select! {
         () = cancel.cancelled() => {}

@@ -12,7 +12,7 @@ use exitorder::cri::{
 use tokio::sync::watch;
 
 use super::actions::{self, Target};
-use super::container::{request, MIN_GRACE_SECONDS};
+use super::container::{request, MAX_RUNTIME_SECONDS, MIN_GRACE_SECONDS};
 use super::exits::ExitInfo;
 use super::plan::{Kind, PodPlan};
 use super::worker::cgroup_of;
@@ -148,7 +148,8 @@ impl Ordering {
         let Some(waits) = self.prereqs.get(name) else {
             return false;
         };
-        let deadline = tokio::time::Instant::now() + limit;
+        let deadline = tokio::time::Instant::now()
+            + limit.min(Duration::from_secs(MAX_RUNTIME_SECONDS.unsigned_abs()));
         for rx in waits {
             let mut rx = rx.clone();
             if tokio::time::timeout_at(deadline, rx.wait_for(|done| *done))
@@ -282,9 +283,11 @@ async fn kill_one(
                 .stop_container(request(
                     StopContainerRequest {
                         container_id: id.to_owned(),
-                        timeout: grace,
+                        timeout: grace.min(MAX_RUNTIME_SECONDS),
                     },
-                    Duration::from_secs(u64::try_from(grace).unwrap_or(0) + 30),
+                    Duration::from_secs(
+                        u64::try_from(grace.min(MAX_RUNTIME_SECONDS)).unwrap_or(0) + 30,
+                    ),
                 ))
                 .await
         }

@@ -40,11 +40,20 @@ pub(crate) async fn start(
     };
     let plan = plan::plan(pod, &place).map_err(|e| TestbedError::BadSpec(e.to_string()))?;
     check_images(&node, &plan).await?;
-    let pod_dir = node.dir.join("kubelet/pods").join(&plan.uid);
+    let pod_dir = node
+        .dir
+        .join(crate::node::KUBELET_ROOT)
+        .join("pods")
+        .join(&plan.uid);
     let mut maps = opts.path_maps.clone();
     maps.push(PathMap {
         pod_path: crate::node::SHARE_PATH.to_owned(),
         host_path: node.share_dir.clone(),
+    });
+    // The chart's DaemonSet mounts the kubelet's root: this node's is its own.
+    maps.push(PathMap {
+        pod_path: exitorder_contract::podlocal::DEFAULT_KUBELET_ROOT.to_owned(),
+        host_path: node.dir.join(crate::node::KUBELET_ROOT),
     });
     let mount_sources = volumes::prepare(&plan, &pod_dir, &maps)
         .map_err(|e| TestbedError::BadSpec(format!("pod {}: {e}", plan.name)))?;

@@ -16,6 +16,8 @@ pub struct AgentOptions {
     pub binary: PathBuf,
     pub cri_socket: PathBuf,
     pub share_dir: PathBuf,
+    /// The node's kubelet root: pod-local exit directories are in its pods' `emptyDir`s.
+    pub kubelet_root_dir: PathBuf,
     /// The static entrypoint the agent installs into the share.
     pub entrypoint_binary: PathBuf,
     pub grace_reserve: Duration,
@@ -32,6 +34,7 @@ impl AgentOptions {
             binary: binary.into(),
             cri_socket: node.socket().to_owned(),
             share_dir: node.share_dir().to_owned(),
+            kubelet_root_dir: node.kubelet_root(),
             entrypoint_binary: entrypoint.into(),
             grace_reserve: Duration::from_secs(3),
             poll_interval: Duration::from_millis(25),
@@ -49,6 +52,8 @@ impl AgentOptions {
             .arg(&self.cri_socket)
             .arg("--share-dir")
             .arg(&self.share_dir)
+            .arg("--kubelet-root-dir")
+            .arg(&self.kubelet_root_dir)
             .arg("--entrypoint-binary")
             .arg(&self.entrypoint_binary)
             .arg("--grace-reserve")

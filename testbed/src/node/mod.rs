@@ -139,6 +139,20 @@ impl TestbedError {
     }
 }
 
+/// Makes `dir` a mount of its own with shared propagation, as a node's kubelet root is (systemd
+/// makes `/` shared): a container that mounts it with `HostToContainer` (rslave) needs a
+/// shared or slave source, and containerd refuses the mount otherwise. The node's teardown
+/// unmounts it with the rest.
+fn shared_mount(dir: &Path) -> Result<(), TestbedError> {
+    rustix::mount::mount_bind(dir, dir)
+        .map_err(|e| TestbedError::io("bind mount", dir, e.into()))?;
+    rustix::mount::mount_change(dir, rustix::mount::MountPropagationFlags::SHARED)
+        .map_err(|e| TestbedError::io("make shared", dir, e.into()))
+}
+
+/// The kubelet's root directory, below the node's.
+pub(crate) const KUBELET_ROOT: &str = "kubelet";
+
 /// How to start a [`Node`].
 #[derive(Debug, Clone)]
 pub struct NodeOptions {
@@ -213,9 +227,12 @@ impl Node {
         let dir_guard = cleanup::DirGuard::new(dir.clone());
         let share_dir = opts.share_dir.clone().unwrap_or_else(|| dir.join("share"));
         let log_dir = dir.join("pod-logs");
-        for d in [&share_dir, &log_dir] {
+        // The kubelet makes its directory of pods when it starts, before any pod.
+        let kubelet_pods = dir.join(KUBELET_ROOT).join("pods");
+        for d in [&share_dir, &log_dir, &kubelet_pods] {
             std::fs::create_dir_all(d).map_err(|e| TestbedError::io("create", d, e))?;
         }
+        shared_mount(&dir.join(KUBELET_ROOT))?;
         let snapshotter = opts
             .snapshotter
             .clone()
@@ -272,6 +289,13 @@ impl Node {
     /// The exitorder share the pods' mounts come from (give it to the agent as `--share-dir`).
     pub fn share_dir(&self) -> &Path {
         &self.shared.share_dir
+    }
+
+    /// The kubelet's root directory, laid out as the kubelet lays it out: each pod's
+    /// `emptyDir` volumes are under its `pods/<uid>/volumes/kubernetes.io~empty-dir/` (give
+    /// it to the agent as `--kubelet-root-dir`).
+    pub fn kubelet_root(&self) -> PathBuf {
+        self.shared.dir.join(KUBELET_ROOT)
     }
 
     /// The node's private directory (containerd's root, state, config and log).

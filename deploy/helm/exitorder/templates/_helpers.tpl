@@ -85,6 +85,17 @@ Labels on every object: commonLabels, then the chart's own; the selector labels 
 {{- end }}
 {{- end }}
 
+{{/* The kubelet's root directory on the host: kubeletRootDir, else the runtime's own. */}}
+{{- define "exitorder.kubeletRootDir" -}}
+{{- if .Values.kubeletRootDir }}
+{{- trimSuffix "/" .Values.kubeletRootDir }}
+{{- else if eq .Values.runtime "microk8s" }}
+{{- "/var/snap/microk8s/common/var/lib/kubelet" }}
+{{- else }}
+{{- "/var/lib/kubelet" }}
+{{- end }}
+{{- end }}
+
 {{/* Where the socket's directory is mounted in the agent container. */}}
 {{- define "exitorder.criSocketMount" -}}
 /run/exitorder-cri
@@ -96,6 +107,15 @@ Labels on every object: commonLabels, then the chart's own; the selector labels 
 {{- printf "[%s]:%d" .Values.metrics.address (int .Values.metrics.port) }}
 {{- else }}
 {{- printf "%s:%d" .Values.metrics.address (int .Values.metrics.port) }}
+{{- end }}
+{{- end }}
+
+{{/* The webhook's --addr: address and port (an IPv6 address in brackets). */}}
+{{- define "exitorder.webhookAddr" -}}
+{{- if contains ":" .Values.webhook.address }}
+{{- printf "[%s]:%d" .Values.webhook.address (int .Values.webhook.port) }}
+{{- else }}
+{{- printf "%s:%d" .Values.webhook.address (int .Values.webhook.port) }}
 {{- end }}
 {{- end }}
 
