@@ -325,6 +325,20 @@ async fn lagging_watch_is_caught_by_the_confirming_read() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_started_mid_drain_dates_the_wait_from_the_deletion_not_its_own_start() {
+    // Deleted 19 s ago with a 20 s grace period, and the proxy already waiting when the agent
+    // (re)starts: the kubelet's SIGKILL is about a second away. Dated from the agent's own
+    // sight the wait would run another 19 s; the API server's record of the deletion (never
+    // the exit file's times) says it is due now.
+    let mut l = Linked::new(60, Some(api_pod(Some((1, 20)))));
+    let f = l.rig.request_exit(APP_UID, "proxy");
+    l.start(Duration::ZERO);
+    assert!(allowed_within(&f, Duration::from_secs(10)).await);
+    allows_reach(&l.rig.stats, Reason::Deadline, 1).await;
+    l.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deletion_seen_late_by_the_kubelet_gets_the_full_grace_period() {
     // Deleted a minute ago (a node back from NotReady): the kubelet starts its 30 s grace
     // now, so the deadline is 30 s from the exit file, not the past deletionTimestamp.
@@ -437,6 +451,7 @@ fn agent_options(rig: &Rig, env: Vec<(String, String)>) -> exitorder_testbed::Ag
         kubelet_root_dir: rig.share.join("no-kubelet"),
         // Refused (dynamically linked): these tests are about the pod watch, not the share.
         entrypoint_binary: binary.clone(),
+        bin_dir: rig.share.join("bin-dir"),
         binary,
         grace_reserve: Duration::from_secs(1),
         poll_interval: Duration::from_millis(10),

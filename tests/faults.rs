@@ -354,10 +354,12 @@ async fn share_removed_and_created_again_under_the_agent() {
         })
         .await
         .unwrap_or_else(|e| panic!("{e}"));
+    // The entrypoint is apart from the share: what happened to the share did not touch it.
     assert!(
-        share.join("bin/exitorder-entrypoint").is_file(),
-        "the entrypoint is installed again"
+        bed.node.bin_dir().join("exitorder-entrypoint").is_file(),
+        "the entrypoint is gone"
     );
+    assert!(!share.join("bin").exists(), "the share got a bin/ again");
     let running = bed.run_ready(&slow_two_level()).await;
     let uid = running.uid().to_owned();
     let d = running.delete().await.expect("delete pod");

@@ -9,29 +9,10 @@ mod support;
 
 use std::time::Duration;
 
-use serde_json::{json, Value};
-use support::{example, Bed};
+use support::Bed;
 
 fn secs(s: u64) -> Duration {
     Duration::from_secs(s)
-}
-
-/// The two-level example with its proxy's exit directory moved into the pod's `emptyDir`:
-/// `exitorder` is the pod's own volume, mounted with `subPath: proxy`; only the entrypoint
-/// still comes from the node.
-fn pod_local(name: &str) -> Value {
-    let mut p = example("two-level");
-    p["metadata"]["name"] = name.into();
-    let proxy = support::container_mut(&mut p, "proxy");
-    proxy["volumeMounts"] = json!([
-        {"name": "exitorder", "mountPath": "/var/run/exitorder", "subPath": "proxy"},
-        {"name": "exitorder-bin", "mountPath": "/var/run/exitorder-bin", "readOnly": true},
-    ]);
-    p["spec"]["volumes"] = json!([
-        {"name": "exitorder", "emptyDir": {}},
-        {"name": "exitorder-bin", "hostPath": {"path": "/var/lib/exitorder/bin", "type": "Directory"}},
-    ]);
-    p
 }
 
 #[tokio::test]
@@ -45,7 +26,7 @@ async fn a_sidecar_waiting_in_its_pods_own_volume_leaves_after_the_app() {
         })
         .await
         .unwrap_or_else(|e| panic!("{e}"));
-    let running = bed.run_ready(&pod_local("pod-local")).await;
+    let running = bed.run_ready(&support::pod_local("pod-local")).await;
     let uid = running.uid().to_owned();
     let volume = bed
         .node
@@ -72,7 +53,7 @@ async fn a_link_in_a_pods_own_volume_is_refused_and_its_neighbour_still_ordered(
     };
     let outside = tempfile::tempdir().expect("temp dir");
     std::fs::write(outside.path().join("exit"), "wait").expect("outside exit");
-    let running = bed.run_ready(&pod_local("linked")).await;
+    let running = bed.run_ready(&support::pod_local("linked")).await;
     let uid = running.uid().to_owned();
     // Another container of the pod mounting the whole volume could put a link beside its
     // sidecars' directories: it must lead the agent nowhere.

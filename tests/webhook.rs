@@ -383,9 +383,21 @@ fn assert_share_injected(pod: &Value, name: &str, timeout: &str, then: &[&str]) 
         .iter()
         .find(|m| m.mount_path == "/var/run/exitorder-bin")
         .unwrap_or_else(|| panic!("{name}: no entrypoint mount"));
+    // The entrypoint from the host's bin directory, apart from the share, read-only.
     assert_eq!(
-        (bin.sub_path.as_deref(), bin.read_only),
-        (Some("bin"), Some(true))
+        (bin.name.as_str(), bin.sub_path.as_deref(), bin.read_only),
+        ("exitorder-bin", None, Some(true))
+    );
+    let volumes = pod["spec"]["volumes"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert!(
+        volumes
+            .iter()
+            .any(|v| v["name"] == "exitorder-bin"
+                && v["hostPath"]["path"] == "/var/lib/exitorder-bin"),
+        "no host bin directory volume: {volumes:?}"
     );
     let uid = c
         .env
@@ -537,8 +549,12 @@ async fn the_share_guard_refuses_every_other_way_in() {
             share_pod("/var/lib//exitorder/", whole.clone(), json!([])),
         ),
         (
-            "the entrypoint's directory",
+            "the share's old entrypoint directory",
             share_pod("/var/lib/exitorder/bin", whole.clone(), json!([])),
+        ),
+        (
+            "the host's bin directory, writable",
+            share_pod("/var/lib/exitorder-bin", whole.clone(), json!([])),
         ),
         (
             "a parent of the share",

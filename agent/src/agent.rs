@@ -95,6 +95,8 @@ pub struct Agent {
     connected_once: bool,
     /// What ends the run with an error (the share's root removed).
     fatal: Option<AgentError>,
+    /// Containers' mounts waiting to be checked for breaches, and the check in flight.
+    audit: crate::breach::Audit,
 }
 
 impl Agent {
@@ -103,7 +105,15 @@ impl Agent {
     pub fn start(cfg: Config, stats: Arc<Stats>) -> Result<Self, AgentError> {
         let share = Share::open(&cfg.share_dir)?;
         if let Some(src) = &cfg.entrypoint_binary {
-            install_entrypoint(&share, src, &stats)?;
+            install_entrypoint(&cfg.bin_dir, src, &stats)?;
+        }
+        if let Some(legacy) = crate::bindir::legacy_in_share(share.root()) {
+            warn!(
+                event = "legacy_bin",
+                dir = %legacy.display(),
+                bin_dir = %cfg.bin_dir.display(),
+                "the share holds the entrypoint directory of an earlier exitorder; it is no longer written (pods injected before the upgrade may still run it): remove it once they are gone"
+            );
         }
         let runtime = Runtime::connect(&cfg.cri_socket)?;
         let (reader, replies, reader_task) = reader::start(runtime.clone());
@@ -124,6 +134,7 @@ impl Agent {
             watcher.watch(&local.pods_path())?;
         }
         let tombstone_ttl = cfg.tombstone_ttl;
+        let own_pod_uid = cfg.own_pod_uid.clone();
         let mut agent = Agent {
             cfg,
             share: Arc::new(share),
@@ -153,9 +164,12 @@ impl Agent {
             relist_pending: false,
             connected_once: false,
             fatal: None,
+            audit: crate::breach::Audit::new(own_pod_uid),
         };
         let mut dirty = BTreeSet::new();
+        agent.waits.starting = true;
         agent.sync().rescan(&mut dirty);
+        agent.waits.starting = false;
         agent.report_kept();
         agent.stats.set_watching(true);
         agent.stats.set_event_source(SourceKind::Poll.as_str());
@@ -391,6 +405,23 @@ impl Agent {
                     self.reader.ask(Read::List);
                 }
                 _ = gc.tick() => self.gc(),
+                breaches = finished(&mut self.audit.round) => {
+                    self.audit.round = None;
+                    match breaches {
+                        Ok(found) => {
+                            for b in &found {
+                                crate::breach::report(
+                                    b,
+                                    |uid| self.pod_ref(uid),
+                                    self.pod_events.as_ref(),
+                                    &self.stats,
+                                );
+                            }
+                        }
+                        Err(e) => warn!(error = %e, "a mount check round failed"),
+                    }
+                    self.audit.start(self.places());
+                }
                 report = finished(&mut self.gc_round) => {
                     self.gc_round = None;
                     match report {
@@ -461,12 +492,6 @@ impl Agent {
             return;
         }
         self.share = Arc::new(share);
-        if let Some(src) = self.cfg.entrypoint_binary.clone() {
-            if let Err(e) = install_entrypoint(&self.share, &src, &self.stats) {
-                self.stats.share_error();
-                warn!(error = %e, "cannot install the entrypoint into the new share");
-            }
-        }
         self.sync().rescan(dirty);
         dirty.extend(self.waits.pending.keys().cloned());
         self.stats.set_watching(true);
@@ -561,6 +586,10 @@ impl Agent {
                     }
                 }
             }
+            Reply::Mounts(check) => {
+                self.audit.push(check);
+                self.audit.start(self.places());
+            }
             Reply::Health(ok) => {
                 if ok != self.runtime_ok {
                     if ok {
@@ -621,19 +650,37 @@ impl Agent {
     }
 }
 
+impl Agent {
+    /// The places of exit directories the agent serves.
+    fn places(&self) -> Vec<Arc<Share>> {
+        std::iter::once(self.share.clone())
+            .chain(self.local.clone())
+            .collect()
+    }
+
+    /// A pod's namespace and name, as its sandbox tells them.
+    fn pod_ref(&self, uid: &str) -> Option<crate::recorder::PodRef> {
+        let s = self.view.pod(uid)?.sandbox.as_ref()?;
+        Some(crate::recorder::PodRef {
+            namespace: s.namespace.clone(),
+            name: s.name.clone(),
+            uid: uid.to_owned(),
+        })
+    }
+}
+
 /// Installs the entrypoint after checking it can run in sidecar images: only a static
 /// binary for this node's architecture does; anything else would fail in every preStop hook,
 /// silently leaving pods unordered. It is refused, and the agent stays not ready.
 fn install_entrypoint(
-    share: &Share,
+    bin_dir: &std::path::Path,
     src: &std::path::Path,
     stats: &Stats,
 ) -> Result<(), AgentError> {
     match crate::elf::check_static_executable(src) {
         Ok(()) => {
-            let dst = share
-                .install_entrypoint(src)
-                .map_err(|source| AgentError::Install {
+            let dst =
+                crate::bindir::install(bin_dir, src).map_err(|source| AgentError::Install {
                     path: src.to_owned(),
                     source,
                 })?;

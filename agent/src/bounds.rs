@@ -79,9 +79,36 @@ pub fn sum(a: Duration, b: Duration) -> Duration {
     span(a.saturating_add(b))
 }
 
+/// The instant a Unix time (whole seconds, from the API server) was, on this process's
+/// monotonic clock; `None` for a time in the future, before the epoch, or further back than
+/// the monotonic clock reaches.
+pub fn instant_of_unix(secs: i64, now: Instant) -> Option<Instant> {
+    let at = std::time::UNIX_EPOCH.checked_add(Duration::from_secs(u64::try_from(secs).ok()?))?;
+    let ago = std::time::SystemTime::now().duration_since(at).ok()?;
+    now.checked_sub(ago)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn unix_times_become_instants_only_when_past() {
+        let now = Instant::now();
+        let unix_now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs() as i64;
+        let ten_ago = instant_of_unix(unix_now - 10, now).unwrap();
+        let ago = now.duration_since(ten_ago);
+        assert!(
+            ago >= Duration::from_secs(9) && ago <= Duration::from_secs(11),
+            "{ago:?}"
+        );
+        assert_eq!(instant_of_unix(unix_now + 3600, now), None);
+        assert_eq!(instant_of_unix(-1, now), None);
+        assert_eq!(instant_of_unix(i64::MAX, now), None);
+    }
 
     #[test]
     fn seconds_text_is_bounded_or_junk() {

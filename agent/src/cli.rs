@@ -70,13 +70,22 @@ pub struct AgentArgs {
         default_value = "/run/containerd/containerd.sock"
     )]
     pub cri_socket: String,
-    /// Host directory shared with the pods (`pods/<uid>/<container>/`, `bin/`).
+    /// Host directory shared with the pods (`pods/<uid>/<container>/`).
     #[arg(
         long,
         env = "EXITORDER_SHARE_DIR",
         default_value = exitorder_contract::share::DEFAULT_DIR
     )]
     pub share_dir: PathBuf,
+    /// Host directory the entrypoint is installed in, for pods that take it from the node
+    /// (mounted read-only): apart from the share, so that nothing a pod can write holds a
+    /// binary other pods run.
+    #[arg(
+        long,
+        env = "EXITORDER_BIN_DIR",
+        default_value = exitorder_contract::bin::DEFAULT_DIR
+    )]
+    pub bin_dir: PathBuf,
     /// The kubelet's root directory (its `--root-dir`): pod-local exit directories are in
     /// the pods' `emptyDir` volumes under its `pods/` (`/var/snap/microk8s/common/var/lib/kubelet`
     /// on microk8s, `/var/lib/k0s/kubelet` on k0s).
@@ -86,6 +95,10 @@ pub struct AgentArgs {
         default_value = exitorder_contract::podlocal::DEFAULT_KUBELET_ROOT
     )]
     pub kubelet_root_dir: PathBuf,
+    /// The agent's own pod (from the downward API): its own mounts of the share and of the
+    /// kubelet's pods are what it works through, not a breach.
+    #[arg(long, env = "EXITORDER_POD_UID")]
+    pub pod_uid: Option<String>,
     /// This node's name (from the downward API): the pod watch's `spec.nodeName` and the
     /// Events' reporting instance. Without it there is no pod watch.
     #[arg(long, env = "NODE_NAME")]
@@ -105,7 +118,7 @@ pub struct AgentArgs {
     /// Address of the HTTP endpoint for /metrics, /healthz and /readyz.
     #[arg(long, env = "EXITORDER_METRICS_ADDR", default_value = "0.0.0.0:9484")]
     pub metrics_addr: SocketAddr,
-    /// The static entrypoint to install in the share (default: `exitorder-entrypoint` beside
+    /// The static entrypoint to install in `--bin-dir` (default: `exitorder-entrypoint` beside
     /// this executable).
     #[arg(long, env = "EXITORDER_ENTRYPOINT_BINARY")]
     pub entrypoint_binary: Option<PathBuf>,
@@ -143,6 +156,8 @@ impl AgentArgs {
         let mut cfg = agent::Config::new(self.share_dir.clone(), socket_path(&self.cri_socket));
         cfg.grace_reserve = self.grace_reserve;
         cfg.kubelet_root_dir = self.kubelet_root_dir.clone();
+        cfg.bin_dir = self.bin_dir.clone();
+        cfg.own_pod_uid = self.pod_uid.clone();
         cfg.exit_source = self.exit_source;
         cfg.poll_interval = self.poll_interval.max(Duration::from_millis(1));
         cfg.api_settle = self.api_settle;
@@ -176,6 +191,14 @@ pub struct WebhookArgs {
         default_value = exitorder_contract::share::DEFAULT_DIR
     )]
     pub share_dir: String,
+    /// The host directory holding the entrypoint, as the agents' `--bin-dir`: what the
+    /// hostPath mode mounts read-only, and what no pod may mount writable.
+    #[arg(
+        long,
+        env = "EXITORDER_BIN_DIR",
+        default_value = exitorder_contract::bin::DEFAULT_DIR
+    )]
+    pub bin_dir: String,
     /// Where injected sidecars' exit directories live: `emptyDir` (the pod's own volume, no
     /// hostPath: admissible under Pod Security baseline and restricted) or `hostPath` (the
     /// node's share).
@@ -211,6 +234,7 @@ impl WebhookArgs {
             },
             settings: crate::webhook::Settings {
                 share_dir: self.share_dir.clone(),
+                bin_dir: self.bin_dir.clone(),
                 grace_reserve: self.grace_reserve,
                 handshake_volume: self.handshake_volume,
                 install_image: self.install_image.clone(),

@@ -30,8 +30,12 @@ pub struct Config {
     pub gc_interval: Duration,
     /// A pod directory younger than this is never removed (the kubelet may be creating it).
     pub gc_min_age: Duration,
-    /// Installed as `bin/exitorder-entrypoint` at start-up, when given.
+    /// Installed as `exitorder-entrypoint` in `bin_dir` at start-up, when given.
     pub entrypoint_binary: Option<PathBuf>,
+    /// The host directory the entrypoint is installed in, apart from the share.
+    pub bin_dir: PathBuf,
+    /// The agent's own pod, whose mounts are not checked for breaches.
+    pub own_pod_uid: Option<String>,
     /// How old a wait must be before the API server's "not being deleted" releases it: time
     /// for a deletion the kubelet already acts on to reach the agent's own watch.
     pub api_settle: Duration,
@@ -53,6 +57,8 @@ impl Config {
             gc_interval: Duration::from_secs(60),
             gc_min_age: Duration::from_secs(60),
             entrypoint_binary: None,
+            bin_dir: PathBuf::from(exitorder_contract::bin::DEFAULT_DIR),
+            own_pod_uid: None,
             api_settle: Duration::from_millis(250),
             tombstone_ttl: crate::view::TOMBSTONE_TTL,
         }

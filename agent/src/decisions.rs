@@ -166,8 +166,21 @@ impl Agent {
             // mode.
             _ => Deletion::Deleting,
         };
+        let mut first_seen = p.first_seen;
+        if p.found_at_start {
+            // An agent (re)started mid-drain did not see when the file appeared. The API
+            // server's record of when the deletion was asked is the earliest the kubelet can
+            // have started: the wait is dated no later, so a restart never holds a sidecar
+            // past the pod's grace period.
+            let asked = api
+                .and_then(|a| a.deletion_requested)
+                .and_then(|s| crate::bounds::instant_of_unix(s, Instant::now()));
+            if let Some(at) = asked {
+                first_seen = first_seen.min(at);
+            }
+        }
         let clock = Clock {
-            first_seen: p.first_seen,
+            first_seen,
             api_grace: api.and_then(ApiPod::grace),
             runtime_grace: self.view.pod(pod.as_str()).and_then(|v| v.grace()),
             reserve: self.cfg.grace_reserve,

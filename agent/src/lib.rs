@@ -22,7 +22,9 @@
 pub mod agent;
 pub mod app;
 pub mod backoff;
+pub mod bindir;
 pub mod bounds;
+pub mod breach;
 pub mod cli;
 pub mod cluster;
 pub mod completion;
@@ -32,6 +34,7 @@ mod decisions;
 pub mod elf;
 pub mod facts;
 mod gc;
+pub mod hostpath;
 pub mod jobs;
 pub mod metrics;
 pub mod podwatch;

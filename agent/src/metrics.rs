@@ -100,6 +100,12 @@ pub fn render(stats: &Stats) -> String {
     );
     let _ = writeln!(
         out,
+        "# HELP exitorder_share_breaches_total Writable mounts found reaching another pod's exit directories (or every pod's).\n\
+         # TYPE exitorder_share_breaches_total counter\nexitorder_share_breaches_total {}",
+        stats.share_breaches()
+    );
+    let _ = writeln!(
+        out,
         "# HELP exitorder_share_rejected_total Share entries refused, by reason: links, files that are not regular, entries that are not directories, bad names, unexpected content.\n\
          # TYPE exitorder_share_rejected_total counter"
     );

@@ -54,6 +54,9 @@ pub struct ApiPod {
     /// metadata.deletionGracePeriodSeconds: the grace of this deletion, which
     /// `kubectl delete --grace-period` can make shorter than the spec's.
     pub deletion_grace: Option<Duration>,
+    /// When the deletion was asked (metadata.deletionTimestamp less the deletion's grace),
+    /// in Unix seconds, as the API server recorded it.
+    pub deletion_requested: Option<i64>,
     /// status.phase.
     pub phase: Option<String>,
     /// spec.terminationGracePeriodSeconds.
@@ -82,6 +85,10 @@ impl ApiPod {
             name: meta.name.clone().unwrap_or_default(),
             deleting: meta.deletion_timestamp.is_some(),
             deletion_grace: seconds(meta.deletion_grace_period_seconds),
+            deletion_requested: meta.deletion_timestamp.as_ref().and_then(|t| {
+                t.0.as_second()
+                    .checked_sub(meta.deletion_grace_period_seconds.unwrap_or(0).max(0))
+            }),
             phase: pod.status.as_ref().and_then(|s| s.phase.clone()),
             grace: seconds(spec.and_then(|s| s.termination_grace_period_seconds)),
             restart_policy: spec.and_then(|s| s.restart_policy.clone()),

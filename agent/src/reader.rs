@@ -43,6 +43,8 @@ pub enum Reply {
     Failed { read: Read, error: RuntimeError },
     /// Whether the runtime answers now (after a failure, and when it answers again).
     Health(bool),
+    /// A container's writable mounts, read with its description, for the breach check.
+    Mounts(crate::breach::MountCheck),
 }
 
 /// The handle the loop asks through.
@@ -196,7 +198,10 @@ impl ReaderTask {
                         // The semaphore is never closed; an error would only mean "go on".
                         let _permit = permits.acquire_owned().await;
                         match runtime.describe(id).await {
-                            Ok(Some(d)) => Ok(vec![Reply::Change(d.change())]),
+                            Ok(Some(d)) => Ok(vec![
+                                Reply::Mounts(d.mount_check()),
+                                Reply::Change(d.change()),
+                            ]),
                             Ok(None) => Ok(vec![Reply::Change(Change::NotAContainer {
                                 id: id.clone(),
                             })]),

@@ -1,7 +1,9 @@
 //! Kubernetes Events about exits the agent held: Normal `SidecarExitAllowed` when a container
 //! waited, Warning `SidecarExitDeadline` when the grace deadline released it first; and
 //! Warning `SidecarShutdownFailed` when a sidecar a finished Job's shutdown stopped exited
-//! with a failure status (which marks the Job's pod failed although its work succeeded).
+//! with a failure status (which marks the Job's pod failed although its work succeeded); and
+//! Warning `ExitDirectoryBreach` on both pods when a container can write in another pod's exit
+//! directories.
 //!
 //! Off the hot path: the decision loop hands a notice to a bounded queue and moves on (a full
 //! queue drops the notice and counts it); one task posts them. Each notice is its own event
@@ -26,10 +28,12 @@ use crate::stats::Stats;
 pub const REASON_ALLOWED: &str = "SidecarExitAllowed";
 pub const REASON_DEADLINE: &str = "SidecarExitDeadline";
 pub const REASON_SHUTDOWN_FAILED: &str = "SidecarShutdownFailed";
+pub const REASON_BREACH: &str = "ExitDirectoryBreach";
 /// events.k8s.io/v1 `reportingController`.
 pub const REPORTING_CONTROLLER: &str = "exitorder.io/agent";
 const ACTION: &str = "AllowExit";
 const ACTION_SHUTDOWN: &str = "ShutdownSidecar";
+const ACTION_BREACH: &str = "CheckMounts";
 
 /// Notices queued before new ones are dropped: a whole node draining at once fits.
 pub const QUEUE: usize = 1024;
@@ -72,11 +76,30 @@ pub struct ShutdownNotice {
     pub at: SystemTime,
 }
 
+/// A container that can write in another pod's exit directories: told to its own pod, and to
+/// the pod whose directories it reaches.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BreachNotice {
+    /// The pod told.
+    pub pod: PodRef,
+    /// The container of `pod` the event is about.
+    pub container: String,
+    pub note: String,
+    pub at: SystemTime,
+}
+
 /// Anything an event is posted for.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Notice {
     Exit(ExitNotice),
     Shutdown(ShutdownNotice),
+    Breach(BreachNotice),
+}
+
+impl From<BreachNotice> for Notice {
+    fn from(n: BreachNotice) -> Self {
+        Notice::Breach(n)
+    }
 }
 
 impl From<ExitNotice> for Notice {
@@ -96,6 +119,7 @@ impl Notice {
         match self {
             Notice::Exit(n) => &n.pod,
             Notice::Shutdown(n) => &n.pod,
+            Notice::Breach(n) => &n.pod,
         }
     }
 }
@@ -104,6 +128,14 @@ impl Notice {
 pub fn event_for(n: &Notice, reporting_instance: &str) -> Event {
     match n {
         Notice::Exit(n) => exit_event(n, reporting_instance),
+        Notice::Breach(n) => event(
+            &n.pod,
+            &n.container,
+            n.at,
+            ("Warning", REASON_BREACH, ACTION_BREACH),
+            n.note.clone(),
+            reporting_instance,
+        ),
         Notice::Shutdown(n) => {
             let note = format!(
                 "container {} exited with status {} after exitorder shut it down ({}) once the \

@@ -138,6 +138,8 @@ fn container_info(
 pub struct Described {
     pub info: ContainerInfo,
     pub env: Vec<(String, String)>,
+    /// The host paths of its writable mounts, as the runtime mounted them.
+    pub writable: Vec<String>,
 }
 
 /// What the runtime says of a container's exit.
@@ -394,10 +396,31 @@ pub fn described(
         })?,
         None => Vec::new(),
     };
-    Ok(Some(Described { info, env }))
+    let writable = st
+        .mounts
+        .iter()
+        .filter(|m| !m.readonly)
+        .take(crate::breach::MAX_MOUNTS)
+        .map(|m| m.host_path.clone())
+        .collect();
+    Ok(Some(Described {
+        info,
+        env,
+        writable,
+    }))
 }
 
 impl Described {
+    /// What the share's breach check needs of it.
+    pub fn mount_check(&self) -> crate::breach::MountCheck {
+        crate::breach::MountCheck {
+            id: self.info.id.clone(),
+            pod_uid: self.info.pod_uid.clone(),
+            container: self.info.name.clone(),
+            writable: self.writable.clone(),
+        }
+    }
+
     /// The view's change: the container, with the exit priority its env gives.
     pub fn change(self) -> Change {
         Change::Described {

@@ -1,5 +1,5 @@
-//! The host share: `pods/<pod-uid>/<container>/exit` files written by sidecars' preStop hooks,
-//! and `bin/exitorder-entrypoint` installed by the agent.
+//! The host share: `pods/<pod-uid>/<container>/exit` files written by sidecars' preStop hooks
+//! (and the same layout below the kubelet's own directory of pods, for pod-local handshakes).
 //!
 //! Every container can write into its own directory, and the agent runs as root, so nothing
 //! here trusts the tree below `pods/<uid>/<name>/`: directories are opened one component at a
@@ -27,7 +27,7 @@ pub use exitorder_contract::handshake::EXIT_FILE;
 /// agent may see the file between its creation and its first write).
 pub use exitorder_contract::handshake::WAIT;
 use exitorder_contract::podlocal;
-/// File name of the installed entrypoint under `bin/`.
+/// File name of the installed entrypoint in the bin directory.
 pub use exitorder_contract::share::ENTRYPOINT as ENTRYPOINT_NAME;
 
 /// More than any valid content; the rest of a larger file is never read.
@@ -145,7 +145,11 @@ impl fmt::Display for Rejection {
 }
 
 impl ShareError {
-    fn io(op: &'static str, path: impl Into<PathBuf>, source: impl Into<io::Error>) -> Self {
+    pub(crate) fn io(
+        op: &'static str,
+        path: impl Into<PathBuf>,
+        source: impl Into<io::Error>,
+    ) -> Self {
         ShareError::Io {
             op,
             path: path.into(),
@@ -338,8 +342,6 @@ pub struct Share {
     root: PathBuf,
     place: Place,
     pods: OwnedFd,
-    /// The share's `bin/` (none under the kubelet's root).
-    bin: Option<OwnedFd>,
 }
 
 static TEMP_SEQ: AtomicU64 = AtomicU64::new(0);
@@ -389,7 +391,7 @@ fn mkdir_at<Fd: AsFd>(dir: Fd, name: &str, path: &Path, mode: u32) -> Result<(),
 }
 
 impl Share {
-    /// Opens (creating if needed) the share at `root` with its `pods/` and `bin/`.
+    /// Opens (creating if needed) the share at `root` with its `pods/`.
     pub fn open(root: &Path) -> Result<Self, ShareError> {
         // The root itself is the operator's choice (it may sit behind a symlink such as
         // /var/lib -> /data); only what is below it is guarded.
@@ -401,12 +403,9 @@ impl Share {
         )
         .map_err(|e| ShareError::io("open directory", root, e))?;
         let pods_path = root.join("pods");
-        let bin_path = root.join("bin");
         mkdir_at(&root_fd, "pods", &pods_path, 0o755)?;
-        mkdir_at(&root_fd, "bin", &bin_path, 0o755)?;
         Ok(Share {
             pods: open_dir_at(&root_fd, "pods", &pods_path)?,
-            bin: Some(open_dir_at(&root_fd, "bin", &bin_path)?),
             root: root.to_owned(),
             place: Place::Share,
         })
@@ -426,7 +425,6 @@ impl Share {
         .map_err(|e| ShareError::io("open directory", &pods_path, e))?;
         Ok(Share {
             pods,
-            bin: None,
             root: kubelet_root.to_owned(),
             place: Place::PodLocal,
         })
@@ -436,7 +434,7 @@ impl Share {
         self.place
     }
 
-    /// Whether `pods/` and `bin/` under the root are still the directories opened: an
+    /// Whether `pods/` under the root is still the directory opened: an
     /// operator who removes (or moves) the share and creates it again leaves this share
     /// holding deleted directories that no pod writes to any more.
     pub fn is_current(&self) -> bool {
@@ -449,7 +447,7 @@ impl Share {
             };
             open.st_dev == now.st_dev && open.st_ino == now.st_ino && open.st_nlink > 0
         };
-        same(&self.pods, "pods") && self.bin.as_ref().is_none_or(|bin| same(bin, "bin"))
+        same(&self.pods, "pods")
     }
 
     pub fn root(&self) -> &Path {
@@ -510,11 +508,6 @@ impl Share {
             }
         }
         Ok(Ok(true))
-    }
-
-    /// Where the share's `bin/` keeps the entrypoint.
-    pub fn entrypoint_path(&self) -> PathBuf {
-        self.root.join("bin").join(ENTRYPOINT_NAME)
     }
 
     /// Classifies a path reported by the file watcher. `Ok(None)` for paths that are not ours
@@ -626,8 +619,9 @@ impl Share {
         Ok(ExitState::parse(buf.get(..len).unwrap_or(&buf)))
     }
 
-    /// How long ago the exit file was written: when the preStop started waiting. An agent
-    /// restarted mid-drain dates the wait from this, not from its own start.
+    /// How long ago the exit file was written, by its own modification time: for
+    /// measurements of the test bed only. The agent never dates a wait from it (the pod sets
+    /// its files' times).
     pub fn exit_age(&self, key: &ExitKey) -> Option<std::time::Duration> {
         let dir = self.open_container(key).ok()?;
         let st = rfs::statat(&dir, EXIT_FILE, AtFlags::SYMLINK_NOFOLLOW).ok()?;
@@ -734,23 +728,10 @@ impl Share {
         }
         remove_tree_at(&self.pods, pod.as_str(), &path, budget)
     }
-
-    /// Installs the entrypoint binary as `bin/exitorder-entrypoint` (temp file, fsync,
-    /// rename), so a container starting at the same moment sees either the old or the new
-    /// binary, never a partial one.
-    pub fn install_entrypoint(&self, src: &Path) -> Result<PathBuf, ShareError> {
-        let bytes = std::fs::read(src).map_err(|e| ShareError::io("read", src, e))?;
-        let dst = self.entrypoint_path();
-        let Some(bin) = &self.bin else {
-            return Err(ShareError::NotADirectory { path: dst });
-        };
-        write_replace(bin, &dst, ENTRYPOINT_NAME, &bytes, 0o755, true)?;
-        Ok(dst)
-    }
 }
 
 /// Writes `bytes` to a new temp file in `dir` and renames it to `name`.
-fn write_replace(
+pub(crate) fn write_replace(
     dir: &OwnedFd,
     dir_path: &Path,
     name: &str,
@@ -1662,23 +1643,6 @@ mod tests {
         let mode = std::fs::metadata(&dir).unwrap().permissions().mode() & 0o7777;
         assert_eq!(mode, 0o777);
         assert_eq!(s.containers().unwrap(), vec![k]);
-    }
-
-    #[test]
-    fn install_entrypoint_atomically_with_mode() {
-        let (t, s) = setup();
-        let src = t.path().join("src-bin");
-        std::fs::write(&src, b"\x7fELF-binary").unwrap();
-        let dst = s.install_entrypoint(&src).unwrap();
-        assert_eq!(dst, t.path().join("bin/exitorder-entrypoint"));
-        assert_eq!(std::fs::read(&dst).unwrap(), b"\x7fELF-binary");
-        let mode = std::fs::metadata(&dst).unwrap().permissions().mode() & 0o777;
-        assert_eq!(mode, 0o755);
-        std::fs::write(&src, b"v2").unwrap();
-        s.install_entrypoint(&src).unwrap();
-        assert_eq!(std::fs::read(&dst).unwrap(), b"v2");
-        assert_eq!(std::fs::read_dir(t.path().join("bin")).unwrap().count(), 1);
-        assert!(s.install_entrypoint(&t.path().join("missing")).is_err());
     }
 
     #[test]

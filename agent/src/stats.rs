@@ -57,6 +57,7 @@ pub struct Stats {
     pending: AtomicU64,
     runtime_errors: Mutex<BTreeMap<&'static str, u64>>,
     share_errors: AtomicU64,
+    share_breaches: AtomicU64,
     event_source: Mutex<&'static str>,
     watching: AtomicBool,
     runtime_ok: AtomicBool,
@@ -216,6 +217,14 @@ impl Stats {
 
     pub fn share_error(&self) {
         self.share_errors.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn share_breach(&self) {
+        self.share_breaches.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn share_breaches(&self) -> u64 {
+        self.share_breaches.load(Ordering::Relaxed)
     }
 
     pub fn share_errors(&self) -> u64 {

@@ -87,6 +87,9 @@ pub struct PendingPod {
     pub checking: bool,
     /// The runtime was asked about it: what the view has now is what the runtime has.
     pub checked: bool,
+    /// Its first wait was found by the agent's start-up scan: the file may have appeared
+    /// long before the agent saw it.
+    pub found_at_start: bool,
 }
 
 #[derive(Default)]
@@ -94,6 +97,8 @@ pub struct Waits {
     pub pending: BTreeMap<PodUid, PendingPod>,
     /// When each container's wait last appeared, to coalesce churn.
     last_seen: HashMap<ExitKey, Instant>,
+    /// The agent's start-up scan is running.
+    pub starting: bool,
 }
 
 impl Waits {
@@ -379,11 +384,11 @@ impl<'a> ShareSync<'a> {
                 {
                     return;
                 }
+                // The agent's own sight of the file starts the wait: the file's times are the
+                // pod's to set (see `Decisions::deletion_and_clock` for a file found at start).
                 let now = Instant::now();
-                let since = share
-                    .exit_age(key)
-                    .and_then(|age| now.checked_sub(age))
-                    .unwrap_or(now);
+                let since = now;
+                let found_at_start = waits.starting;
                 let churning = waits.seen(key, now);
                 let pod = waits
                     .pending
@@ -395,6 +400,7 @@ impl<'a> ShareSync<'a> {
                         confirm: Confirmation::default(),
                         checking: false,
                         checked: false,
+                        found_at_start,
                     });
                 pod.first_seen = pod.first_seen.min(since);
                 pod.waiting
@@ -501,6 +507,30 @@ mod tests {
             0,
         )
         .unwrap();
+    }
+
+    #[test]
+    fn a_wait_is_dated_by_the_agents_sight_never_by_the_files_times() {
+        let mut f = Fixture::new();
+        let dir = f.pods().join(UID).join("proxy");
+        std::fs::create_dir_all(&dir).unwrap();
+        let exit = dir.join("exit");
+        std::fs::write(&exit, "wait\n").unwrap();
+        // Written "an hour ago", as a pod can claim with utimensat: believed, it would put
+        // the wait past its deadline at once.
+        let an_hour_ago = std::time::SystemTime::now() - std::time::Duration::from_secs(3600);
+        std::fs::File::options()
+            .write(true)
+            .open(&exit)
+            .unwrap()
+            .set_modified(an_hour_ago)
+            .unwrap();
+        let before = Instant::now();
+        f.changed(&exit);
+        let pod = f.waits.get(&PodUid::parse(UID).unwrap()).unwrap();
+        assert!(pod.first_seen >= before, "dated from the file's mtime");
+        assert!(!pod.found_at_start);
+        assert!(pod.waiting.values().all(|w| w.since >= before));
     }
 
     #[test]

@@ -12,16 +12,26 @@ pub mod share {
     pub const DEFAULT_DIR: &str = "/var/lib/exitorder";
     /// `pods/<pod-uid>/<container>/`: one directory per container.
     pub const PODS_DIR: &str = "pods";
-    /// `bin/`: where the agent installs the entrypoint.
-    pub const BIN_DIR: &str = "bin";
-    /// The entrypoint's file name, in `bin/`, in the agent's image and in a pod's
-    /// `exitorder-bin` volume, as the entrypoint hands it to the C library.
+    /// `bin/`: where earlier agents installed the entrypoint. Nothing is installed there
+    /// any more (the share is writable by pods, and the entrypoint is run by every sidecar);
+    /// an agent that finds one leaves it to pods injected before the upgrade and says so.
+    pub const LEGACY_BIN_DIR: &str = "bin";
+    /// The entrypoint's file name, in the host's bin directory, in the agent's image and in a
+    /// pod's `exitorder-bin` volume, as the entrypoint hands it to the C library.
     pub const ENTRYPOINT_C: &CStr = c"exitorder-entrypoint";
     /// The same name as text.
     pub const ENTRYPOINT: &str = match ENTRYPOINT_C.to_str() {
         Ok(s) => s,
         Err(_) => panic!("the entrypoint's name is UTF-8"),
     };
+}
+
+/// The host directory the agent installs the entrypoint in (`--bin-dir`), apart from the
+/// share: pods that take the entrypoint from the node (the webhook's hostPath mode,
+/// hand-written pods) mount it read-only, and only the agent writes it.
+pub mod bin {
+    /// Its default location on a node.
+    pub const DEFAULT_DIR: &str = "/var/lib/exitorder-bin";
 }
 
 /// The exit handshake in a container's directory.

@@ -19,6 +19,8 @@ pub const APP_UID: &str = "8a3e8c3b-1111-4c3e-9f00-000000000001";
 pub struct Rig {
     _dir: tempfile::TempDir,
     pub share: PathBuf,
+    /// The agent's `--bin-dir`.
+    pub bin_dir: PathBuf,
     pub served: Served,
     pub stats: Arc<Stats>,
     agent: Option<(tokio::task::JoinHandle<()>, oneshot::Sender<()>)>,
@@ -32,6 +34,7 @@ impl Rig {
         let served = FakeCri::default().serve(&dir.path().join("cri.sock"));
         Rig {
             share,
+            bin_dir: dir.path().join("bin-dir"),
             served,
             _dir: dir,
             stats: Arc::new(Stats::default()),
@@ -58,6 +61,7 @@ impl Rig {
     pub fn start_agent_linked(&mut self, tune: impl FnOnce(&mut Config), cluster: Option<Cluster>) {
         let mut cfg = Config::new(self.share.clone(), self.served.socket.clone());
         cfg.grace_reserve = self.reserve;
+        cfg.bin_dir = self.bin_dir.clone();
         tune(&mut cfg);
         let mut agent = Agent::start(cfg, self.stats.clone()).expect("agent start");
         if let Some(c) = cluster {

@@ -255,6 +255,24 @@ pub async fn run_ready(node: &Node, pod: &Value) -> RunningPod {
     running
 }
 
+/// The two-level example with its proxy's exit directory moved into the pod's `emptyDir`:
+/// `exitorder` is the pod's own volume, mounted with `subPath: proxy`; only the entrypoint
+/// still comes from the node (its bin directory).
+pub fn pod_local(name: &str) -> Value {
+    let mut p = example("two-level");
+    p["metadata"]["name"] = name.into();
+    let proxy = container_mut(&mut p, "proxy");
+    proxy["volumeMounts"] = serde_json::json!([
+        {"name": "exitorder", "mountPath": "/var/run/exitorder", "subPath": "proxy"},
+        {"name": "exitorder-bin", "mountPath": "/var/run/exitorder-bin", "readOnly": true},
+    ]);
+    p["spec"]["volumes"] = serde_json::json!([
+        {"name": "exitorder", "emptyDir": {}},
+        {"name": "exitorder-bin", "hostPath": {"path": "/var/lib/exitorder-bin", "type": "Directory"}},
+    ]);
+    p
+}
+
 /// A pod of deploy/examples/, as users start from it.
 pub fn example(name: &str) -> Value {
     let path = Path::new(env!("CARGO_MANIFEST_DIR"))

@@ -1,23 +1,26 @@
 //! The share's guard, for every pod and ephemeral container, opted in or not: what may reach
 //! the node's share through a hostPath. Pure, like the mutation.
 //!
-//! The share holds every hostPath-mode sidecar's exit directory and the entrypoint they run,
-//! so a container that can write in it could answer another pod's wait (its sidecar leaves
-//! early) or replace what other pods run. A pod may reach it only as the webhook's hostPath
-//! mode mounts it: a container's own directory (`subPathExpr: pods/$(POD_UID)/<its name>`,
-//! `POD_UID` the pod's own UID, from the downward API, defined once), or read-only. Paths are
+//! The share holds every hostPath-mode sidecar's exit directory, so a container that can write
+//! in it could answer another pod's wait (its sidecar leaves early). A pod may reach it only as
+//! the webhook's hostPath mode mounts it: a container's own directory (`subPathExpr:
+//! pods/$(POD_UID)/<its name>`, `POD_UID` the pod's own UID, from the downward API, defined
+//! once), or read-only. The host's bin directory holds the entrypoint that sidecars of every
+//! pod run: a pod may mount it read-only, never writable. Paths are
 //! compared component by component after `//`, `.` and `..` are resolved, so no spelling of a
 //! path gets around it; ancestors of the share (a hostPath of `/var/lib`, or `/`) reach it
 //! too. Symbolic links on the node cannot be seen from here: the share's path should be
 //! free of them.
 
 use exitorder_contract::{env, mount, share};
+
+use crate::hostpath::components;
 use k8s_openapi::api::core::v1::{EnvVar, Pod, VolumeMount};
 use serde_json::Value;
 
 /// Refuses `object` (a Pod, as the API server sent it) when one of its containers could write
 /// in the share otherwise than in its own directory; says which, and how to fix it.
-pub fn check(object: &Value, share_dir: &str) -> Result<(), String> {
+pub fn check(object: &Value, share_dir: &str, bin_dir: &str) -> Result<(), String> {
     // Only pods with a hostPath volume are sent (the webhook configuration's matchConditions),
     // so refusing what cannot be read costs no other pod anything: fail closed.
     let pod: Pod = serde_json::from_value(object.clone())
@@ -26,15 +29,19 @@ pub fn check(object: &Value, share_dir: &str) -> Result<(), String> {
         return Ok(());
     };
     let share = components(share_dir);
-    // The pod's hostPath volumes that reach the share, and whether each is the share itself.
+    let bin = components(bin_dir);
+    // The pod's hostPath volumes that reach the share or the bin directory, and whether each
+    // is the share itself (the one that may be mounted as a container's own directory).
     let reaching: Vec<(&str, bool)> = spec
         .volumes
         .iter()
         .flatten()
         .filter_map(|v| {
             let host = components(&v.host_path.as_ref()?.path);
-            let inside = host.starts_with(&share) || share.starts_with(&host);
-            inside.then_some((v.name.as_str(), host == share))
+            let reaches = |guarded: &[&str]| {
+                host.starts_with(guarded) || guarded.starts_with(host.as_slice())
+            };
+            (reaches(&share) || reaches(&bin)).then_some((v.name.as_str(), host == share))
         })
         .collect();
     if reaching.is_empty() {
@@ -72,9 +79,9 @@ pub fn check(object: &Value, share_dir: &str) -> Result<(), String> {
             }
             return Err(format!(
                 "{} {name:?} mounts volume {volume:?}, a hostPath that reaches the exitorder \
-                 share ({share_dir}), writable at {}: a container may only mount its own \
-                 directory of it (subPathExpr {}/$({})/{name}, {} from the pod's metadata.uid), \
-                 or mount it readOnly",
+                 share ({share_dir}) or its bin directory ({bin_dir}), writable at {}: a \
+                 container may only mount its own directory of the share (subPathExpr \
+                 {}/$({})/{name}, {} from the pod's metadata.uid), or mount them readOnly",
                 if is_ephemeral {
                     "ephemeral container"
                 } else {
@@ -115,28 +122,13 @@ fn own_directory(container: &str, m: &VolumeMount, envs: Option<&[EnvVar]>) -> b
         && pod_uid_is_own
 }
 
-/// A path's components with `//`, `.` and `..` resolved (`..` at the root stays at the root,
-/// as the kernel resolves it).
-fn components(path: &str) -> Vec<&str> {
-    let mut out: Vec<&str> = Vec::new();
-    for part in path.split('/') {
-        match part {
-            "" | "." => {}
-            ".." => {
-                out.pop();
-            }
-            p => out.push(p),
-        }
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use serde_json::json;
 
     const SHARE: &str = "/var/lib/exitorder";
+    const BIN: &str = "/var/lib/exitorder-bin";
 
     fn pod(volume_path: &str, mount: Value, env: Value) -> Value {
         json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"},
@@ -169,7 +161,7 @@ mod tests {
             "/",
             "/../var/lib/exitorder",
         ] {
-            let e = check(&pod(path, whole.clone(), json!([])), SHARE).unwrap_err();
+            let e = check(&pod(path, whole.clone(), json!([])), SHARE, BIN).unwrap_err();
             assert!(
                 e.contains("\"proxy\"") && e.contains("\"s\""),
                 "{path}: {e}"
@@ -177,7 +169,7 @@ mod tests {
         }
         for path in ["/var/lib/exitorder-other", "/var/log", "/var/lib/exitorde"] {
             assert!(
-                check(&pod(path, whole.clone(), json!([])), SHARE).is_ok(),
+                check(&pod(path, whole.clone(), json!([])), SHARE, BIN).is_ok(),
                 "{path}"
             );
         }
@@ -185,10 +177,10 @@ mod tests {
 
     #[test]
     fn only_the_own_directory_or_read_only() {
-        assert!(check(&pod(SHARE, own(), uid_env()), SHARE).is_ok());
+        assert!(check(&pod(SHARE, own(), uid_env()), SHARE, BIN).is_ok());
         let ro = json!({"name": "s", "mountPath": "/var/run/exitorder-bin", "subPath": "bin",
                         "readOnly": true});
-        assert!(check(&pod("/var/lib", ro, json!([])), SHARE).is_ok());
+        assert!(check(&pod("/var/lib", ro, json!([])), SHARE, BIN).is_ok());
         let refused = [
             // Another container's directory, or another pod's.
             (
@@ -232,12 +224,34 @@ mod tests {
         ];
         for (mount, env) in refused {
             assert!(
-                check(&pod(SHARE, mount.clone(), env.clone()), SHARE).is_err(),
+                check(&pod(SHARE, mount.clone(), env.clone()), SHARE, BIN).is_err(),
                 "{mount} {env}"
             );
         }
         // The own-directory form of a parent of the share is no own directory.
-        assert!(check(&pod("/var/lib", own(), uid_env()), SHARE).is_err());
+        assert!(check(&pod("/var/lib", own(), uid_env()), SHARE, BIN).is_err());
+    }
+
+    #[test]
+    fn the_bin_directory_only_read_only() {
+        let at = |path: &str, ro: bool| {
+            pod(
+                path,
+                json!({"name": "s", "mountPath": "/var/run/exitorder-bin", "readOnly": ro}),
+                json!([]),
+            )
+        };
+        for path in [
+            BIN,
+            "/var/lib//exitorder-bin/",
+            "/var/lib/exitorder-bin/x/..",
+        ] {
+            let e = check(&at(path, false), SHARE, BIN).unwrap_err();
+            assert!(e.contains(BIN), "{path}: {e}");
+            assert!(check(&at(path, true), SHARE, BIN).is_ok(), "{path}");
+        }
+        // Its own-directory form is no own directory: only the share has those.
+        assert!(check(&pod(BIN, own(), uid_env()), SHARE, BIN).is_err());
     }
 
     #[test]
@@ -246,11 +260,11 @@ mod tests {
         p["spec"]["ephemeralContainers"] = json!([{"name": "debug", "image": "x", "env": uid_env(),
                     "volumeMounts": [{"name": "s", "mountPath": "/var/run/exitorder",
                                       "subPathExpr": "pods/$(POD_UID)/debug"}]}]);
-        let e = check(&p, SHARE).unwrap_err();
+        let e = check(&p, SHARE, BIN).unwrap_err();
         assert!(e.contains("ephemeral container \"debug\""), "{e}");
         p["spec"]["ephemeralContainers"][0]["volumeMounts"] =
             json!([{"name": "s", "mountPath": "/s", "readOnly": true}]);
-        assert!(check(&p, SHARE).is_ok());
+        assert!(check(&p, SHARE, BIN).is_ok());
     }
 
     #[test]
@@ -258,7 +272,7 @@ mod tests {
         let p = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"},
                        "spec": {"containers": [{"name": "a", "image": "x"}],
                                 "volumes": [{"name": "d", "emptyDir": {}}]}});
-        assert!(check(&p, SHARE).is_ok());
-        assert!(check(&json!({"spec": {"containers": "no"}}), SHARE).is_err());
+        assert!(check(&p, SHARE, BIN).is_ok());
+        assert!(check(&json!({"spec": {"containers": "no"}}), SHARE, BIN).is_err());
     }
 }

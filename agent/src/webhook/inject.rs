@@ -6,6 +6,8 @@
 use std::time::Duration;
 
 use exitorder_contract::{env, mount, share};
+
+use super::podlocal;
 use k8s_openapi::api::core::v1::{
     Container, EnvVar, EnvVarSource, ExecAction, HTTPGetAction, HostPathVolumeSource, Lifecycle,
     LifecycleHandler, ObjectFieldSelector, PodSpec, Volume, VolumeMount,
@@ -15,35 +17,42 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 /// The pod volume that holds the node's share.
 pub const VOLUME: &str = "exitorder-share";
 
-/// Adds the share's hostPath volume once; refuses a pod that already uses the name for
-/// something else.
-pub fn share_volume(spec: &mut PodSpec, share_dir: &str) -> Result<(), String> {
+/// Adds the share's hostPath volume and the host's bin directory (read-only where mounted)
+/// once; refuses a pod that already uses one of the names for something else.
+pub fn share_volume(spec: &mut PodSpec, share_dir: &str, bin_dir: &str) -> Result<(), String> {
     let volumes = spec.volumes.get_or_insert_with(Vec::new);
-    if let Some(v) = volumes.iter().find(|v| v.name == VOLUME) {
-        return match &v.host_path {
-            Some(h) if h.path == share_dir => Ok(()),
-            _ => Err(format!(
-                "volume {VOLUME:?} exists and is not the exitorder share (hostPath {share_dir})"
-            )),
-        };
+    for (name, path) in [
+        (VOLUME, share_dir),
+        (exitorder_contract::podlocal::BIN_VOLUME, bin_dir),
+    ] {
+        if let Some(v) = volumes.iter().find(|v| v.name == name) {
+            match &v.host_path {
+                Some(h) if h.path == path => continue,
+                _ => {
+                    return Err(format!(
+                        "volume {name:?} exists and is not exitorder's (hostPath {path})"
+                    ))
+                }
+            }
+        }
+        volumes.push(Volume {
+            name: name.to_owned(),
+            host_path: Some(HostPathVolumeSource {
+                path: path.to_owned(),
+                // The agent creates both; a pod scheduled before it runs still starts (its
+                // preStop then gives up at once, which the kubelet ignores).
+                type_: Some("DirectoryOrCreate".to_owned()),
+            }),
+            ..Volume::default()
+        });
     }
-    volumes.push(Volume {
-        name: VOLUME.to_owned(),
-        host_path: Some(HostPathVolumeSource {
-            path: share_dir.to_owned(),
-            // The agent creates the share; a pod scheduled before it runs still starts (its
-            // preStop then gives up at once, which the kubelet ignores).
-            type_: Some("DirectoryOrCreate".to_owned()),
-        }),
-        ..Volume::default()
-    });
     Ok(())
 }
 
-/// Nothing in an opted-in pod reaches the share but the two mounts a sidecar is given (its
-/// own directory, the entrypoint read-only): a container holding the whole share could
-/// replace the entrypoint every sidecar on the node runs, or answer other pods' waits. Where
-/// a policy allows hostPath only for the share, this is what keeps it to that.
+/// Nothing in an opted-in pod reaches the share but the mount a sidecar is given (its own
+/// directory): a container holding the whole share could answer other pods' waits. Where a
+/// policy allows hostPath only for the share, this is what keeps it to that (and the guard,
+/// [`super::guard`], does it for every pod).
 pub fn share_only_as_injected(spec: &PodSpec, share_dir: &str) -> Result<(), String> {
     let share = share_dir.trim_end_matches('/');
     for v in spec.volumes.iter().flatten() {
@@ -73,14 +82,10 @@ pub fn share_only_as_injected(spec: &PodSpec, share_dir: &str) -> Result<(), Str
                 && m.sub_path.is_none()
                 && m.sub_path_expr.as_deref()
                     == Some(format!("{}/$({})/{}", share::PODS_DIR, env::POD_UID, c.name).as_str());
-            let bin = m.mount_path == mount::BIN_DIR
-                && m.sub_path_expr.is_none()
-                && m.sub_path.as_deref() == Some(share::BIN_DIR)
-                && m.read_only == Some(true);
-            if !(own_dir || bin) {
+            if !own_dir {
                 return Err(format!(
                     "container {:?} mounts volume {VOLUME:?} at {}: only the container's own \
-                     directory and the entrypoint (read-only) may be mounted from the share",
+                     directory may be mounted from the share",
                     c.name, m.mount_path
                 ));
             }
@@ -418,7 +423,7 @@ fn pod_uid_env(c: &mut Container) -> Result<(), String> {
     Ok(())
 }
 
-/// The container's own directory of the share, and the entrypoint read-only.
+/// The container's own directory of the share, and the host's bin directory read-only.
 fn mounts(c: &mut Container) -> Result<(), String> {
     let own = VolumeMount {
         name: VOLUME.to_owned(),
@@ -431,18 +436,11 @@ fn mounts(c: &mut Container) -> Result<(), String> {
         )),
         ..VolumeMount::default()
     };
-    let bin = VolumeMount {
-        name: VOLUME.to_owned(),
-        mount_path: mount::BIN_DIR.to_owned(),
-        sub_path: Some(share::BIN_DIR.to_owned()),
-        read_only: Some(true),
-        ..VolumeMount::default()
-    };
     let name = c.name.clone();
     let mounts = c.volume_mounts.get_or_insert_with(Vec::new);
-    for want in [own, bin] {
+    for want in [own, podlocal::bin_mount()] {
         match mounts.iter().find(|m| m.mount_path == want.mount_path) {
-            Some(m) if m.name == VOLUME => {}
+            Some(m) if m.name == want.name => {}
             Some(m) => {
                 return Err(format!(
                     "container {name:?} mounts volume {:?} at {}, where exitorder mounts the share",
@@ -682,7 +680,7 @@ mod tests {
             }],
             ..PodSpec::default()
         };
-        share_volume(&mut spec, share).unwrap();
+        share_volume(&mut spec, share, "/var/lib/exitorder-bin").unwrap();
         Sidecar {
             timeout: Duration::from_secs(1),
             handshake: super::super::mutate::HandshakeVolume::HostPath,
@@ -702,11 +700,14 @@ mod tests {
         });
         let e = share_only_as_injected(&whole, share).unwrap_err();
         assert!(e.contains("\"app\"") && e.contains("/x"), "{e}");
-        let mut writable_bin = spec.clone();
-        if let Some(m) = writable_bin.containers[0].volume_mounts.as_mut() {
-            m[1].read_only = None;
+        // The entrypoint is not in the share: the old read-only mount of its `bin/` is not
+        // what the injection gives any more.
+        let mut old_bin = spec.clone();
+        if let Some(m) = old_bin.containers[0].volume_mounts.as_mut() {
+            m[1].name = VOLUME.into();
+            m[1].sub_path = Some("bin".into());
         }
-        assert!(share_only_as_injected(&writable_bin, share).is_err());
+        assert!(share_only_as_injected(&old_bin, share).is_err());
         let mut other = spec.clone();
         other.volumes.get_or_insert_with(Vec::new).push(Volume {
             name: "mine".into(),
@@ -755,6 +756,6 @@ mod tests {
             }]),
             ..PodSpec::default()
         };
-        assert!(share_volume(&mut spec, "/var/lib/exitorder").is_err());
+        assert!(share_volume(&mut spec, "/var/lib/exitorder", "/var/lib/exitorder-bin").is_err());
     }
 }

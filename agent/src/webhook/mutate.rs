@@ -37,6 +37,8 @@ pub const DEFAULT_INSTALL_IMAGE: &str =
 pub struct Settings {
     /// The share's host path, as the agent's `--share-dir`.
     pub share_dir: String,
+    /// The host's bin directory, as the agent's `--bin-dir`.
+    pub bin_dir: String,
     /// The agent's grace reserve: an entrypoint gives up this long before the pod's grace
     /// period ends, as the agent releases it then.
     pub grace_reserve: Duration,
@@ -49,6 +51,7 @@ impl Default for Settings {
     fn default() -> Self {
         Settings {
             share_dir: exitorder_contract::share::DEFAULT_DIR.to_owned(),
+            bin_dir: exitorder_contract::bin::DEFAULT_DIR.to_owned(),
             grace_reserve: Duration::from_secs(5),
             handshake_volume: HandshakeVolume::EmptyDir,
             install_image: DEFAULT_INSTALL_IMAGE.to_owned(),
@@ -296,7 +299,9 @@ fn inject_into(
     };
     let mut install_at = None;
     match settings.handshake_volume {
-        HandshakeVolume::HostPath => inject::share_volume(spec, &settings.share_dir)?,
+        HandshakeVolume::HostPath => {
+            inject::share_volume(spec, &settings.share_dir, &settings.bin_dir)?
+        }
         HandshakeVolume::EmptyDir => {
             super::podlocal::volumes(spec)?;
             install_at = super::podlocal::install_container(spec, &settings.install_image)?;

@@ -122,6 +122,17 @@ fn install(image: &str) -> Container {
     }
 }
 
+/// The entrypoint's volume (`exitorder-bin`: this pod's emptyDir, or in hostPath mode the
+/// host's bin directory), read-only wherever it is mounted.
+pub fn bin_mount() -> VolumeMount {
+    VolumeMount {
+        name: podlocal::BIN_VOLUME.to_owned(),
+        mount_path: mount::BIN_DIR.to_owned(),
+        read_only: Some(true),
+        ..VolumeMount::default()
+    }
+}
+
 /// A sidecar's own exit directory and the entrypoint, read-only.
 pub fn mounts(c: &mut Container) -> Result<(), String> {
     let own = VolumeMount {
@@ -130,15 +141,9 @@ pub fn mounts(c: &mut Container) -> Result<(), String> {
         sub_path: Some(c.name.clone()),
         ..VolumeMount::default()
     };
-    let bin = VolumeMount {
-        name: podlocal::BIN_VOLUME.to_owned(),
-        mount_path: mount::BIN_DIR.to_owned(),
-        read_only: Some(true),
-        ..VolumeMount::default()
-    };
     let name = c.name.clone();
     let mounts = c.volume_mounts.get_or_insert_with(Vec::new);
-    for want in [own, bin] {
+    for want in [own, bin_mount()] {
         match mounts.iter().find(|m| m.mount_path == want.mount_path) {
             Some(m) if *m == want => {}
             Some(m) => {

@@ -167,7 +167,7 @@ pub fn answer_to(ask: Ask, body: &[u8], settings: &Settings) -> Result<Answer, B
         // Pod creations, updates and ephemeral containers (an update of the subresource,
         // whose object is the whole pod) are what the guard's configuration sends.
         (Ask::Validate, Some(object)) if is_pod => {
-            match super::guard::check(object, &settings.share_dir) {
+            match super::guard::check(object, &settings.share_dir, &settings.bin_dir) {
                 Ok(()) => pass(),
                 Err(why) => Admission::Deny(why),
             }

@@ -573,7 +573,7 @@ async fn detect_with_kruise(
     );
     // Without the agent, nobody else installs the entrypoint the preStop runs.
     Share::open(node.share_dir())
-        .and_then(|s| s.install_entrypoint(&bin.entrypoint))
+        .and_then(|_| exitorder::bindir::install(&node.bin_dir(), &bin.entrypoint))
         .context("installing the entrypoint")?;
     let daemon = KruiseDaemon::new(node.share_dir(), node.client(), KRUISE_SCAN)
         .context("starting the Kruise-style daemon")?;

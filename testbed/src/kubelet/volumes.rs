@@ -24,8 +24,11 @@ pub struct PathMap {
     pub host_path: PathBuf,
 }
 
-/// `path` with the first mapping whose pod path it lies under applied.
+/// `path` with the first mapping whose pod path it lies under applied, compared as the kernel
+/// resolves both (`/var/lib//exitorder/` is the share too).
 pub fn map_path(path: &str, maps: &[PathMap]) -> PathBuf {
+    let resolved = format!("/{}", exitorder::hostpath::components(path).join("/"));
+    let path = resolved.as_str();
     for m in maps {
         let base = m.pod_path.trim_end_matches('/');
         if path == base {
@@ -173,6 +176,10 @@ mod tests {
         assert_eq!(
             map_path("/var/lib/exitorder/bin", &maps),
             PathBuf::from("/tmp/node/share/bin")
+        );
+        assert_eq!(
+            map_path("/var/lib//exitorder/./pods/", &maps),
+            PathBuf::from("/tmp/node/share/pods")
         );
         assert_eq!(
             map_path("/var/lib/exitorder-other", &maps),

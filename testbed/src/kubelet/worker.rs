@@ -50,6 +50,10 @@ pub(crate) async fn start(
         pod_path: crate::node::SHARE_PATH.to_owned(),
         host_path: node.share_dir.clone(),
     });
+    maps.push(PathMap {
+        pod_path: crate::node::BIN_PATH.to_owned(),
+        host_path: node.bin_dir(),
+    });
     // The chart's DaemonSet mounts the kubelet's root: this node's is its own.
     maps.push(PathMap {
         pod_path: exitorder_contract::podlocal::DEFAULT_KUBELET_ROOT.to_owned(),

@@ -18,8 +18,10 @@ pub struct AgentOptions {
     pub share_dir: PathBuf,
     /// The node's kubelet root: pod-local exit directories are in its pods' `emptyDir`s.
     pub kubelet_root_dir: PathBuf,
-    /// The static entrypoint the agent installs into the share.
+    /// The static entrypoint the agent installs into `bin_dir`.
     pub entrypoint_binary: PathBuf,
+    /// The node's bin directory (`--bin-dir`).
+    pub bin_dir: PathBuf,
     pub grace_reserve: Duration,
     pub poll_interval: Duration,
     /// How long start-up may take until "agent ready".
@@ -36,6 +38,7 @@ impl AgentOptions {
             share_dir: node.share_dir().to_owned(),
             kubelet_root_dir: node.kubelet_root(),
             entrypoint_binary: entrypoint.into(),
+            bin_dir: node.bin_dir(),
             grace_reserve: Duration::from_secs(3),
             poll_interval: Duration::from_millis(25),
             ready_timeout: Duration::from_secs(20),
@@ -56,6 +59,8 @@ impl AgentOptions {
             .arg(&self.kubelet_root_dir)
             .arg("--entrypoint-binary")
             .arg(&self.entrypoint_binary)
+            .arg("--bin-dir")
+            .arg(&self.bin_dir)
             .arg("--grace-reserve")
             .arg(format!("{}ms", self.grace_reserve.as_millis()))
             .arg("--poll-interval")

@@ -33,6 +33,8 @@ use serde_json::Value;
 /// Where the chart and the webhook put the share on a node; a pod's hostPath there is the
 /// test bed's share.
 pub const SHARE_PATH: &str = exitorder_contract::share::DEFAULT_DIR;
+/// The host's bin directory as pods (and the chart) name it: this node's own is mapped there.
+pub const BIN_PATH: &str = exitorder_contract::bin::DEFAULT_DIR;
 /// The test bed's node name (`spec.nodeName`, the agent's `NODE_NAME`).
 pub const NODE_NAME: &str = "testbed";
 
@@ -180,6 +182,12 @@ impl Default for NodeOptions {
 }
 
 /// What pods and the node's teardown share.
+impl NodeShared {
+    pub(crate) fn bin_dir(&self) -> PathBuf {
+        self.dir.join("entrypoint-bin")
+    }
+}
+
 pub(crate) struct NodeShared {
     pub(crate) id: String,
     pub(crate) dir: PathBuf,
@@ -289,6 +297,12 @@ impl Node {
     /// The exitorder share the pods' mounts come from (give it to the agent as `--share-dir`).
     pub fn share_dir(&self) -> &Path {
         &self.shared.share_dir
+    }
+
+    /// The host directory the agent installs the entrypoint in (give it to the agent as
+    /// `--bin-dir`); pods naming `/var/lib/exitorder-bin` get this one.
+    pub fn bin_dir(&self) -> PathBuf {
+        self.shared.bin_dir()
     }
 
     /// The kubelet's root directory, laid out as the kubelet lays it out: each pod's
