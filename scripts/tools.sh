@@ -4,6 +4,11 @@
 #
 #   ensure_helm      prints the path of a helm binary (target/tools/helm/helm), fetching it once
 #   ensure_buildah   installs Debian's buildah with apt-get when it is missing
+#   ensure_containerd VERSION
+#                    prints the directory holding containerd VERSION's `containerd`,
+#                    `containerd-shim-runc-v2` and `ctr` (1.7: Debian trixie's, 2.1: sid's),
+#                    unpacked once into target/tools/containerd-VERSION/; nothing is installed
+#                    system-wide (runc stays the machine's)
 
 # shellcheck source=scripts/packages.sh
 . "$(dirname "${BASH_SOURCE[0]}")/packages.sh"
@@ -79,3 +84,105 @@ _fetch_helm() (
 ensure_buildah() {
     ensure_command buildah
 }
+
+# The Debian suite whose containerd is VERSION (the test bed's other runtimes; 1.6 is the
+# machine's own bookworm package).
+_containerd_suite() {
+    case "$1" in
+        1.7) echo trixie ;;
+        2.1) echo sid ;;
+        *) return 1 ;;
+    esac
+}
+
+# The Debian mirror apt already uses here (EXITORDER_DEBIAN_MIRROR overrides it).
+_debian_mirror() {
+    local uri=${EXITORDER_DEBIAN_MIRROR:-}
+    if [ -z "$uri" ]; then
+        uri=$(cat /etc/apt/sources.list.d/*.sources 2>/dev/null |
+            sed -n 's/^URIs:[[:space:]]*//p' | tr ' ' '\n' | grep -E '^[a-z]+://.*/debian/?$' | head -n 1)
+    fi
+    if [ -z "$uri" ]; then
+        uri=$(cat /etc/apt/sources.list /etc/apt/sources.list.d/*.list 2>/dev/null |
+            awk '$1 == "deb" { for (i = 2; i <= NF; i++) if ($i ~ /^[a-z]+:\/\/.*\/debian\/?$/) { print $i; exit } }')
+    fi
+    echo "${uri:-http://deb.debian.org/debian}"
+}
+
+# Whether DIR holds a containerd VERSION (major.minor) with its shim and ctr, able to run here.
+_containerd_usable() {
+    local bin=$1 version=$2 reported
+    [ -x "$bin/containerd" ] && [ -x "$bin/containerd-shim-runc-v2" ] && [ -x "$bin/ctr" ] || return 1
+    # "containerd github.com/containerd/containerd/v2 2.1.9~ds1 2.1.9~ds1-1"
+    reported=$("$bin/containerd" --version 2>/dev/null | awk '{ print $3 }')
+    case "$reported" in "$version".* | "v$version".*) return 0 ;; *) return 1 ;; esac
+}
+
+# Prints the directory holding containerd VERSION's binaries (1.7 or 2.1); the first time,
+# fetches Debian's `containerd` .deb with apt-get on a private sources list, state and cache
+# under target/tools/apt/ and unpacks it with dpkg-deb into target/tools/containerd-VERSION/.
+ensure_containerd() {
+    local version=${1:-} suite dir
+    if ! suite=$(_containerd_suite "$version"); then
+        echo "ensure_containerd: containerd ${version:-(no version given)} is not one the tests run (1.7 or 2.1)" >&2
+        return 1
+    fi
+    dir="$EXITORDER_ROOT/target/tools/containerd-$version"
+    if _containerd_usable "$dir/usr/bin" "$version"; then
+        echo "$dir/usr/bin"
+        return 0
+    fi
+    _fetch_containerd "$version" "$suite" "$dir" || return 1
+    echo "containerd $("$dir/usr/bin/containerd" --version | awk '{ print $3 }') (Debian $suite) unpacked in $dir" >&2
+    echo "$dir/usr/bin"
+}
+
+# Downloads Debian SUITE's containerd .deb and unpacks it into DIR (a subshell: its temp dir
+# goes with it; DIR is replaced only by a complete, working unpack).
+_fetch_containerd() (
+    set -euo pipefail
+    version=$1 suite=$2 dir=$3
+    fail() {
+        echo "containerd $version could not be had: $*" >&2
+        exit 1
+    }
+    keyring=/usr/share/keyrings/debian-archive-keyring.gpg
+    command -v apt-get >/dev/null 2>&1 || fail "apt-get is needed to fetch Debian $suite's containerd"
+    command -v dpkg-deb >/dev/null 2>&1 || fail "dpkg-deb is needed to unpack Debian $suite's containerd"
+    [ -r "$keyring" ] || fail "$keyring is missing (install the Debian package debian-archive-keyring)"
+    mirror=$(_debian_mirror)
+    apt_dir="$EXITORDER_ROOT/target/tools/apt/$suite"
+    mkdir -p "$apt_dir/lists/partial" "$apt_dir/cache/archives/partial"
+    echo "deb [signed-by=$keyring] $mirror $suite main" >"$apt_dir/sources.list"
+    # Private sources, lists and caches: the machine's apt state is only read, never written.
+    apt_opts=(
+        -o "Dir::Etc::SourceList=$apt_dir/sources.list"
+        -o Dir::Etc::SourceParts=/dev/null
+        -o "Dir::State::Lists=$apt_dir/lists"
+        -o "Dir::Cache=$apt_dir/cache"
+        -o "Dir::Cache::archives=$apt_dir/cache/archives"
+        -o Dir::Cache::pkgcache=
+        -o Dir::Cache::srcpkgcache=
+        -o APT::Sandbox::User=root
+    )
+    tmp=$(mktemp -d)
+    trap 'rm -rf "$tmp"' EXIT
+    echo "fetching containerd $version from Debian $suite ($mirror)" >&2
+    # apt-get update only warns when the mirror cannot be reached or its Release not verified.
+    if ! apt-get -q "${apt_opts[@]}" update >"$tmp/update.out" 2>&1 ||
+        grep -qE '^(E:|W: Failed to fetch)|NO_PUBKEY|is not signed' "$tmp/update.out"; then
+        fail "apt-get update of $mirror $suite failed: $(grep -E '^(E|W):' "$tmp/update.out" | head -n 5)"
+    fi
+    (cd "$tmp" && apt-get -q "${apt_opts[@]}" download "containerd/$suite" >download.out 2>&1) ||
+        fail "apt-get download containerd/$suite failed: $(tail -n 5 "$tmp/download.out")"
+    deb=$(find "$tmp" -maxdepth 1 -name 'containerd_*.deb' | head -n 1)
+    [ -n "$deb" ] || fail "apt-get download containerd/$suite wrote no .deb"
+    dpkg-deb -x "$deb" "$tmp/root" || fail "dpkg-deb -x $(basename "$deb") failed"
+    _containerd_usable "$tmp/root/usr/bin" "$version" ||
+        fail "$(basename "$deb") holds no containerd $version.x with containerd-shim-runc-v2 and ctr that runs here ($("$tmp/root/usr/bin/containerd" --version 2>&1 | head -n 1))"
+    mkdir -p "$(dirname "$dir")"
+    rm -rf "$dir.tmp.$$"
+    mv "$tmp/root" "$dir.tmp.$$"
+    rm -rf "$dir"
+    mv "$dir.tmp.$$" "$dir"
+)

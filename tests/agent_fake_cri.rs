@@ -10,7 +10,6 @@ use exitorder::agent::Config;
 use exitorder::cri::{ContainerEventType, ContainerState};
 use exitorder::decide::Reason;
 use exitorder::priority::ANNOTATION;
-use exitorder::stats::Stats;
 use rig::*;
 use support::parse_metrics;
 
@@ -409,19 +408,6 @@ async fn metrics_and_health_endpoints() {
     assert_eq!(http_get(addr, "/nope").await.0, 404);
     http.abort();
     rig.stop_agent().await;
-}
-
-/// Waits until the agent reports `source` in use.
-async fn source_becomes(stats: &Stats, source: &str) {
-    let end = Instant::now() + Duration::from_secs(5);
-    while stats.event_source() != source {
-        assert!(
-            Instant::now() < end,
-            "source stayed {:?}, expected {source}",
-            stats.event_source()
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
 }
 
 /// An agent that never polls on its own: only events (or the start-up scan) make it read the

@@ -10,22 +10,32 @@ mod support;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use exitorder_testbed::demo::{demo, DemoArgs};
+use exitorder::webhook::HandshakeVolume;
+use exitorder_testbed::demo::{demo, DemoArgs, DemoReport, InitRun, PROJECT_IMAGE};
 use exitorder_testbed::verdict::Verdict;
 
 fn args(pod: Option<&str>, without_agent: bool) -> DemoArgs {
     DemoArgs {
+        binaries: exitorder_testbed::demo::BinaryArgs {
+            entrypoint_binary: Some(support::static_entrypoint().to_owned()),
+            agent_binary: Some(support::AGENT_BIN.into()),
+        },
+        ..args_without_binaries(pod, without_agent)
+    }
+}
+
+/// The arguments without the binaries (none built: for what fails before a node starts).
+fn args_without_binaries(pod: Option<&str>, without_agent: bool) -> DemoArgs {
+    DemoArgs {
         pod: pod.map(|p| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(p)),
+        inject: None,
         image: Vec::new(),
         host_network: true,
         grace_period: None,
         ready_timeout: Duration::from_secs(60),
         without_agent,
         json: true,
-        binaries: exitorder_testbed::demo::BinaryArgs {
-            entrypoint_binary: Some(support::static_entrypoint().to_owned()),
-            agent_binary: Some(support::AGENT_BIN.into()),
-        },
+        binaries: Default::default(),
         chart: None,
         agent_image: PathBuf::new(),
     }
@@ -89,4 +99,118 @@ async fn without_the_agent_the_proxy_leaves_first() {
         "{text}"
     );
     assert!(!report.ordered());
+}
+
+/// `--inject MODE` without `--pod`: the built-in un-injected pod passed through the webhook's
+/// own mutation, run with the agent and deleted; the report and the printed lines. `None`
+/// when the test bed cannot run here (skipped as e2e is).
+async fn injected_demo(mode: HandshakeVolume, image: PathBuf) -> Option<(DemoReport, String)> {
+    let node = support::node_or_skip().await?;
+    node.shutdown().await.expect("probe node teardown");
+    let mut a = args(None, false);
+    a.inject = Some(mode);
+    a.agent_image = image;
+    let mut lines = Vec::new();
+    let report = demo(&a, &mut |l| lines.push(l.to_owned()))
+        .await
+        .unwrap_or_else(|e| panic!("demo failed: {e:#}\n{}", lines.join("\n")));
+    let text = lines.join("\n");
+    assert!(report.ordered(), "{text}");
+    let json = serde_json::to_value(&report).expect("JSON");
+    assert_eq!(json["containers"]["proxy"]["verdict"], "ordered", "{text}");
+    assert_eq!(json["containers"]["app"]["verdict"], "unheld", "{text}");
+    assert!(
+        report.containers["proxy"].finished_ms > report.containers["app"].finished_ms,
+        "{text}"
+    );
+    assert!(
+        text.contains("allow written by the agent (reason ordered)"),
+        "{text}"
+    );
+    Some((report, text))
+}
+
+#[tokio::test]
+async fn the_built_in_pod_injected_with_emptydir_is_ordered() {
+    // The injected exitorder-install runs from the project's image.
+    let Some(image) = support::project_image_archive() else {
+        return;
+    };
+    let Some((report, text)) = injected_demo(HandshakeVolume::EmptyDir, image).await else {
+        return;
+    };
+    assert!(
+        text.contains("The webhook (emptyDir handshake) added volumes exitorder (emptyDir)"),
+        "{text}"
+    );
+    assert_eq!(
+        report.init_containers.get("exitorder-install"),
+        Some(&InitRun {
+            image: PROJECT_IMAGE.to_owned(),
+            exit_code: Some(0),
+        }),
+        "{text}"
+    );
+    let json = serde_json::to_value(&report).expect("JSON");
+    assert_eq!(
+        json["init_containers"]["exitorder-install"]["exit_code"], 0,
+        "{text}"
+    );
+}
+
+#[tokio::test]
+async fn the_built_in_pod_injected_with_hostpath_is_ordered() {
+    let Some((report, text)) = injected_demo(HandshakeVolume::HostPath, PathBuf::new()).await
+    else {
+        return;
+    };
+    assert!(
+        text.contains("The webhook (hostPath handshake) added volumes "),
+        "{text}"
+    );
+    assert!(text.contains("(hostPath /var/lib/exitorder)"), "{text}");
+    assert!(report.init_containers.is_empty(), "{text}");
+    let json = serde_json::to_value(&report).expect("JSON");
+    assert!(json.get("init_containers").is_none(), "{json}");
+}
+
+/// A pod the webhook refuses is refused before any node starts, with the webhook's message;
+/// the opt-in annotation it lacked is added first.
+#[tokio::test]
+async fn a_pod_the_webhook_refuses_is_not_run() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("pod.yaml");
+    let yaml = r#"
+apiVersion: v1
+kind: Pod
+metadata:
+  name: refused
+  annotations:
+    exitorder.io/container-exit-priority: '{"proxy": 300}'
+spec:
+  hostNetwork: true
+  containers:
+    - {name: app, image: busybox:1.36, command: [sleep, "3600"]}
+    - {name: proxy, image: busybox:1.36, command: [sleep, "3600"]}
+"#;
+    std::fs::write(&path, yaml).expect("write the pod");
+    let mut a = args_without_binaries(None, false);
+    a.pod = Some(path);
+    a.inject = Some(HandshakeVolume::EmptyDir);
+    let mut lines = Vec::new();
+    let err = demo(&a, &mut |l| lines.push(l.to_owned()))
+        .await
+        .expect_err("the webhook refuses the pod");
+    let text = lines.join("\n");
+    let message = format!("{err:#}");
+    assert!(message.contains("the webhook refuses the pod"), "{message}");
+    assert!(
+        message.contains("exitorder.io/container-exit-priority"),
+        "{message}"
+    );
+    assert!(
+        text.contains("did not carry `exitorder.io/inject: \"true\"`"),
+        "{text}"
+    );
+    assert!(!text.contains("Starting a private containerd"), "{text}");
 }

@@ -876,6 +876,13 @@ async fn the_charts_agent_from_the_image_orders_the_examples() {
         })
         .await
         .unwrap_or_else(|e| panic!("{e}"));
+    // hostPID (agent.kernelExitSource): each container's exit is also seen from the kernel.
+    agent
+        .wait_for("the kernel exit source", Duration::from_secs(10), |l| {
+            l.is("kernel_source", &[("source", "pidfd")])
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
     agent
         .wait_for("containerd events", Duration::from_secs(10), |l| {
             l.says("exit source connected", &[("source", "containerd_events")])
@@ -946,6 +953,7 @@ async fn the_demo_installs_the_agent_from_the_chart() {
     node.shutdown().await.expect("probe node teardown");
     let args = DemoArgs {
         pod: None,
+        inject: None,
         image: Vec::new(),
         host_network: true,
         grace_period: None,

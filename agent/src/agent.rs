@@ -97,6 +97,8 @@ pub struct Agent {
     fatal: Option<AgentError>,
     /// Containers' mounts waiting to be checked for breaches, and the check in flight.
     audit: crate::breach::Audit,
+    /// Running containers' exits, awaited from the kernel.
+    kernel: crate::kernel::KernelExits,
 }
 
 impl Agent {
@@ -135,6 +137,11 @@ impl Agent {
         }
         let tombstone_ttl = cfg.tombstone_ttl;
         let own_pod_uid = cfg.own_pod_uid.clone();
+        let kernel = if cfg.kernel_exit_source {
+            crate::kernel::KernelExits::new(signal_tx.clone(), stats.clone())
+        } else {
+            crate::kernel::KernelExits::off(stats.clone())
+        };
         let mut agent = Agent {
             cfg,
             share: Arc::new(share),
@@ -165,6 +172,7 @@ impl Agent {
             connected_once: false,
             fatal: None,
             audit: crate::breach::Audit::new(own_pod_uid),
+            kernel,
         };
         let mut dirty = BTreeSet::new();
         agent.waits.starting = true;
@@ -586,6 +594,7 @@ impl Agent {
                     }
                 }
             }
+            Reply::Process { id, pid } => self.kernel.watch(&id, pid),
             Reply::Mounts(check) => {
                 self.audit.push(check);
                 self.audit.start(self.places());
@@ -609,6 +618,9 @@ impl Agent {
 
     /// Applies a change to the node view; the pending pods it touched are decided again.
     fn apply_change(&mut self, change: Change, dirty: &mut BTreeSet<PodUid>) {
+        if let Change::Exited { id } | Change::Removed { id } = &change {
+            self.kernel.forget(id);
+        }
         let listing = matches!(change, Change::Listed(_));
         let undescribed = self.view.undescribed();
         let touched = self.view.apply(change, Instant::now());

@@ -111,10 +111,15 @@ pub struct AgentArgs {
     #[arg(long, env = "EXITORDER_POLL_INTERVAL", default_value = "25ms", value_parser = parse_duration)]
     pub poll_interval: Duration,
     /// How container exits are detected: `auto` picks from the runtime's Version answer
-    /// (CRI events on containerd >= 2.0 and CRI-O, containerd's events on containerd 1.x,
+    /// (containerd's own events on every containerd, 1.x and 2.x, falling back to CRI events
+    /// on containerd >= 2.0 where the socket does not serve them; CRI events on CRI-O;
     /// polling otherwise).
     #[arg(long, env = "EXITORDER_EXIT_SOURCE", value_enum, default_value_t = SourceChoice::Auto)]
     pub exit_source: SourceChoice,
+    /// See each container's exit from the kernel (a pidfd on its first process), ahead of
+    /// the runtime's event. Needs the host's pid namespace (the chart's `hostPID`).
+    #[arg(long, env = "EXITORDER_KERNEL_EXIT_SOURCE", default_value_t = true, action = clap::ArgAction::Set)]
+    pub kernel_exit_source: bool,
     /// Address of the HTTP endpoint for /metrics, /healthz and /readyz.
     #[arg(long, env = "EXITORDER_METRICS_ADDR", default_value = "0.0.0.0:9484")]
     pub metrics_addr: SocketAddr,
@@ -158,6 +163,7 @@ impl AgentArgs {
         cfg.kubelet_root_dir = self.kubelet_root_dir.clone();
         cfg.bin_dir = self.bin_dir.clone();
         cfg.own_pod_uid = self.pod_uid.clone();
+        cfg.kernel_exit_source = self.kernel_exit_source;
         cfg.exit_source = self.exit_source;
         cfg.poll_interval = self.poll_interval.max(Duration::from_millis(1));
         cfg.api_settle = self.api_settle;

@@ -36,6 +36,8 @@ pub struct Config {
     pub bin_dir: PathBuf,
     /// The agent's own pod, whose mounts are not checked for breaches.
     pub own_pod_uid: Option<String>,
+    /// Whether container exits are also awaited from the kernel (pidfds).
+    pub kernel_exit_source: bool,
     /// How old a wait must be before the API server's "not being deleted" releases it: time
     /// for a deletion the kubelet already acts on to reach the agent's own watch.
     pub api_settle: Duration,
@@ -59,6 +61,7 @@ impl Config {
             entrypoint_binary: None,
             bin_dir: PathBuf::from(exitorder_contract::bin::DEFAULT_DIR),
             own_pod_uid: None,
+            kernel_exit_source: true,
             api_settle: Duration::from_millis(250),
             tombstone_ttl: crate::view::TOMBSTONE_TTL,
         }

@@ -36,6 +36,7 @@ pub mod facts;
 mod gc;
 pub mod hostpath;
 pub mod jobs;
+pub mod kernel;
 pub mod metrics;
 pub mod podwatch;
 pub mod priority;

@@ -100,6 +100,18 @@ pub fn render(stats: &Stats) -> String {
     );
     let _ = writeln!(
         out,
+        "# HELP exitorder_kernel_exit_source Whether container exits are seen from the kernel (a pidfd on each container's first process), ahead of the runtime's events.\n\
+         # TYPE exitorder_kernel_exit_source gauge\nexitorder_kernel_exit_source {}\n\
+         # HELP exitorder_kernel_watched_containers Running containers whose exit the kernel source awaits.\n\
+         # TYPE exitorder_kernel_watched_containers gauge\nexitorder_kernel_watched_containers {}\n\
+         # HELP exitorder_kernel_exits_total Container exits told by the kernel source.\n\
+         # TYPE exitorder_kernel_exits_total counter\nexitorder_kernel_exits_total {}",
+        u8::from(stats.kernel_source()),
+        stats.kernel_watches(),
+        stats.kernel_exits()
+    );
+    let _ = writeln!(
+        out,
         "# HELP exitorder_share_breaches_total Writable mounts found reaching another pod's exit directories (or every pod's).\n\
          # TYPE exitorder_share_breaches_total counter\nexitorder_share_breaches_total {}",
         stats.share_breaches()

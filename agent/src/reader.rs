@@ -45,6 +45,9 @@ pub enum Reply {
     Health(bool),
     /// A container's writable mounts, read with its description, for the breach check.
     Mounts(crate::breach::MountCheck),
+    /// A running container's first process, read with its description, for the kernel's
+    /// exit source.
+    Process { id: String, pid: i32 },
 }
 
 /// The handle the loop asks through.
@@ -198,10 +201,17 @@ impl ReaderTask {
                         // The semaphore is never closed; an error would only mean "go on".
                         let _permit = permits.acquire_owned().await;
                         match runtime.describe(id).await {
-                            Ok(Some(d)) => Ok(vec![
-                                Reply::Mounts(d.mount_check()),
-                                Reply::Change(d.change()),
-                            ]),
+                            Ok(Some(d)) => {
+                                let mut replies = vec![Reply::Mounts(d.mount_check())];
+                                if let Some(pid) = d.pid {
+                                    replies.push(Reply::Process {
+                                        id: d.info.id.clone(),
+                                        pid,
+                                    });
+                                }
+                                replies.push(Reply::Change(d.change()));
+                                Ok(replies)
+                            }
                             Ok(None) => Ok(vec![Reply::Change(Change::NotAContainer {
                                 id: id.clone(),
                             })]),

@@ -140,6 +140,9 @@ pub struct Described {
     pub env: Vec<(String, String)>,
     /// The host paths of its writable mounts, as the runtime mounted them.
     pub writable: Vec<String>,
+    /// Its first process, while it runs (as the runtime's verbose status says: a pid of the
+    /// runtime's pid namespace).
+    pub pid: Option<i32>,
 }
 
 /// What the runtime says of a container's exit.
@@ -389,13 +392,14 @@ pub fn described(
     ) else {
         return Ok(None);
     };
-    let env = match resp.info.get("info") {
-        Some(text) => env_from_info(text).map_err(|reason| RuntimeError::BadInfo {
+    let (env, pid) = match resp.info.get("info") {
+        Some(text) => parse_info(text).map_err(|reason| RuntimeError::BadInfo {
             id: id.to_owned(),
             reason,
         })?,
-        None => Vec::new(),
+        None => (Vec::new(), None),
     };
+    let pid = pid.filter(|_| info.state == crate::decide::RunState::Running);
     let writable = st
         .mounts
         .iter()
@@ -407,6 +411,7 @@ pub fn described(
         info,
         env,
         writable,
+        pid,
     }))
 }
 
@@ -432,6 +437,8 @@ impl Described {
 
 #[derive(serde::Deserialize)]
 struct VerboseInfo {
+    #[serde(default)]
+    pid: Option<i64>,
     config: Option<InfoConfig>,
     #[serde(rename = "runtimeSpec")]
     runtime_spec: Option<InfoSpec>,
@@ -464,14 +471,26 @@ struct InfoProcess {
 
 /// Env from the verbose info JSON: containerd gives the original ContainerConfig's `envs`;
 /// CRI-O gives only the OCI spec, whose `process.env` holds `KEY=VALUE` strings.
-fn env_from_info(info: &str) -> Result<Vec<(String, String)>, String> {
+/// A container's env, as (name, value) pairs.
+type Env = Vec<(String, String)>;
+
+/// The env and the first process's pid from a verbose status's `info`.
+fn parse_info(info: &str) -> Result<(Env, Option<i32>), String> {
     let info: VerboseInfo = serde_json::from_str(info).map_err(|e| e.to_string())?;
-    if let Some(cfg) = info.config.filter(|c| !c.envs.is_empty()) {
-        return Ok(cfg.envs.into_iter().map(|e| (e.key, e.value)).collect());
+    // 0 (not running) and anything out of range are no process.
+    let pid = info
+        .pid
+        .and_then(|p| i32::try_from(p).ok())
+        .filter(|p| *p > 0);
+    Ok((env_of(info.config, info.runtime_spec), pid))
+}
+
+/// The env the kubelet gave: the CRI config's, else the OCI spec's.
+fn env_of(config: Option<InfoConfig>, spec: Option<InfoSpec>) -> Env {
+    if let Some(cfg) = config.filter(|c| !c.envs.is_empty()) {
+        return cfg.envs.into_iter().map(|e| (e.key, e.value)).collect();
     }
-    Ok(info
-        .runtime_spec
-        .and_then(|s| s.process)
+    spec.and_then(|s| s.process)
         .map(|p| {
             p.env
                 .into_iter()
@@ -481,7 +500,7 @@ fn env_from_info(info: &str) -> Result<Vec<(String, String)>, String> {
                 })
                 .collect()
         })
-        .unwrap_or_default())
+        .unwrap_or_default()
 }
 
 #[cfg(test)]
@@ -501,16 +520,25 @@ mod tests {
         let containerd = r#"{"pid":1,"config":{"envs":[{"key":"EXITORDER_EXIT_PRIORITY","value":"2"}]},
             "runtimeSpec":{"process":{"env":["PATH=/bin","EXITORDER_EXIT_PRIORITY=2"]}}}"#;
         assert_eq!(
-            env_from_info(containerd).unwrap(),
+            parse_info(containerd).unwrap().0,
             vec![("EXITORDER_EXIT_PRIORITY".to_owned(), "2".to_owned())]
         );
         let crio = r#"{"runtimeSpec":{"process":{"env":["A=1=2","NOEQ"]}}}"#;
         assert_eq!(
-            env_from_info(crio).unwrap(),
+            parse_info(crio).unwrap().0,
             vec![("A".to_owned(), "1=2".to_owned())]
         );
-        assert!(env_from_info("{}").unwrap().is_empty());
-        assert!(env_from_info("not json").is_err());
+        assert!(parse_info("{}").unwrap().0.is_empty());
+        assert_eq!(parse_info(r#"{"pid": 4242}"#).unwrap().1, Some(4242));
+        for no_process in [
+            r#"{"pid": 0}"#,
+            r#"{"pid": -1}"#,
+            r#"{"pid": 99999999999}"#,
+            "{}",
+        ] {
+            assert_eq!(parse_info(no_process).unwrap().1, None, "{no_process}");
+        }
+        assert!(parse_info("not json").is_err());
     }
 
     #[test]

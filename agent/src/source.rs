@@ -1,7 +1,10 @@
 //! How the agent learns that a container exited, chosen by what the runtime is:
 //!
-//! - CRI `GetContainerEvents` on containerd >= 2.0 and CRI-O, which serve many subscribers;
-//! - containerd's own events service (`/tasks/exit`, namespace `k8s.io`) on containerd 1.x,
+//! - containerd's own events service (`/tasks/exit`, namespace `k8s.io`) on every containerd,
+//!   1.6, 1.7 and 2.x: it publishes an exit at once, to any number of subscribers, where 2.x's
+//!   CRI event stream follows 30-370 ms later (after containerd's own bookkeeping);
+//! - CRI `GetContainerEvents` on CRI-O, and on containerd >= 2.0 when its socket does not
+//!   serve the events service (a CRI-only proxy in front of it). Never on containerd 1.x,
 //!   whose CRI event stream has a single subscriber: taking it would starve the kubelet;
 //! - otherwise nothing here: the agent polls `ListContainers` while an exit is pending.
 //!
@@ -76,17 +79,28 @@ fn major(version: &str) -> Option<u32> {
     v.split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()
 }
 
-/// The source for a runtime, from its Version answer.
+/// The source for a runtime, from its Version answer: containerd's own events on every
+/// containerd (they never take anything from the kubelet, and are the fastest it sends), the
+/// CRI stream on CRI-O.
 pub fn choose(v: &VersionResponse) -> SourceKind {
     match v.runtime_name.to_ascii_lowercase().as_str() {
-        // Any 1.x, and a version we cannot read: containerd's own events never take anything
-        // from the kubelet.
-        "containerd" => match major(&v.runtime_version) {
-            Some(m) if m >= 2 => SourceKind::CriEvents,
-            _ => SourceKind::ContainerdEvents,
-        },
+        "containerd" => SourceKind::ContainerdEvents,
         "cri-o" | "crio" => SourceKind::CriEvents,
         _ => SourceKind::Poll,
+    }
+}
+
+/// What `auto` uses when the runtime's socket does not offer `kind` at all (answers
+/// UNIMPLEMENTED): on containerd >= 2.0, whose CRI stream serves many subscribers, that
+/// stream; nothing on containerd 1.x (its single CRI subscriber is the kubelet's) or a version
+/// that cannot be read, which poll.
+pub fn fallback(v: &VersionResponse, kind: SourceKind) -> Option<SourceKind> {
+    let containerd = v.runtime_name.eq_ignore_ascii_case("containerd");
+    match (kind, major(&v.runtime_version)) {
+        (SourceKind::ContainerdEvents, Some(m)) if containerd && m >= 2 => {
+            Some(SourceKind::CriEvents)
+        }
+        _ => None,
     }
 }
 
@@ -122,11 +136,13 @@ pub async fn run(
 ) {
     let mut backoff = Backoff::new(BACKOFF_START, BACKOFF_MAX);
     let mut known = version;
-    let kind = loop {
-        let kind = match choice {
+    // What `auto` turns to if the runtime does not offer its first choice; an operator's own
+    // choice is kept.
+    let (mut kind, mut fallback_kind) = loop {
+        let picked = match choice {
             SourceChoice::Poll => return,
-            SourceChoice::ContainerdEvents => SourceKind::ContainerdEvents,
-            SourceChoice::CriEvents => SourceKind::CriEvents,
+            SourceChoice::ContainerdEvents => (SourceKind::ContainerdEvents, None),
+            SourceChoice::CriEvents => (SourceKind::CriEvents, None),
             SourceChoice::Auto => {
                 let answer = match known.take() {
                     Some(v) => Ok(v),
@@ -138,7 +154,18 @@ pub async fn run(
                         .map(tonic::Response::into_inner),
                 };
                 match answer {
-                    Ok(v) => choose(&v),
+                    Ok(v) => {
+                        let kind = choose(&v);
+                        let then = fallback(&v, kind);
+                        info!(
+                            runtime = %v.runtime_name.escape_debug(),
+                            version = %v.runtime_version.escape_debug(),
+                            source = kind.as_str(),
+                            fallback = then.map_or("poll", SourceKind::as_str),
+                            "exit source chosen for the runtime"
+                        );
+                        (kind, then)
+                    }
                     Err(e) => {
                         debug!(error = %e, "runtime version not known yet");
                         tokio::time::sleep(backoff.next_delay()).await;
@@ -147,7 +174,7 @@ pub async fn run(
                 }
             }
         };
-        break kind;
+        break picked;
     };
     if kind == SourceKind::Poll {
         info!("runtime offers no exit events exitorder can share; polling while exits are pending");
@@ -165,8 +192,14 @@ pub async fn run(
         }
         match end {
             StreamEnd::Unsupported(reason) => {
-                warn!(source = kind.as_str(), %reason, "exit events not offered; polling while exits are pending");
                 let _ = tx.send(SourceSignal::Down(kind));
+                if let Some(next) = fallback_kind.take() {
+                    warn!(source = kind.as_str(), %reason, next = next.as_str(), "exit events not offered; trying the next source");
+                    kind = next;
+                    backoff.reset();
+                    continue;
+                }
+                warn!(source = kind.as_str(), %reason, "exit events not offered; polling while exits are pending");
                 return;
             }
             StreamEnd::Lost(reason) => {
@@ -225,6 +258,10 @@ async fn containerd_stream(
     };
     let mut stream = match resp {
         Ok(s) => s.into_inner(),
+        // No subscription ever existed, even if the quiet moment passed before this answer.
+        Err(e) if e.code() == tonic::Code::Unimplemented => {
+            return StreamEnd::Unsupported(e.to_string())
+        }
         Err(e) => return classify(&e, announced),
     };
     if !announced {
@@ -382,13 +419,39 @@ mod tests {
     #[test]
     fn source_by_runtime_version() {
         use SourceKind::*;
+        // containerd's own events on every containerd.
         assert_eq!(choose(&v("containerd", "1.6.20~ds1")), ContainerdEvents);
         assert_eq!(choose(&v("containerd", "v1.7.24")), ContainerdEvents);
-        assert_eq!(choose(&v("containerd", "v2.0.1")), CriEvents);
-        assert_eq!(choose(&v("containerd", "2.1.0-rc.1")), CriEvents);
+        assert_eq!(choose(&v("containerd", "v2.0.1")), ContainerdEvents);
+        assert_eq!(choose(&v("containerd", "2.1.9+unknown")), ContainerdEvents);
+        assert_eq!(choose(&v("containerd", "2.1.0-rc.1")), ContainerdEvents);
         assert_eq!(choose(&v("containerd", "weird")), ContainerdEvents);
         assert_eq!(choose(&v("cri-o", "1.30.2")), CriEvents);
         assert_eq!(choose(&v("docker", "26.1")), Poll);
         assert_eq!(choose(&v("", "")), Poll);
+    }
+
+    #[test]
+    fn fallback_when_containerd_events_are_not_served() {
+        use SourceKind::*;
+        // 2.x: the CRI stream serves many subscribers.
+        let c2 = v("containerd", "v2.0.1");
+        assert_eq!(fallback(&c2, ContainerdEvents), Some(CriEvents));
+        assert_eq!(
+            fallback(&v("containerd", "2.1.9+unknown"), ContainerdEvents),
+            Some(CriEvents)
+        );
+        // 1.x: its one CRI subscriber is the kubelet's; unreadable: the same caution.
+        for old in ["1.6.20~ds1", "v1.7.24", "weird"] {
+            assert_eq!(
+                fallback(&v("containerd", old), ContainerdEvents),
+                None,
+                "{old}"
+            );
+        }
+        // Nothing after the CRI stream, and nothing for other runtimes.
+        assert_eq!(fallback(&c2, CriEvents), None);
+        assert_eq!(fallback(&v("cri-o", "1.30.2"), CriEvents), None);
+        assert_eq!(fallback(&v("docker", "26.1"), Poll), None);
     }
 }

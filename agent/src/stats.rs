@@ -58,6 +58,9 @@ pub struct Stats {
     runtime_errors: Mutex<BTreeMap<&'static str, u64>>,
     share_errors: AtomicU64,
     share_breaches: AtomicU64,
+    kernel_source: std::sync::atomic::AtomicBool,
+    kernel_watches: AtomicU64,
+    kernel_exits: AtomicU64,
     event_source: Mutex<&'static str>,
     watching: AtomicBool,
     runtime_ok: AtomicBool,
@@ -217,6 +220,31 @@ impl Stats {
 
     pub fn share_error(&self) {
         self.share_errors.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn set_kernel_source(&self, available: bool) {
+        self.kernel_source.store(available, Ordering::Relaxed);
+    }
+
+    pub fn kernel_source(&self) -> bool {
+        self.kernel_source.load(Ordering::Relaxed)
+    }
+
+    pub fn set_kernel_watches(&self, n: usize) {
+        self.kernel_watches
+            .store(u64::try_from(n).unwrap_or(u64::MAX), Ordering::Relaxed);
+    }
+
+    pub fn kernel_watches(&self) -> u64 {
+        self.kernel_watches.load(Ordering::Relaxed)
+    }
+
+    pub fn kernel_exit(&self) {
+        self.kernel_exits.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn kernel_exits(&self) -> u64 {
+        self.kernel_exits.load(Ordering::Relaxed)
     }
 
     pub fn share_breach(&self) {

@@ -1,19 +1,21 @@
 //! `exitorder-testbed demo`: a pod run and deleted on a private containerd the way the kubelet
 //! does it, with the agent answering its sidecars, and a timeline and a verdict per container.
 //! With `--pod FILE.yaml`, a user's own pod; without, the two-level example of
-//! `deploy/examples/`.
+//! `deploy/examples/`. With `--inject MODE`, the pod is first passed through the admission
+//! webhook's own mutation, as a cluster with the webhook admits it.
 
 use std::collections::{BTreeMap, HashMap};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context};
+use exitorder::webhook::{Admission, HandshakeVolume, Settings};
 use serde::Serialize;
 use serde_json::Value;
 
 use crate::agentlog::{parse_allow, ALLOWED};
 use crate::install::{ChartAgent, ChartOptions, Helm};
-use crate::kubelet::{DeleteOptions, RunOptions, What};
+use crate::kubelet::{DeleteOptions, Kind, RunOptions, RunningPod, What};
 use crate::node::{AgentOptions, AgentProcess, LogLine, Node, NodeOptions, TestbedError};
 use crate::verdict::{self, Allowed, ContainerVerdict, Verdict};
 
@@ -24,12 +26,28 @@ pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
 /// The demo's own pod: the two-level example users start from.
 pub const EXAMPLE_POD: &str = include_str!("../../deploy/examples/two-level.yaml");
 
+/// The demo's pod with `--inject`: the same app and proxy with no hand-written opt-in, only
+/// `exitorder.io/inject: "true"` and the proxy's exit priority.
+pub const INJECTED_EXAMPLE_POD: &str = include_str!("../../deploy/examples/injected.yaml");
+
+/// The project's image, as the webhook's `exitorder-install` and the chart name it by default
+/// (`scripts/image` tags its archive so).
+pub const PROJECT_IMAGE: &str = exitorder::webhook::DEFAULT_INSTALL_IMAGE;
+
 #[derive(Debug, Clone, clap::Args)]
 pub struct DemoArgs {
     /// A Pod (YAML or JSON) to run instead of the two-level example: opt your pod in the way
     /// the README says and see its exits on a real runtime before deploying it.
     #[arg(long, value_name = "FILE")]
     pub pod: Option<PathBuf>,
+    /// Pass the pod through the admission webhook's own mutation first, as a cluster with
+    /// the webhook (`webhook.enabled=true`) admits it: `emptyDir` (the webhook's default: exit
+    /// directories in the pod's own emptyDir, the entrypoint copied in by the init container
+    /// `exitorder-install` from the project's image, --agent-image) or `hostPath` (the node's
+    /// share and the entrypoint's host directory). `exitorder.io/inject: "true"` is added
+    /// when the pod lacks it. Without --pod, the example deploy/examples/injected.yaml.
+    #[arg(long, value_name = "MODE")]
+    pub inject: Option<HandshakeVolume>,
     /// An image archive (docker-archive or OCI) to import first; repeatable. The node has
     /// busybox (also as busybox:1.36) and nothing is pulled.
     #[arg(long, value_name = "FILE.tar")]
@@ -59,7 +77,8 @@ pub struct DemoArgs {
     /// image archive given by --agent-image.
     #[arg(long, value_name = "CHART_DIR")]
     pub chart: Option<PathBuf>,
-    /// With --chart: the exitorder image archive (`scripts/image` writes it).
+    /// With --chart or --inject emptyDir: the project's image archive (`scripts/image` writes
+    /// it).
     #[arg(long, value_name = "FILE.tar", default_value = crate::install::IMAGE_IN_TREE)]
     pub agent_image: PathBuf,
 }
@@ -81,6 +100,17 @@ pub struct BinaryArgs {
 pub struct DemoReport {
     pub pod: String,
     pub containers: BTreeMap<String, ContainerVerdict>,
+    /// The init containers that ran to completion before the pod was ready (`exitorder-install`
+    /// with `--inject emptyDir`); not in the JSON when there are none.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub init_containers: BTreeMap<String, InitRun>,
+}
+
+/// An init container as it ran: its image and exit code (`None`: it never exited).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct InitRun {
+    pub image: String,
+    pub exit_code: Option<i32>,
 }
 
 impl DemoReport {
@@ -114,14 +144,10 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
 
 /// The demo, writing its lines to `out`; returns each container's verdict.
 pub async fn demo(args: &DemoArgs, out: &mut dyn FnMut(&str)) -> anyhow::Result<DemoReport> {
-    let (pod, force_host_network) = match &args.pod {
-        Some(path) => {
-            let text = std::fs::read_to_string(path)
-                .with_context(|| format!("cannot read {}", path.display()))?;
-            (crate::kubelet::pod_from_yaml(&text)?, args.host_network)
-        }
-        None => (crate::kubelet::pod_from_yaml(EXAMPLE_POD)?, true),
-    };
+    let (mut pod, force_host_network) = load_pod(args)?;
+    if let Some(mode) = args.inject {
+        inject(&mut pod, mode, out)?;
+    }
     let binaries = if args.without_agent || args.chart.is_some() {
         None
     } else {
@@ -152,6 +178,253 @@ pub async fn demo(args: &DemoArgs, out: &mut dyn FnMut(&str)) -> anyhow::Result<
     Ok(report)
 }
 
+/// The pod to run (`--pod`, or the built-in example: injected.yaml with `--inject`), and
+/// whether it runs on the node's network whatever it asks.
+fn load_pod(args: &DemoArgs) -> anyhow::Result<(Value, bool)> {
+    let Some(path) = &args.pod else {
+        let example = match args.inject {
+            Some(_) => INJECTED_EXAMPLE_POD,
+            None => EXAMPLE_POD,
+        };
+        return Ok((crate::kubelet::pod_from_yaml(example)?, true));
+    };
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    Ok((crate::kubelet::pod_from_yaml(&text)?, args.host_network))
+}
+
+/// Passes `pod` through the webhook's own mutation with the handshake in `mode`, as the API
+/// server admits it: refused with the webhook's message, or patched with its JSONPatch.
+fn inject(pod: &mut Value, mode: HandshakeVolume, out: &mut dyn FnMut(&str)) -> anyhow::Result<()> {
+    if ensure_opted_in(pod)? {
+        out(&format!(
+            "The pod did not carry `{}: \"true\"`, which the webhook acts on: set it.",
+            exitorder_contract::annotation::INJECT
+        ));
+    }
+    let settings = Settings {
+        handshake_volume: mode,
+        install_image: PROJECT_IMAGE.to_owned(),
+        ..Settings::default()
+    };
+    let before = pod.clone();
+    let warnings = match exitorder::webhook::mutate(pod, &settings) {
+        Admission::Deny(message) => bail!("the webhook refuses the pod: {message}"),
+        Admission::Allow { patch, warnings } => {
+            json_patch::patch(pod, &patch).context("applying the webhook's patch")?;
+            warnings
+        }
+    };
+    let mode = clap::ValueEnum::to_possible_value(&mode)
+        .map(|v| v.get_name().to_owned())
+        .unwrap_or_default();
+    out(&format!(
+        "The webhook ({mode} handshake) added {}.",
+        added(&before, pod)
+    ));
+    for w in warnings {
+        out(&format!("  webhook warning: {w}"));
+    }
+    Ok(())
+}
+
+/// Sets `exitorder.io/inject: "true"` unless the pod opted in already; whether it did.
+fn ensure_opted_in(pod: &mut Value) -> anyhow::Result<bool> {
+    let current = exitorder::webhook::mutate::annotations_of(pod);
+    if exitorder::webhook::mutate::opted_in(&current) {
+        return Ok(false);
+    }
+    let metadata = pod
+        .get_mut("metadata")
+        .and_then(Value::as_object_mut)
+        .context("the pod has no metadata")?;
+    let annotations = metadata
+        .entry("annotations")
+        .or_insert_with(|| Value::Object(serde_json::Map::new()));
+    if annotations.is_null() {
+        *annotations = Value::Object(serde_json::Map::new());
+    }
+    let annotations = annotations
+        .as_object_mut()
+        .context("the pod's metadata.annotations is not a map")?;
+    annotations.insert(
+        exitorder_contract::annotation::INJECT.to_owned(),
+        Value::String("true".to_owned()),
+    );
+    Ok(true)
+}
+
+/// What the mutation added to `before`, in words on one line.
+fn added(before: &Value, after: &Value) -> String {
+    let mut parts = Vec::new();
+    let volumes = new_named(before, after, "volumes", describe_volume);
+    if !volumes.is_empty() {
+        parts.push(format!("volumes {}", volumes.join(", ")));
+    }
+    let inits = new_named(before, after, "initContainers", describe_init);
+    if !inits.is_empty() {
+        parts.push(format!("init container {}", inits.join(", ")));
+    }
+    for list in ["initContainers", "containers"] {
+        for c in named_list(after, list) {
+            let old = named_list(before, list).find(|o| o["name"] == c["name"]);
+            if let Some(more) = old.and_then(|old| container_additions(old, c)) {
+                parts.push(more);
+            }
+        }
+    }
+    if parts.is_empty() {
+        "nothing (no container has an exit priority above 0)".to_owned()
+    } else {
+        parts.join("; ")
+    }
+}
+
+/// The items of the pod's `spec.<list>`.
+fn named_list<'a>(pod: &'a Value, list: &str) -> impl Iterator<Item = &'a Value> {
+    pod["spec"][list].as_array().into_iter().flatten()
+}
+
+/// The items of `spec.<list>` in `after` whose name `before` does not have, described.
+fn new_named(
+    before: &Value,
+    after: &Value,
+    list: &str,
+    describe: fn(&Value) -> String,
+) -> Vec<String> {
+    named_list(after, list)
+        .filter(|v| !named_list(before, list).any(|o| o["name"] == v["name"]))
+        .map(describe)
+        .collect()
+}
+
+fn describe_volume(v: &Value) -> String {
+    let name = v["name"].as_str().unwrap_or("?");
+    match v["hostPath"]["path"].as_str() {
+        Some(path) => format!("{name} (hostPath {path})"),
+        None if v.get("emptyDir").is_some() => format!("{name} (emptyDir)"),
+        None => name.to_owned(),
+    }
+}
+
+fn describe_init(c: &Value) -> String {
+    format!(
+        "{} (image {}, runs `{}`)",
+        c["name"].as_str().unwrap_or("?"),
+        c["image"].as_str().unwrap_or("?"),
+        words(&c["command"])
+    )
+}
+
+/// A JSON array of strings as a command line.
+fn words(v: &Value) -> String {
+    let words: Vec<&str> = v
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .collect();
+    words.join(" ")
+}
+
+/// The mounts, env and preStop hook `new` has and `old` had not: "NAME: ...", or `None`.
+fn container_additions(old: &Value, new: &Value) -> Option<String> {
+    let added = |field: &str, key: &str| -> Vec<&Value> {
+        named_items(new, field)
+            .filter(|n| !named_items(old, field).any(|o| o[key] == n[key]))
+            .collect()
+    };
+    let mut parts = Vec::new();
+    let mounts: Vec<String> = added("volumeMounts", "mountPath")
+        .into_iter()
+        .map(|m| {
+            let ro = if m["readOnly"] == true {
+                " read-only"
+            } else {
+                ""
+            };
+            format!("{}{ro}", m["mountPath"].as_str().unwrap_or("?"))
+        })
+        .collect();
+    if !mounts.is_empty() {
+        parts.push(format!("mounts {}", mounts.join(", ")));
+    }
+    let env: Vec<&str> = added("env", "name")
+        .into_iter()
+        .filter_map(|e| e["name"].as_str())
+        .collect();
+    if !env.is_empty() {
+        parts.push(format!("env {}", env.join(", ")));
+    }
+    let hook = &new["lifecycle"]["preStop"]["exec"]["command"];
+    if old["lifecycle"]["preStop"].is_null() && !hook.is_null() {
+        parts.push(format!("preStop `{}`", words(hook)));
+    }
+    let name = new["name"].as_str().unwrap_or("?");
+    (!parts.is_empty()).then(|| format!("{name}: {}", parts.join(" and ")))
+}
+
+/// The items of a container's array `field` (volumeMounts, env).
+fn named_items<'a>(c: &'a Value, field: &str) -> impl Iterator<Item = &'a Value> {
+    c[field].as_array().into_iter().flatten()
+}
+
+/// Imports the project's image archive (`scripts/image` writes it, at
+/// [`crate::install::IMAGE_IN_TREE`] of the repository) into `node`; its reference,
+/// [`PROJECT_IMAGE`]. The demo and the tests import it so.
+pub fn import_project_image(node: &Node, archive: &Path) -> anyhow::Result<&'static str> {
+    if !archive.is_file() {
+        bail!(
+            "the project's image {} is not built; build it with scripts/image (scripts/demo \
+             does when it is missing)",
+            archive.display()
+        );
+    }
+    node.import_image(archive)
+        .with_context(|| format!("cannot import {}", archive.display()))?;
+    Ok(PROJECT_IMAGE)
+}
+
+/// Imports `--image` archives, and with `--inject emptyDir` the project's image.
+fn import_images(node: &Node, args: &DemoArgs, out: &mut dyn FnMut(&str)) -> anyhow::Result<()> {
+    for archive in &args.image {
+        node.import_image(archive)
+            .with_context(|| format!("cannot import {}", archive.display()))?;
+        out(&format!("Imported {}", archive.display()));
+    }
+    if args.inject == Some(HandshakeVolume::EmptyDir) {
+        let image = import_project_image(node, &args.agent_image)?;
+        out(&format!(
+            "Imported the project's image {image} from {}: the injected exitorder-install \
+             copies the entrypoint from it.",
+            args.agent_image.display()
+        ));
+    }
+    Ok(())
+}
+
+/// The pod's init containers (not native sidecars) as they ran.
+fn init_runs(running: &RunningPod) -> BTreeMap<String, InitRun> {
+    let status = running.status();
+    running
+        .plan()
+        .init
+        .iter()
+        .filter(|c| c.kind == Kind::Init)
+        .map(|c| {
+            let exit_code = status
+                .container(&c.name)
+                .and_then(|s| s.last_exit.as_ref())
+                .map(|e| e.exit_code);
+            let run = InitRun {
+                image: c.image.clone(),
+                exit_code,
+            };
+            (c.name.clone(), run)
+        })
+        .collect()
+}
+
 async fn scenario(
     node: &Node,
     args: &DemoArgs,
@@ -160,11 +433,7 @@ async fn scenario(
     binaries: Option<(PathBuf, PathBuf)>,
     out: &mut dyn FnMut(&str),
 ) -> anyhow::Result<DemoReport> {
-    for archive in &args.image {
-        node.import_image(archive)
-            .with_context(|| format!("cannot import {}", archive.display()))?;
-        out(&format!("Imported {}", archive.display()));
-    }
+    import_images(node, args, out)?;
     let agent = match (&binaries, &args.chart) {
         (_, Some(chart)) if !args.without_agent => {
             let opts = ChartOptions {
@@ -216,6 +485,14 @@ async fn scenario(
         running.uid(),
         running.plan().grace_seconds
     ));
+    // Names in a column as wide as the longest (`exitorder-install` of an injected pod).
+    let width = running
+        .plan()
+        .all()
+        .map(|c| c.name.len())
+        .max()
+        .unwrap_or(0)
+        .max(14);
     for c in running.plan().all() {
         let pre_stop = c
             .pre_stop
@@ -223,7 +500,7 @@ async fn scenario(
             .map(|h| format!(", preStop `{}`", crate::kubelet::config::describe(h)))
             .unwrap_or_default();
         out(&format!(
-            "  {:<14} exit priority {}{pre_stop}",
+            "  {:<width$} exit priority {}{pre_stop}",
             c.name,
             prio.get(&c.name).copied().unwrap_or(0)
         ));
@@ -235,6 +512,14 @@ async fn scenario(
         .wait_ready(args.ready_timeout)
         .await
         .context("waiting for the pod to be ready")?;
+    let init_containers = init_runs(&running);
+    for (name, run) in &init_containers {
+        let code = run.exit_code.map_or("none".to_owned(), |c| c.to_string());
+        out(&format!(
+            "  init container {name} ran from {}: exit code {code}",
+            run.image
+        ));
+    }
     let plan = running.plan().clone();
     out("");
     out("Deleting the pod the kubelet's way: preStop hooks at once, then TERM, KILL at the end of the grace period...");
@@ -297,13 +582,14 @@ async fn scenario(
     out("Verdict:");
     for (name, c) in &containers {
         out(&format!(
-            "  {name:<14} exit code {:<4} {}",
+            "  {name:<width$} exit code {:<4} {}",
             c.exit_code, c.why
         ));
     }
     Ok(DemoReport {
         pod: d.pod_name.clone(),
         containers,
+        init_containers,
     })
 }
 

@@ -141,3 +141,17 @@ pub async fn stays_waiting(f: &Path, span: Duration) {
     );
     assert_eq!(content(f).trim(), "wait");
 }
+
+/// Waits until the agent reports `source` in use.
+#[allow(dead_code)]
+pub async fn source_becomes(stats: &Stats, source: &str) {
+    let end = Instant::now() + Duration::from_secs(5);
+    while stats.event_source() != source {
+        assert!(
+            Instant::now() < end,
+            "source stayed {:?}, expected {source}",
+            stats.event_source()
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}

@@ -79,8 +79,9 @@ pub struct Bed {
     pub node: Node,
 }
 
-/// On containerd 1.x the agent must detect exits from containerd's own event service (the
-/// CRI stream there has a single subscriber, the kubelet's): asserted from the agent's report.
+/// On containerd the agent must detect exits from containerd's own event service (on 1.x the
+/// CRI stream has a single subscriber, the kubelet's; on 2.x it comes late): asserted from the
+/// agent's report.
 async fn expect_containerd_events(agent: &AgentProcess) {
     agent
         .wait_for(
@@ -420,10 +421,9 @@ pub fn parse_metrics(text: &str) -> Vec<(String, f64)> {
         .collect()
 }
 
-/// Imports the project's image (`scripts/image` writes it) into `node`; its reference, the
-/// one the chart and the webhook name by default. `None` when it was not built and this is
-/// not CI (the test then returns, having said why); in CI a missing image fails.
-pub fn project_image(node: &Node) -> Option<String> {
+/// The project's image archive (`scripts/image` writes it). `None` when it was not built and
+/// this is not CI (the test then returns, having said why); in CI a missing image fails.
+pub fn project_image_archive() -> Option<PathBuf> {
     let archive =
         Path::new(env!("CARGO_MANIFEST_DIR")).join(exitorder_testbed::install::IMAGE_IN_TREE);
     if !archive.is_file() {
@@ -433,7 +433,14 @@ pub fn project_image(node: &Node) -> Option<String> {
         ));
         return None;
     }
-    node.import_image(&archive)
-        .unwrap_or_else(|e| panic!("import {}: {e}", archive.display()));
-    Some(exitorder::webhook::DEFAULT_INSTALL_IMAGE.to_owned())
+    Some(archive)
+}
+
+/// Imports the project's image into `node` as the demo does; its reference, the one the chart
+/// and the webhook name by default. `None` as for [`project_image_archive`].
+pub fn project_image(node: &Node) -> Option<String> {
+    let archive = project_image_archive()?;
+    let image = exitorder_testbed::demo::import_project_image(node, &archive)
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    Some(image.to_owned())
 }

@@ -90,11 +90,9 @@ pub fn opted_in(annotations: &BTreeMap<String, String>) -> bool {
         .any(|k| annotations.get(*k).is_some_and(|v| v == "true"))
 }
 
-/// Mutates one pod object, as the API server sent it.
-pub fn mutate(object: &Value, settings: &Settings) -> Admission {
-    // Opt-in is read from the object as sent: a pod that did not opt in is never refused,
-    // even one this build's types cannot read.
-    let raw_annotations: BTreeMap<String, String> = object
+/// The text annotations of an object as sent (no typed parse: any object has them).
+pub fn annotations_of(object: &Value) -> BTreeMap<String, String> {
+    object
         .pointer("/metadata/annotations")
         .and_then(Value::as_object)
         .map(|m| {
@@ -102,7 +100,14 @@ pub fn mutate(object: &Value, settings: &Settings) -> Admission {
                 .filter_map(|(k, v)| v.as_str().map(|v| (k.clone(), v.to_owned())))
                 .collect()
         })
-        .unwrap_or_default();
+        .unwrap_or_default()
+}
+
+/// Mutates one pod object, as the API server sent it.
+pub fn mutate(object: &Value, settings: &Settings) -> Admission {
+    // Opt-in is read from the object as sent: a pod that did not opt in is never refused,
+    // even one this build's types cannot read.
+    let raw_annotations = annotations_of(object);
     if !opted_in(&raw_annotations) {
         return Admission::unchanged();
     }

@@ -1,8 +1,9 @@
 //! From one pod deletion's facts to the one place it counts: a delay (allowed in order), or
 //! the reason it gives none. Every deletion lands in exactly one place; none is hidden.
 //!
-//! The trigger of a wait is the later of the exit of the last lower-priority container (the
-//! runtime's `finished_at`) and the appearance of the sidecar's exit file: the agent cannot
+//! The trigger of a wait is the later of the exit of the last lower-priority container (as
+//! the kernel saw it, by the test bed's own pidfd; else the runtime's `finished_at`, which
+//! comes after the runtime's bookkeeping) and the appearance of the sidecar's exit file: the agent cannot
 //! answer before both.
 
 use std::collections::BTreeMap;
@@ -40,8 +41,8 @@ pub enum PreStop {
 /// What is known about one deleted pod.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Trial {
-    /// The runtime's `finished_at` of the last lower-priority container (Unix ns); `None`
-    /// when the runtime gave no time.
+    /// The exit of the last lower-priority container (Unix ns): the kernel's, else the
+    /// runtime's `finished_at`; `None` when neither gave a time.
     pub exit_ns: Option<i64>,
     pub allow: Option<Allow>,
     pub prestop: PreStop,
@@ -102,7 +103,16 @@ pub struct Outcome {
     /// Ordered allows whose wait began after the app had exited (their trigger is the exit
     /// file's appearance).
     pub late_waits: usize,
+    /// Ordered allows written up to [`CLOCK_SLACK_NS`] before the app's exit as the test bed
+    /// stamped it: the agent heard the kernel first (both hear it; the test bed's stamp comes
+    /// when its thread runs). Counted as 0 ms.
+    pub ahead_of_clock: usize,
 }
+
+/// How far an allow may precede the test bed's stamp of the exit and still be the agent
+/// hearing the kernel first: beyond it, the order was broken (an app drains for hundreds of
+/// ms after TERM).
+pub const CLOCK_SLACK_NS: i64 = 5_000_000;
 
 /// Sorts each trial into a delay or the reason it gives none.
 pub fn assess(trials: &[Trial]) -> Outcome {
@@ -139,8 +149,11 @@ pub fn assess(trials: &[Trial]) -> Outcome {
             }
         }
         if allow.at_ns < exit {
-            tally.allow_before_exit += 1;
-            continue;
+            if exit.saturating_sub(allow.at_ns) > CLOCK_SLACK_NS {
+                tally.allow_before_exit += 1;
+                continue;
+            }
+            out.ahead_of_clock += 1;
         }
         let trigger = match allow.wait_since_ns {
             Some(since) if since > exit => {
@@ -199,6 +212,21 @@ mod tests {
     }
 
     #[test]
+    fn an_allow_just_ahead_of_the_stamp_is_ordered_one_far_ahead_broke_the_order() {
+        let s = 1_000_000_000;
+        let out = assess(&[
+            trial(Some(s), Some((s - 1_000_000, ORDERED, Some(s - 9_000_000)))),
+            trial(
+                Some(s),
+                Some((s - 50_000_000, ORDERED, Some(s - 90_000_000))),
+            ),
+        ]);
+        assert_eq!((out.tally.ordered, out.ahead_of_clock), (1, 1));
+        assert_eq!(out.delays_ms, vec![0.0]);
+        assert_eq!(out.tally.allow_before_exit, 1);
+    }
+
+    #[test]
     fn every_deletion_counts_in_exactly_one_place() {
         let mut failed = trial(Some(1), None);
         failed.deletion_failed = true;
@@ -210,7 +238,8 @@ mod tests {
             trial(Some(s), Some((s + 2_500_000, ORDERED, Some(s - 5)))),
             // The wait began 1 ms after the exit: the trigger is the exit file.
             trial(Some(s), Some((s + 1_500_000, ORDERED, Some(s + 1_000_000)))),
-            trial(Some(s), Some((s - 1_000_000, ORDERED, None))),
+            // Far (50 ms) ahead of the app's exit: the order was broken.
+            trial(Some(s), Some((s - 50_000_000, ORDERED, None))),
             trial(Some(s), Some((s + 500, DEADLINE, None))),
             trial(Some(s), Some((s + 500, "unknown", None))),
             trial(Some(s), None),

@@ -12,6 +12,7 @@
 
 pub mod baseline;
 pub mod churn;
+pub mod kernelclock;
 pub mod measure;
 pub mod proc;
 pub mod report;
@@ -32,6 +33,7 @@ use exitorder::share::{ContainerName, ExitKey, PodUid, Share};
 
 use crate::agentlog::AllowLog;
 use baseline::{KruiseDaemon, KRUISE_SCAN};
+use kernelclock::KernelClock;
 use measure::{assess, Allow, PreStop, Trial};
 use proc::{mib, Sample};
 use report::{
@@ -127,6 +129,11 @@ pub struct BenchArgs {
     /// runs only when named here: it takes minutes.
     #[arg(long, value_enum, value_delimiter = ',')]
     pub only: Vec<Part>,
+    /// The containerd to run on: `1.6` (the machine's), `1.7` or `2.1` (from
+    /// EXITORDER_CONTAINERD_1_7 / _2_1, which `scripts/bench --runtime` sets). The run fails
+    /// when the node reports another version.
+    #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(crate::node::RUNTIMES))]
+    pub runtime: Option<String>,
     /// Pods created and deleted in the churn.
     #[arg(long, default_value_t = 2000, value_parser = positive)]
     pub churn_pods: usize,
@@ -197,9 +204,13 @@ pub async fn measure(args: &BenchArgs) -> anyhow::Result<Report> {
             entrypoint: crate::demo::static_entrypoint(args.binaries.entrypoint_binary.clone())?,
         };
         progress!("starting a private containerd (a one-node test bed)");
-        let node = Node::start(NodeOptions::default())
+        let node = Node::start(node_options(args.runtime.as_deref())?)
             .await
             .context("cannot start the benchmark's private containerd")?;
+        if let Err(e) = check_version(&node, args.runtime.as_deref()) {
+            let _ = node.shutdown().await;
+            return Err(e);
+        }
         let outcome = tokio::select! {
             res = measure_all(&node, args, &bin) => res,
             () = exitorder::telemetry::shutdown_signal() => Err(anyhow!("interrupted")),
@@ -223,6 +234,35 @@ pub async fn measure(args: &BenchArgs) -> anyhow::Result<Report> {
 struct Binaries {
     agent: PathBuf,
     entrypoint: PathBuf,
+}
+
+/// The node on containerd `runtime` (`None` or `1.6`: the machine's own).
+fn node_options(runtime: Option<&str>) -> anyhow::Result<NodeOptions> {
+    let containerd_bin = match runtime {
+        None | Some("1.6") => None,
+        Some(v) => Some(crate::node::runtime_from_env(v).ok_or_else(|| {
+            anyhow!(
+                "--runtime {v}: {} is not set (scripts/bench --runtime {v} fetches it)",
+                crate::node::runtime_env_var(v)
+            )
+        })?),
+    };
+    Ok(NodeOptions {
+        containerd_bin,
+        ..NodeOptions::default()
+    })
+}
+
+/// Fails when the node's containerd is not the version asked for.
+fn check_version(node: &Node, runtime: Option<&str>) -> anyhow::Result<()> {
+    let Some(want) = runtime else { return Ok(()) };
+    let got = &node.version().runtime_version;
+    let got = got.trim_start_matches('v');
+    if got == want || got.starts_with(&format!("{want}.")) {
+        Ok(())
+    } else {
+        bail!("--runtime {want}: the node runs containerd {got}")
+    }
 }
 
 async fn measure_all(node: &Node, args: &BenchArgs, bin: &Binaries) -> anyhow::Result<Report> {
@@ -366,9 +406,24 @@ fn prestop_of(res: &Result<Deletion, TestbedError>) -> PreStop {
     }
 }
 
-/// The runtime's exit time of the app: what the proxy waits for.
-fn trigger_ns(d: &Deletion) -> Option<i64> {
-    d.container(APP).map(|c| c.finished_at_ns)
+/// When the app exited: what the proxy waits for. As the kernel saw it (the test bed's own
+/// pidfd), else as the runtime stamped it (`finished_at`, after its bookkeeping); the earlier
+/// of the two, as either stamp can come late on a busy node.
+fn trigger_ns(d: &Deletion, clock: &KernelClock) -> Option<i64> {
+    let app = d.container(APP)?;
+    Some(match clock.stamp(&app.id) {
+        Some(kernel) => kernel.min(app.finished_at_ns),
+        None => app.finished_at_ns,
+    })
+}
+
+/// Has the kernel clock await every pod's app.
+async fn watch_apps(node: &Node, clock: &mut KernelClock, pods: &[RunningPod]) {
+    for p in pods {
+        if let Some(id) = p.container_id(APP) {
+            clock.watch(node, &id).await;
+        }
+    }
 }
 
 /// Removes deleted pods' share directories (the kubelet would, with the pod's volumes) so
@@ -388,6 +443,7 @@ async fn delete_in_batches(
     node: &Node,
     args: &BenchArgs,
     tag: &str,
+    clock: &mut KernelClock,
 ) -> anyhow::Result<Vec<(String, Result<Deletion, TestbedError>)>> {
     let share = Share::open(node.share_dir()).context("opening the share")?;
     let mut out = Vec::with_capacity(args.deletions);
@@ -401,6 +457,7 @@ async fn delete_in_batches(
         if let Some(e) = errors.into_iter().next() {
             bail!("a pod of {tag} batch {batch_no} did not start: {e}");
         }
+        watch_apps(node, clock, &pods).await;
         // A random pause, so that periodic work (a poll, the baseline's 1 s scan) meets each
         // batch at a random phase rather than locked to the rhythm of the batches.
         tokio::time::sleep(BATCH_JITTER.mul_f64(random_fraction())).await;
@@ -489,13 +546,14 @@ async fn agent_allows(agent: &AgentProcess, uids: &[String]) -> anyhow::Result<A
 fn agent_trials(
     deleted: &[(String, Result<Deletion, TestbedError>)],
     log: &AllowLog,
+    clock: &KernelClock,
 ) -> Vec<Trial> {
     deleted
         .iter()
         .map(|(uid, res)| {
             let key = (uid.clone(), PROXY.to_owned());
             Trial {
-                exit_ns: res.as_ref().ok().and_then(trigger_ns),
+                exit_ns: res.as_ref().ok().and_then(|d| trigger_ns(d, clock)),
                 allow: log.allows.get(&key).map(|a| Allow {
                     at_ns: a.at_ns,
                     reason: a.reason.clone(),
@@ -536,7 +594,8 @@ async fn detect_with_agent(
             agent.log_tail(20)
         );
     }
-    let deleted = delete_in_batches(node, args, source.name()).await?;
+    let mut clock = KernelClock::start();
+    let deleted = delete_in_batches(node, args, source.name(), &mut clock).await?;
     let uids: Vec<String> = deleted.iter().map(|(u, _)| u.clone()).collect();
     let log = agent_allows(&agent, &uids).await?;
     // A stream that dropped mid-run would make this a mix of sources.
@@ -555,7 +614,7 @@ async fn detect_with_agent(
     Ok(DetectRow::new(
         source.name(),
         deleted.len(),
-        &assess(&agent_trials(&deleted, &log)),
+        &assess(&agent_trials(&deleted, &log, &clock)),
     ))
 }
 
@@ -586,7 +645,8 @@ async fn detect_with_kruise(
             .run(stopped)
             .instrument(tracing::info_span!("kruise_daemon")),
     );
-    let deleted = delete_in_batches(node, args, NAME).await;
+    let mut clock = KernelClock::start();
+    let deleted = delete_in_batches(node, args, NAME, &mut clock).await;
     let _ = stop.send(true);
     while tasks.join_next().await.is_some() {}
     let deleted = deleted?;
@@ -606,7 +666,7 @@ async fn detect_with_kruise(
                 })
             });
             Trial {
-                exit_ns: res.as_ref().ok().and_then(trigger_ns),
+                exit_ns: res.as_ref().ok().and_then(|d| trigger_ns(d, &clock)),
                 allow: allow.map(|a| Allow {
                     at_ns: a.at_ns,
                     reason: a.reason.to_owned(),
@@ -763,6 +823,8 @@ async fn resources(
         pods.extend(more);
     }
     let started = pods.len();
+    let mut clock = KernelClock::start();
+    watch_apps(node, &mut clock, &pods).await;
     progress!("resources: deleting {started} pods at once");
     let before = Sample::take(pid)?;
     let t0 = Instant::now();
@@ -799,7 +861,7 @@ async fn resources(
         (args.burst_pods, started, ok),
         seconds,
         usage(&before, &after),
-        &assess(&agent_trials(&deleted, &log)),
+        &assess(&agent_trials(&deleted, &log, &clock)),
     );
     burst.set_runtime_list(&list_ms);
     Ok((idle, burst))
@@ -814,6 +876,16 @@ mod tests {
     struct Cli {
         #[command(flatten)]
         bench: BenchArgs,
+    }
+
+    #[test]
+    fn a_runtime_is_one_of_the_three() {
+        let b = Cli::try_parse_from(["bench", "--runtime", "2.1"])
+            .unwrap()
+            .bench;
+        assert_eq!(b.runtime.as_deref(), Some("2.1"));
+        assert!(Cli::try_parse_from(["bench", "--runtime", "2.0"]).is_err());
+        assert!(node_options(Some("1.6")).unwrap().containerd_bin.is_none());
     }
 
     #[test]

@@ -69,6 +69,8 @@ pub struct DetectRow {
     /// Ordered allows whose wait began only after the app had exited (their trigger is the
     /// exit file's appearance).
     pub late_waits: usize,
+    /// Ordered allows a little ahead of the test bed's stamp of the exit (counted 0 ms).
+    pub ahead_of_clock: usize,
     /// Where every deletion counted, exactly once.
     pub tally: Tally,
 }
@@ -87,6 +89,7 @@ impl DetectRow {
             agent_part_p50_ms: agent.p50,
             agent_part_p99_ms: agent.p99,
             late_waits: outcome.late_waits,
+            ahead_of_clock: outcome.ahead_of_clock,
             tally: outcome.tally.clone(),
         }
     }
@@ -294,6 +297,16 @@ fn listed(counts: &[(&str, usize)]) -> String {
     }
 }
 
+/// The anomalies, and the allows ahead of the test bed's clock (not anomalies: the kernel told
+/// the agent first).
+fn with_ahead(anomalies: String, ahead: usize) -> String {
+    if ahead == 0 {
+        anomalies
+    } else {
+        format!("{anomalies} ({ahead} ahead of the test bed's exit stamp, as 0 ms)")
+    }
+}
+
 /// Every deletion that gave no delay, by where it counted.
 fn anomalies(t: &Tally) -> String {
     listed(&[
@@ -328,7 +341,7 @@ impl Report {
         if let Some(d) = &self.detect_to_allow {
             let _ = writeln!(
                 t,
-                "\nApp exit (runtime finished_at) -> allow written. {} pod deletions per source, \
+                "\nApp exit (the kernel's, seen by the test bed's own pidfd; else the runtime's finished_at) -> allow written. {} pod deletions per source, \
                  in batches of {} (deletions {} ms apart, each batch after a random pause of up \
                  to one baseline scan, {} ms); each pod: app (drains {} ms after TERM) + proxy (priority 1, preStop \
                  exitorder-entrypoint wait), grace {} s.",
@@ -368,7 +381,7 @@ impl Report {
                     format!("{}/{}", ms(r.agent_part_p50_ms), ms(r.agent_part_p99_ms)),
                     r.samples,
                     r.late_waits,
-                    anomalies(&r.tally)
+                    with_ahead(anomalies(&r.tally), r.ahead_of_clock)
                 );
             }
             let _ = writeln!(

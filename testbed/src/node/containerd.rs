@@ -16,7 +16,19 @@ use super::TestbedError;
 pub(crate) const LOG_FILE: &str = "containerd.log";
 const CONFIG_FILE: &str = "containerd.toml";
 const SOCKET: &str = "c.sock";
-const CRI_LOAD_FAILED: &str = "failed to load plugin io.containerd.grpc.v1.cri";
+/// What containerd logs when a plugin does not load: `failed to load plugin
+/// io.containerd.grpc.v1.cri` on 1.x; `failed to load plugin` with `id=...` on 2.x.
+const PLUGIN_LOAD_FAILED: &str = "failed to load plugin";
+/// The CRI's plugins: 1.x has one; 2.x (its config version 3) splits it into the runtime and
+/// images plugins, with `io.containerd.grpc.v1.cri` left as the gRPC service over them.
+const CRI_PLUGINS: &[&str] = &[
+    "io.containerd.cri.v1.runtime",
+    "io.containerd.cri.v1.images",
+    "io.containerd.grpc.v1.cri",
+];
+/// The containerd versions the test bed runs on: `1.6` is the machine's (Debian bookworm's,
+/// on PATH), the others are unpacked by `scripts/tools.sh`'s `ensure_containerd`.
+pub const RUNTIMES: &[&str] = &["1.6", "1.7", "2.1"];
 /// The CRI keeps kubelet-managed containers in this containerd namespace.
 pub(crate) const NAMESPACE: &str = "k8s.io";
 
@@ -30,6 +42,23 @@ const FALLBACK_DIRS: &[&str] = &[
     "/bin",
 ];
 
+/// The variable naming the directory of containerd `version`'s binaries, as `scripts/test`
+/// exports it: `EXITORDER_CONTAINERD_1_7` for `1.7`.
+pub fn runtime_env_var(version: &str) -> String {
+    format!("EXITORDER_CONTAINERD_{}", version.replace(['.', '-'], "_"))
+}
+
+/// The directory holding containerd `version`'s `containerd`, `containerd-shim-runc-v2` and
+/// `ctr`, from [`runtime_env_var`] (set by `scripts/test`, or from `ensure_containerd VERSION`
+/// of `scripts/tools.sh`); `None` when it is unset or empty. Give it to
+/// [`NodeOptions::containerd_bin`](super::NodeOptions::containerd_bin).
+pub fn runtime_from_env(version: &str) -> Option<PathBuf> {
+    std::env::var_os(runtime_env_var(version))
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+}
+
+#[derive(Debug, Clone)]
 pub(crate) struct Binaries {
     pub containerd: PathBuf,
     pub ctr: PathBuf,
@@ -48,11 +77,10 @@ fn find(name: &'static str, hint: &'static str) -> Result<PathBuf, TestbedError>
 }
 
 impl Binaries {
-    pub(crate) fn find() -> Result<Self, TestbedError> {
+    /// containerd, its runc shim and ctr from `bin_dir` (`None`: from PATH, the machine's);
+    /// runc from PATH either way.
+    pub(crate) fn find(bin_dir: Option<&Path>) -> Result<Self, TestbedError> {
         const APT: &str = "install it with `apt-get install -y containerd runc busybox-static`";
-        let containerd = find("containerd", APT)?;
-        let ctr = find("ctr", APT)?;
-        find("containerd-shim-runc-v2", APT)?;
         find("runc", APT)?;
         let mut path_env = std::env::var("PATH").unwrap_or_default();
         for d in FALLBACK_DIRS {
@@ -63,9 +91,42 @@ impl Binaries {
                 path_env.push_str(d);
             }
         }
+        let Some(dir) = bin_dir else {
+            let containerd = find("containerd", APT)?;
+            let ctr = find("ctr", APT)?;
+            find("containerd-shim-runc-v2", APT)?;
+            return Ok(Binaries {
+                containerd,
+                ctr,
+                path_env,
+            });
+        };
+        let bad = |problem: String| TestbedError::BadBinary {
+            path: dir.to_owned(),
+            problem,
+        };
+        let dir = std::fs::canonicalize(dir)
+            .map_err(|e| bad(format!("the containerd binaries' directory: {e}")))?;
+        for name in ["containerd", "containerd-shim-runc-v2", "ctr"] {
+            if !dir.join(name).is_file() {
+                return Err(bad(format!(
+                    "the containerd binaries' directory holds no {name} (`ensure_containerd \
+                     VERSION` of scripts/tools.sh unpacks one)"
+                )));
+            }
+        }
+        // First in PATH: containerd starts the shim found there, not the machine's.
+        match dir.to_str() {
+            Some(d) if !d.contains(':') => path_env = format!("{d}:{path_env}"),
+            _ => {
+                return Err(bad(
+                    "cannot be put in PATH (not UTF-8, or holds a ':')".to_owned()
+                ))
+            }
+        }
         Ok(Binaries {
-            containerd,
-            ctr,
+            containerd: dir.join("containerd"),
+            ctr: dir.join("ctr"),
             path_env,
         })
     }
@@ -260,7 +321,7 @@ impl Containerd {
                 if let Ok(Some(status)) = child.try_wait() {
                     self.child = None;
                     let log_tail = self.log_tail();
-                    if log_tail.contains("TOML") || log_tail.contains("failed to load config") {
+                    if config_rejected(&log_tail) {
                         return Err(TestbedError::ConfigRejected {
                             config: self.config.clone(),
                             log_tail,
@@ -281,11 +342,8 @@ impl Containerd {
                             let since = *unimplemented_since.get_or_insert_with(Instant::now);
                             if since.elapsed() > Duration::from_secs(2) {
                                 let log_tail = self.log_tail();
-                                let why = log_tail
-                                    .lines()
-                                    .find(|l| l.contains(CRI_LOAD_FAILED))
-                                    .and_then(|l| l.split_once("error="))
-                                    .map_or("see the log", |(_, e)| e);
+                                let why = cri_load_error(&log_tail)
+                                    .unwrap_or_else(|| "see the log".to_owned());
                                 return Err(TestbedError::NotReady {
                                     waited: start.elapsed(),
                                     last: format!("{last}; the CRI plugin did not load: {why}"),
@@ -387,6 +445,40 @@ impl Drop for Containerd {
     }
 }
 
+/// Whether containerd's log says it refused its configuration. 2.x's own notice that it
+/// migrated the version 2 file, or ignored a key of it, is a warning and no refusal.
+fn config_rejected(log_tail: &str) -> bool {
+    log_tail.lines().any(|l| {
+        !l.contains("level=warning")
+            && !l.contains("level=info")
+            && (l.contains("TOML") || l.contains("failed to load config"))
+    })
+}
+
+/// Why the CRI plugin did not load, from containerd's log: the `error` of the first
+/// "failed to load plugin" line naming one of the CRI's plugins (1.x in the message, 2.x as
+/// `id=`), which on 2.x is the root cause and the later lines its consequences.
+fn cri_load_error(log_tail: &str) -> Option<String> {
+    let line = log_tail
+        .lines()
+        .find(|l| l.contains(PLUGIN_LOAD_FAILED) && CRI_PLUGINS.iter().any(|p| l.contains(p)))?;
+    let (_, rest) = line.split_once("error=")?;
+    let Some(quoted) = rest.strip_prefix('"') else {
+        return Some(rest.split(' ').next().unwrap_or(rest).to_owned());
+    };
+    // logrus quotes the value: up to the first quote that is not escaped.
+    let mut out = String::new();
+    let mut chars = quoted.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => out.extend(chars.next()),
+            '"' => return Some(out),
+            c => out.push(c),
+        }
+    }
+    Some(out)
+}
+
 /// Runs a command to completion; its combined output on failure.
 pub(crate) fn run_command(cmd: &mut Command) -> Result<Vec<u8>, TestbedError> {
     let shown = format!(
@@ -443,6 +535,80 @@ mod tests {
             PathBuf::from(r"/mnt/with space\x")
         );
         assert_eq!(unescape_mount_path(r"/a\04"), PathBuf::from(r"/a\04"));
+    }
+
+    #[test]
+    fn cri_load_failures_of_1_x_and_2_x() {
+        // containerd 1.6/1.7.
+        let v1 = r#"time="t" level=info msg="loading plugin \"io.containerd.grpc.v1.cri\"..." type=io.containerd.grpc.v1
+time="t" level=warning msg="failed to load plugin io.containerd.grpc.v1.cri" error="invalid plugin config: no runtime for `default_runtime_name = \"nope\"`"
+time="t" level=info msg="containerd successfully booted in 0.02s""#;
+        assert_eq!(
+            cri_load_error(v1).as_deref(),
+            Some(r#"invalid plugin config: no runtime for `default_runtime_name = "nope"`"#)
+        );
+        // containerd 2.1: the runtime plugin's own failure first, its dependants after.
+        let v2 = r#"time="t" level=warning msg="Configuration migrated from version 2, use `containerd config migrate` to avoid migration" t="9us"
+time="t" level=warning msg="failed to load plugin" error="skip: no such differ" id=io.containerd.differ.v1.erofs type=io.containerd.differ.v1
+time="t" level=warning msg="failed to load plugin" error="invalid plugin config: no runtime" id=io.containerd.cri.v1.runtime type=io.containerd.cri.v1
+time="t" level=warning msg="failed to load plugin" error="unable to load CRI runtime service plugin dependency: invalid plugin config: no runtime" id=io.containerd.grpc.v1.cri type=io.containerd.grpc.v1"#;
+        assert_eq!(
+            cri_load_error(v2).as_deref(),
+            Some("invalid plugin config: no runtime")
+        );
+        assert_eq!(
+            cri_load_error("level=info msg=\"starting cri plugin\""),
+            None
+        );
+    }
+
+    #[test]
+    fn config_refusals_of_1_x_and_2_x() {
+        assert!(config_rejected(
+            "containerd: failed to load TOML: c.toml: (3, 2): unexpected token"
+        ));
+        assert!(config_rejected(
+            r#"time="t" level=error msg="Failure unmarshaling TOML" column=6 error="toml: expected ']'" row=3
+containerd: failed to unmarshal TOML at row 3 column 6: toml: expected ']'"#
+        ));
+        // 2.x migrating the version 2 file and ignoring a key of it refuses nothing.
+        assert!(!config_rejected(
+            r#"time="t" level=warning msg="Configuration migrated from version 2, use `containerd config migrate` to avoid migration"
+time="t" level=warning msg="Ignoring unknown key in TOML for plugin" error="strict mode" key=systemd_cgroup plugin=io.containerd.cri.v1.runtime
+time="t" level=fatal msg="failed to create listener" error="address in use""#
+        ));
+    }
+
+    #[test]
+    fn runtime_env_vars() {
+        assert_eq!(runtime_env_var("1.7"), "EXITORDER_CONTAINERD_1_7");
+        assert_eq!(runtime_env_var("2.1"), "EXITORDER_CONTAINERD_2_1");
+    }
+
+    #[test]
+    fn a_bin_dir_goes_first_in_path_and_must_hold_the_binaries() {
+        if find("runc", "").is_err() {
+            return; // runc is looked for first, wherever containerd comes from
+        }
+        let dir = std::env::temp_dir().join(format!("eo-bins-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        match Binaries::find(Some(&dir)) {
+            Err(TestbedError::BadBinary { problem, .. }) => {
+                assert!(problem.contains("holds no containerd"), "{problem}")
+            }
+            other => panic!(
+                "an empty directory was taken: {:?}",
+                other.map(|b| b.path_env)
+            ),
+        }
+        for name in ["containerd", "containerd-shim-runc-v2", "ctr"] {
+            std::fs::write(dir.join(name), b"").unwrap();
+        }
+        let b = Binaries::find(Some(&dir)).unwrap();
+        let first = b.path_env.split(':').next().unwrap_or_default();
+        assert_eq!(Path::new(first), dir.canonicalize().unwrap());
+        assert_eq!(b.containerd, dir.canonicalize().unwrap().join("containerd"));
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -24,6 +24,7 @@ use exitorder::cri::runtime_service_client::RuntimeServiceClient;
 use exitorder::cri::VersionResponse;
 
 pub use agent::{AgentOptions, AgentProcess, LogLine};
+pub use containerd::{runtime_env_var, runtime_from_env, RUNTIMES};
 pub use exitfiles::{ExitFileEvents, ExitFileProbe};
 pub use image::{find_busybox, BUSYBOX_IMAGE, PAUSE_IMAGE};
 
@@ -168,6 +169,10 @@ pub struct NodeOptions {
     /// How often the runner lists the node's containers to see exits (the kubelet's PLEG
     /// relists every second).
     pub relist_period: Duration,
+    /// The directory holding the `containerd`, `containerd-shim-runc-v2` and `ctr` to run
+    /// (another containerd version than the machine's, see [`runtime_from_env`]); it goes
+    /// first in containerd's PATH, and runc still comes from the machine. `None`: PATH.
+    pub containerd_bin: Option<PathBuf>,
 }
 
 impl Default for NodeOptions {
@@ -177,14 +182,18 @@ impl Default for NodeOptions {
             snapshotter: None,
             share_dir: None,
             relist_period: Duration::from_secs(1),
+            containerd_bin: None,
         }
     }
 }
 
 /// What pods and the node's teardown share.
+/// The node's bin directory, in its own directory.
+const BIN_DIR_NAME: &str = "entrypoint-bin";
+
 impl NodeShared {
     pub(crate) fn bin_dir(&self) -> PathBuf {
-        self.dir.join("entrypoint-bin")
+        self.dir.join(BIN_DIR_NAME)
     }
 }
 
@@ -216,6 +225,7 @@ pub struct Node {
     shared: Arc<NodeShared>,
     containerd: Mutex<Option<containerd::Containerd>>,
     snapshotter: String,
+    containerd_bin: Option<PathBuf>,
     version: VersionResponse,
     /// Removes the node's directory when dropped, after everything else is torn down.
     _dir_guard: cleanup::DirGuard,
@@ -229,7 +239,7 @@ impl Node {
         if uid != 0 {
             return Err(TestbedError::NotRoot { uid });
         }
-        let bins = containerd::Binaries::find()?;
+        let bins = containerd::Binaries::find(opts.containerd_bin.as_deref())?;
         let archive = image::archive()?;
         let (dir, id) = cleanup::make_node_dir()?;
         let dir_guard = cleanup::DirGuard::new(dir.clone());
@@ -237,7 +247,11 @@ impl Node {
         let log_dir = dir.join("pod-logs");
         // The kubelet makes its directory of pods when it starts, before any pod.
         let kubelet_pods = dir.join(KUBELET_ROOT).join("pods");
-        for d in [&share_dir, &log_dir, &kubelet_pods] {
+        // The host's bin directory is there as on a node the chart installed once (empty
+        // until an agent installs the entrypoint): a pod that names it starts without an
+        // agent, as the demo's --without-agent shows.
+        let bin_dir = dir.join(BIN_DIR_NAME);
+        for d in [&share_dir, &log_dir, &kubelet_pods, &bin_dir] {
             std::fs::create_dir_all(d).map_err(|e| TestbedError::io("create", d, e))?;
         }
         shared_mount(&dir.join(KUBELET_ROOT))?;
@@ -284,6 +298,7 @@ impl Node {
             shared,
             containerd: Mutex::new(Some(cd)),
             snapshotter,
+            containerd_bin: opts.containerd_bin,
             version,
             _dir_guard: dir_guard,
         })
@@ -350,7 +365,8 @@ impl Node {
         let Some(cd) = cd.as_ref() else {
             return Err(TestbedError::Task("the node is shut down".into()));
         };
-        cd.import(&containerd::Binaries::find()?, archive, &self.snapshotter)
+        let bins = containerd::Binaries::find(self.containerd_bin.as_deref())?;
+        cd.import(&bins, archive, &self.snapshotter)
     }
 
     /// Runs many pods, at most `concurrency` being set up at once: the runtime does much of
@@ -433,7 +449,7 @@ impl Node {
     /// Starts containerd again on the same root and state, as systemd restarts it: it finds
     /// its shims and the containers' exits that happened while it was gone.
     pub async fn restart_containerd(&self, timeout: Duration) -> Result<(), TestbedError> {
-        let bins = containerd::Binaries::find()?;
+        let bins = containerd::Binaries::find(self.containerd_bin.as_deref())?;
         let mut cd = containerd::Containerd::spawn(&bins, &self.shared.dir, &self.snapshotter)?;
         let ready = cd.wait_ready(timeout).await;
         let mut guard = match self.containerd.lock() {
