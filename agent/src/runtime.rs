@@ -437,8 +437,10 @@ impl Described {
 
 #[derive(serde::Deserialize)]
 struct VerboseInfo {
+    /// Read as any JSON: a pid that is no integer is no process, not an unreadable status
+    /// (the env beside it still counts).
     #[serde(default)]
-    pid: Option<i64>,
+    pid: Option<serde_json::Value>,
     config: Option<InfoConfig>,
     #[serde(rename = "runtimeSpec")]
     runtime_spec: Option<InfoSpec>,
@@ -480,6 +482,8 @@ fn parse_info(info: &str) -> Result<(Env, Option<i32>), String> {
     // 0 (not running) and anything out of range are no process.
     let pid = info
         .pid
+        .as_ref()
+        .and_then(serde_json::Value::as_i64)
         .and_then(|p| i32::try_from(p).ok())
         .filter(|p| *p > 0);
     Ok((env_of(info.config, info.runtime_spec), pid))
@@ -534,6 +538,10 @@ mod tests {
             r#"{"pid": 0}"#,
             r#"{"pid": -1}"#,
             r#"{"pid": 99999999999}"#,
+            r#"{"pid": "12"}"#,
+            r#"{"pid": 1.5}"#,
+            r#"{"pid": null}"#,
+            r#"{"pid": {"x": 1}}"#,
             "{}",
         ] {
             assert_eq!(parse_info(no_process).unwrap().1, None, "{no_process}");
