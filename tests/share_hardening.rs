@@ -80,13 +80,20 @@ async fn mounts_reaching_other_pods_are_reported_and_those_pods_still_ordered() 
         breaches(&addr).await >= 3.0
     })
     .await;
-    let reported: Vec<String> = bed
-        .agent
-        .lines()
-        .into_iter()
-        .filter(|l| l.is("share_breach", &[("pod", &iuid), ("container", "nosy")]))
-        .filter_map(|l| l.field("reached"))
-        .collect();
+    // The metric counts first; each log line reaches the test through the agent's pipe.
+    let reported = || -> Vec<String> {
+        bed.agent
+            .lines()
+            .into_iter()
+            .filter(|l| l.is("share_breach", &[("pod", &iuid), ("container", "nosy")]))
+            .filter_map(|l| l.field("reached"))
+            .collect()
+    };
+    until("three breaches logged", secs(10), || async {
+        reported().len() >= 3
+    })
+    .await;
+    let reported = reported();
     assert_eq!(reported.len(), 3, "{reported:?}");
     for want in [
         format!("container proxy of pod {vuid} in the share"),

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use tokio::sync::mpsc;
-use tracing::{error, info, warn, Instrument};
+use tracing::{debug, error, info, warn, Instrument};
 
 use crate::bounds::Later as _;
 use crate::cluster::Cluster;
@@ -589,6 +589,10 @@ impl Agent {
                         warn!(pod = %uid, error = %error, "cannot list pod");
                     }
                     Read::List => warn!(error = %error, "cannot list the runtime's containers"),
+                    // The runtime's events still tell this container's exit.
+                    Read::Pid(id) => {
+                        debug!(container_id = %id, error = %error, "cannot read the container's process")
+                    }
                     Read::Need(Need::Sandbox(uid)) => {
                         warn!(pod = %uid, error = %error, "cannot read the pod's sandbox; its waits stay ordered, retrying");
                     }
@@ -618,8 +622,14 @@ impl Agent {
 
     /// Applies a change to the node view; the pending pods it touched are decided again.
     fn apply_change(&mut self, change: Change, dirty: &mut BTreeSet<PodUid>) {
-        if let Change::Exited { id } | Change::Removed { id } = &change {
-            self.kernel.forget(id);
+        match &change {
+            Change::Exited { id } | Change::Removed { id } => self.kernel.forget(id),
+            // Described while only created, it had no process: read it now that it runs
+            // (a container the view does not know yet is described with its process).
+            Change::Started { id } if self.kernel.wants(id) && self.view.knows(id) => {
+                self.reader.ask(Read::Pid(id.clone()));
+            }
+            _ => {}
         }
         let listing = matches!(change, Change::Listed(_));
         let undescribed = self.view.undescribed();

@@ -174,6 +174,12 @@ impl KernelExits {
         self.stats.set_kernel_watches(self.watches.len());
     }
 
+    /// Whether container `id`'s process is worth reading: the kernel can be asked, and it is
+    /// not watched yet.
+    pub fn wants(&self, id: &str) -> bool {
+        self.shared.is_some() && !self.watches.contains_key(id)
+    }
+
     /// Stops watching a container (removed, or its exit told).
     pub fn forget(&mut self, id: &str) {
         let Some((fd, token)) = self.watches.remove(id) else {

@@ -30,6 +30,9 @@ pub enum Read {
     ListPod(String),
     /// What the view needs.
     Need(Need),
+    /// The first process of a container that started after it was described (its
+    /// description, read while it was only created, named none), for the kernel's exit source.
+    Pid(String),
 }
 
 /// What the reader answers.
@@ -195,6 +198,18 @@ impl ReaderTask {
                                 uid: uid.clone(),
                                 listing,
                             })]
+                        })
+                    }
+                    Read::Pid(id) => {
+                        let _permit = permits.acquire_owned().await;
+                        runtime.describe(id).await.map(|d| {
+                            d.and_then(|d| d.pid)
+                                .map(|pid| Reply::Process {
+                                    id: id.clone(),
+                                    pid,
+                                })
+                                .into_iter()
+                                .collect()
                         })
                     }
                     Read::Need(Need::Describe(id)) => {

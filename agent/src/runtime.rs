@@ -140,8 +140,8 @@ pub struct Described {
     pub env: Vec<(String, String)>,
     /// The host paths of its writable mounts, as the runtime mounted them.
     pub writable: Vec<String>,
-    /// Its first process, while it runs (as the runtime's verbose status says: a pid of the
-    /// runtime's pid namespace).
+    /// Its first process, while it is created or runs (as the runtime's verbose status says: a
+    /// pid of the runtime's pid namespace).
     pub pid: Option<i32>,
 }
 
@@ -399,7 +399,14 @@ pub fn described(
         })?,
         None => (Vec::new(), None),
     };
-    let pid = pid.filter(|_| info.state == crate::decide::RunState::Running);
+    // A created container's process is already there (runc's init, waiting to exec the
+    // container's command under the same pid); an exited one's is gone.
+    let pid = pid.filter(|_| {
+        matches!(
+            info.state,
+            crate::decide::RunState::Running | crate::decide::RunState::Created
+        )
+    });
     let writable = st
         .mounts
         .iter()

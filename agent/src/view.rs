@@ -397,6 +397,11 @@ impl NodeView {
         envs.chain(sandboxes).min()
     }
 
+    /// Whether container `id` is known (listed or described), not only seen in an event.
+    pub fn knows(&self, id: &str) -> bool {
+        self.pod_of.contains_key(id)
+    }
+
     fn container_mut(&mut self, id: &str) -> Option<&mut ContainerEntry> {
         let uid = self.pod_of.get(id)?;
         self.pods.get_mut(uid)?.containers.get_mut(id)
