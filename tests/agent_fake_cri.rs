@@ -684,3 +684,48 @@ async fn a_container_starting_after_the_exit_file_holds_no_pod() {
     rig.cri().release_status_of("other-pods-app");
     rig.stop_agent().await;
 }
+
+/// Bug: the view held the app's first attempt as its last while the kubelet had already
+/// started a second one whose events had not come (late on containerd 2.x's CRI stream,
+/// or lost): the proxy was allowed out while the app still ran. A listing of the pod asked
+/// after its exit file settles it: the kubelet starts nothing in a pod it is stopping.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_whose_events_never_came_holds_the_sidecar() {
+    let mut rig = Rig::new();
+    let app = streaming_two_level_pod(&mut rig).await;
+    rig.cri().set_state(&app, ContainerState::ContainerExited);
+    let again = rig.cri().add_container(APP_UID, "app", 1, 600);
+    let f = rig.request_exit(APP_UID, "proxy");
+    stays_waiting(&f, Duration::from_millis(300)).await;
+    rig.cri().set_state(&again, ContainerState::ContainerExited);
+    assert!(allowed_within(&f, Duration::from_secs(2)).await);
+    allows_reach(&rig.stats, Reason::Ordered, 1).await;
+    rig.stop_agent().await;
+}
+
+/// The same with polling: the last listing before the exit file shows the first attempt
+/// exited, and the second one started after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_after_the_last_poll_holds_the_sidecar() {
+    let mut rig = Rig::new();
+    let (app, _) = two_level_pod(&rig, 600);
+    rig.cri()
+        .set_state_silently(&app, ContainerState::ContainerExited);
+    rig.start_agent_with(|cfg| {
+        cfg.poll_interval = Duration::from_millis(10);
+        cfg.reconcile_interval = Duration::from_secs(3600);
+    });
+    let end = Instant::now() + Duration::from_secs(5);
+    while rig.cri().list_calls() == 0 {
+        assert!(Instant::now() < end, "the agent never listed the runtime");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let again = rig.cri().add_container(APP_UID, "app", 1, 600);
+    let f = rig.request_exit(APP_UID, "proxy");
+    stays_waiting(&f, Duration::from_millis(300)).await;
+    rig.cri()
+        .set_state_silently(&again, ContainerState::ContainerExited);
+    assert!(allowed_within(&f, Duration::from_secs(2)).await);
+    allows_reach(&rig.stats, Reason::Ordered, 1).await;
+    rig.stop_agent().await;
+}

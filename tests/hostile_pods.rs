@@ -1135,7 +1135,7 @@ fn change() -> BoxedStrategy<(u8, String, String, ContainerInfo, i64)> {
     let id = prop_oneof![3 => (0u8..6).prop_map(|i| format!("c{i}")), 1 => junk()];
     let uid = prop_oneof![3 => (0u8..3).prop_map(|i| format!("u{i}")), 1 => junk()];
     (
-        0u8..10,
+        0u8..11,
         id.clone(),
         uid.clone(),
         (
@@ -1203,6 +1203,7 @@ proptest! {
             };
             let listing = Listing {
                 asked_at_ns: asked,
+                asked: Some(now),
                 sandboxes: vec![SandboxInfo {
                     id: id.clone(),
                     pod_uid: info.pod_uid.clone(),
@@ -1217,6 +1218,7 @@ proptest! {
                 2 => Change::Started { id },
                 3 => Change::Exited { id },
                 4 => Change::Removed { id },
+                10 => Change::ProcessGone { id, at: now },
                 5 => Change::Described { info, env },
                 6 => Change::NotAContainer { id },
                 7 => Change::DescribeFailed { id, now },

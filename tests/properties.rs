@@ -7,15 +7,18 @@
 //! - the verdict does not depend on the order the runtime lists containers in;
 //! - a container never waits for one the kubelet stops after it;
 //! - the node view ends in the same state whatever order the runtime's events and reads
-//!   arrive in (an exit is never lost to a stale read).
+//!   arrive in (an exit is never lost to a stale read);
+//! - a container restarted before its pod began stopping is never taken as done while its
+//!   newest attempt runs, whatever events come late or never, by every exit source.
 
 use std::time::{Duration, Instant};
 
 use exitorder::decide::{
     decide, newest_attempts, Attempt, Deletion, PodFacts, Reason, RunState, Verdict,
 };
+use exitorder::facts::unsettled_exits;
 use exitorder::stoporder::StopOrder;
-use exitorder::view::{Change, ContainerInfo, NodeView};
+use exitorder::view::{Change, ContainerInfo, Listing, NodeView, SandboxInfo};
 use proptest::prelude::*;
 
 const NAMES: [&str; 6] = ["app", "worker", "proxy", "logs", "mesh", "agent"];
@@ -273,4 +276,242 @@ proptest! {
             prop_assert_eq!(c.exit_seen.is_some(), *exits, "container {}: {:?}", i, items);
         }
     }
+
+    #[test]
+    fn a_restart_seen_late_never_lets_the_sidecar_out_early(r in restarts()) {
+        let start = Instant::now();
+        let at = |ms: u64| start + Duration::from_millis(ms);
+        let mut deliveries = r.deliveries();
+        deliveries.sort_by_key(|(t, order, _)| (*t, *order));
+        let mut view = NodeView::new();
+        let mut pending = deliveries.into_iter().peekable();
+        // Decisions are made when the exit file is seen and after every change since.
+        let mut moments: Vec<u64> = vec![r.stopping];
+        moments.extend(r.deliveries().iter().map(|(t, _, _)| *t).filter(|t| *t >= r.stopping));
+        moments.sort_unstable();
+        for now in moments {
+            while let Some((t, _, _)) = pending.peek() {
+                if *t > now {
+                    break;
+                }
+                if let Some((t, _, change)) = pending.next() {
+                    view.apply(change.into_change(&r, start), at(t));
+                }
+            }
+            let Some(pod) = view.pod(RESTART_UID) else { continue };
+            let newest = pod
+                .containers
+                .values()
+                .filter(|c| c.info.name == "app")
+                .max_by_key(|c| (c.info.attempt, c.info.created_at));
+            let Some(app) = newest else { continue };
+            let done = app.info.state == RunState::Exited
+                && unsettled_exits(pod, at(r.stopping), &["proxy"]).is_empty()
+                && !view.undescribed_seen_by(at(r.stopping));
+            if done {
+                let last = r.attempts.last().and_then(|a| a.1);
+                prop_assert!(
+                    last.is_some_and(|e| e <= now),
+                    "at {} ms the app was taken as done, but its attempt {} runs: {:?}",
+                    now, r.attempts.len() - 1, r
+                );
+            }
+        }
+    }
+}
+
+const RESTART_UID: &str = "5d1c3b2a-9e8f-4a7b-8c6d-0e1f2a3b4c5d";
+
+/// Which source tells the agent of exits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Source {
+    /// The runtime's events, and reads of containers they name.
+    Events,
+    /// The same, and the kernel's word on each described attempt's exit.
+    Kernel,
+    /// Listings only.
+    Poll,
+}
+
+/// An app restarted before its pod began stopping (at `stopping`), and how what the runtime
+/// and the kernel say of it reaches the agent: late, or never. Times in ms.
+#[derive(Debug, Clone)]
+struct Restarts {
+    /// Each attempt's creation and exit (the last may run on).
+    attempts: Vec<(u64, Option<u64>)>,
+    stopping: u64,
+    source: Source,
+    /// Per attempt: the delays of its start event, of the read it causes, of its exit
+    /// event and of the kernel's word (`None`: never comes).
+    delays: Vec<[Option<u64>; 4]>,
+    /// Listings: when asked, and how long the answer takes.
+    listings: Vec<(u64, u64)>,
+}
+
+/// The least time from an attempt's exit to its successor's creation: the runtime tells the
+/// kubelet, which syncs the pod and creates the container. The kernel's word on an exit is
+/// late by less (its waiting thread wakes at once).
+const RESTART_MIN_MS: u64 = 20;
+
+/// What reaches the view.
+#[derive(Debug, Clone)]
+enum Told {
+    Started(usize),
+    Described(usize, u64),
+    Exited(usize),
+    ProcessGone(usize, u64),
+    Listed(u64),
+}
+
+impl Told {
+    fn into_change(self, r: &Restarts, start: Instant) -> Change {
+        let at = |ms: u64| start + Duration::from_millis(ms);
+        match self {
+            Told::Started(i) => Change::Started { id: app_id(i) },
+            Told::Exited(i) => Change::Exited { id: app_id(i) },
+            Told::ProcessGone(i, ms) => Change::ProcessGone {
+                id: app_id(i),
+                at: at(ms),
+            },
+            Told::Described(i, ms) => Change::Described {
+                info: r.app_at(i, ms),
+                env: Ok(None),
+            },
+            Told::Listed(ms) => {
+                let mut containers: Vec<ContainerInfo> = (0..r.attempts.len())
+                    .filter(|i| r.attempts[*i].0 <= ms)
+                    .map(|i| r.app_at(i, ms))
+                    .collect();
+                containers.push(ContainerInfo {
+                    id: "proxy-0".into(),
+                    pod_uid: RESTART_UID.into(),
+                    name: "proxy".into(),
+                    attempt: 0,
+                    created_at: 0,
+                    state: RunState::Running,
+                    grace: None,
+                });
+                Change::Listed(Listing {
+                    asked_at_ns: ns(ms),
+                    asked: Some(at(ms)),
+                    sandboxes: vec![SandboxInfo {
+                        id: "sandbox".into(),
+                        pod_uid: RESTART_UID.into(),
+                        ..Default::default()
+                    }],
+                    containers,
+                })
+            }
+        }
+    }
+}
+
+fn app_id(i: usize) -> String {
+    format!("app-{i}")
+}
+
+fn ns(ms: u64) -> i64 {
+    i64::try_from(ms).unwrap_or(i64::MAX / 2) * 1_000_000
+}
+
+impl Restarts {
+    /// Attempt `i` as the runtime describes it at `ms`.
+    fn app_at(&self, i: usize, ms: u64) -> ContainerInfo {
+        let (created, exit) = self.attempts[i];
+        ContainerInfo {
+            id: app_id(i),
+            pod_uid: RESTART_UID.into(),
+            name: "app".into(),
+            attempt: u32::try_from(i).unwrap_or(u32::MAX),
+            created_at: ns(created),
+            state: if exit.is_some_and(|e| e <= ms) {
+                RunState::Exited
+            } else {
+                RunState::Running
+            },
+            grace: None,
+        }
+    }
+
+    /// Everything that reaches the view: (when, a tie-breaker keeping each attempt's own
+    /// order, what).
+    fn deliveries(&self) -> Vec<(u64, u64, Told)> {
+        let mut out = Vec::new();
+        for (ms, late) in &self.listings {
+            out.push((ms + late, 0, Told::Listed(*ms)));
+        }
+        if self.source == Source::Poll {
+            return out;
+        }
+        for (i, ((created, exit), d)) in self.attempts.iter().zip(&self.delays).enumerate() {
+            let [start, read, exited, kernel] = *d;
+            let seq = 1 + 10 * u64::try_from(i).unwrap_or(0);
+            // The first event the agent gets of an attempt makes it read the attempt.
+            let first = [
+                start.map(|s| created + s),
+                exit.zip(exited).map(|(e, x)| e + x),
+            ]
+            .into_iter()
+            .flatten()
+            .min();
+            if let Some(s) = start {
+                out.push((created + s, seq, Told::Started(i)));
+            }
+            if let (Some(first), Some(read)) = (first, read) {
+                out.push((first + read, seq + 1, Told::Described(i, first + read)));
+            }
+            if let (Some(e), Some(x)) = (exit, exited) {
+                out.push((e + x, seq + 2, Told::Exited(i)));
+            }
+            if let (Some(e), Some(k), Source::Kernel) = (exit, kernel, self.source) {
+                // Stamped as the kernel's thread woke, applied when the loop gets to it.
+                out.push((e + k, seq + 3, Told::ProcessGone(i, *e)));
+            }
+        }
+        out
+    }
+}
+
+fn restarts() -> impl Strategy<Value = Restarts> {
+    let delay = prop_oneof![1 => Just(None), 6 => (0u64..300).prop_map(Some)];
+    (
+        proptest::collection::vec((1u64..60, RESTART_MIN_MS..80), 1..=4),
+        prop_oneof![Just(None), (1u64..400).prop_map(Some)],
+        1u64..200,
+        prop_oneof![
+            Just(Source::Events),
+            Just(Source::Kernel),
+            Just(Source::Poll)
+        ],
+        proptest::collection::vec([delay.clone(), delay.clone(), delay.clone(), delay], 4),
+        proptest::collection::vec((0u64..900, 0u64..60), 0..4),
+    )
+        .prop_map(
+            |(lives, last_run, stop_after, source, delays, mut listings)| {
+                let mut attempts = Vec::new();
+                let mut t = 10;
+                for (i, (run, gap)) in lives.iter().enumerate() {
+                    let last = i + 1 == lives.len();
+                    let exit = if last {
+                        last_run.map(|r| t + r)
+                    } else {
+                        Some(t + run)
+                    };
+                    attempts.push((t, exit));
+                    t += run + gap;
+                }
+                // The pod begins stopping once its last attempt was created: the kubelet
+                // starts nothing after.
+                let stopping = attempts.last().map_or(0, |a| a.0) + stop_after;
+                // The agent's first listing, asked as it starts.
+                listings.push((0, 1));
+                Restarts {
+                    attempts,
+                    stopping,
+                    source,
+                    delays,
+                    listings,
+                }
+            },
+        )
 }

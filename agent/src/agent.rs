@@ -15,6 +15,7 @@ use tracing::{debug, error, info, warn, Instrument};
 
 use crate::bounds::Later as _;
 use crate::cluster::Cluster;
+use crate::decide::RunState;
 use crate::podwatch::{PodSignal, PodView};
 use crate::reader::{self, Read, Reader, Reply};
 use crate::recorder::EventSink;
@@ -98,7 +99,7 @@ pub struct Agent {
     /// Containers' mounts waiting to be checked for breaches, and the check in flight.
     audit: crate::breach::Audit,
     /// Running containers' exits, awaited from the kernel.
-    kernel: crate::kernel::KernelExits,
+    pub(crate) kernel: crate::kernel::KernelExits,
 }
 
 impl Agent {
@@ -623,7 +624,9 @@ impl Agent {
     /// Applies a change to the node view; the pending pods it touched are decided again.
     fn apply_change(&mut self, change: Change, dirty: &mut BTreeSet<PodUid>) {
         match &change {
-            Change::Exited { id } | Change::Removed { id } => self.kernel.forget(id),
+            Change::Exited { id } | Change::Removed { id } | Change::ProcessGone { id, .. } => {
+                self.kernel.forget(id)
+            }
             // Described while only created, it had no process: read it now that it runs
             // (a container the view does not know yet is described with its process).
             Change::Started { id } if self.kernel.wants(id) && self.view.knows(id) => {
@@ -631,9 +634,24 @@ impl Agent {
             }
             _ => {}
         }
+        // Described before it was started (no process yet), while its start event came
+        // meanwhile: that event found it not known yet, so its process is read now.
+        let pid_due = match &change {
+            Change::Described { info, .. }
+                if info.state == RunState::Created && self.kernel.wants(&info.id) =>
+            {
+                Some(info.id.clone())
+            }
+            _ => None,
+        };
         let listing = matches!(change, Change::Listed(_));
         let undescribed = self.view.undescribed();
         let touched = self.view.apply(change, Instant::now());
+        if let Some(id) = pid_due {
+            if self.view.state_of(&id) == Some(RunState::Running) {
+                self.reader.ask(Read::Pid(id));
+            }
+        }
         self.stats
             .set_view_size(self.view.container_count(), self.view.pod_count());
         self.stats

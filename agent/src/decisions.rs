@@ -9,7 +9,7 @@ use tracing::{debug, info, warn};
 use crate::agent::Agent;
 use crate::backoff::Backoff;
 use crate::bounds::Later as _;
-use crate::decide::{self, Deletion, PodFacts, Reason, Verdict};
+use crate::decide::{self, Deletion, PodFacts, Reason, RunState, Verdict};
 use crate::facts::{self, Clock};
 use crate::podwatch::{ApiPod, ConfirmRequest, PodSignal};
 use crate::reader::Read;
@@ -77,6 +77,7 @@ impl Agent {
         let (deletion, clock) = self.deletion_and_clock(pod, api.as_ref())?;
         let p = self.waits.pending.get(pod)?;
         let (checking, checked) = (p.checking, p.checked);
+        let stopping = p.first_seen;
         let latest_wait = p.waiting.values().map(|w| w.since).max();
         let waiting: Vec<String> = p.waiting.keys().map(|c| c.as_str().to_owned()).collect();
         let waiting: Vec<&str> = waiting.iter().map(String::as_str).collect();
@@ -118,6 +119,17 @@ impl Agent {
             named,
             stop_order.as_ref().unwrap_or(&StopOrder::default()),
         );
+        let unsettled = facts::unsettled_exits(v, stopping, &waiting);
+        // A running container the kernel does not watch will tell its exit through the
+        // runtime, which cannot tell whether a newer attempt runs: the listing that settles
+        // it is asked now, so it has answered by the time that exit comes.
+        let ask_early = ordered.malformed.is_none()
+            && v.listed_at.is_none_or(|at| at < stopping)
+            && facts::newest(v).values().any(|c| {
+                c.info.state != RunState::Exited
+                    && !waiting.contains(&c.info.name.as_str())
+                    && !self.kernel.watches(&c.info.id)
+            });
         if api_annotations.is_none() && v.sandbox.is_none() && ordered.malformed.is_none() {
             // The pod's annotations (its sandbox) are being read: any priority may change.
             ordered.unknown.push("the pod's annotations".to_owned());
@@ -143,6 +155,15 @@ impl Agent {
             // A container that started before this pod's exit file is being read: it may be
             // this pod's. One that started later cannot be (see `undescribed_seen_by`).
             ordered.unknown.push("a container being read".to_owned());
+        }
+        if !unsettled.is_empty() && ordered.malformed.is_none() {
+            facts::hold_unsettled(&mut ordered, &unsettled);
+        }
+        if (!unsettled.is_empty() || ask_early) && !checking {
+            self.reader.ask(Read::ListPod(pod.as_str().to_owned()));
+            if let Some(p) = self.waits.pending.get_mut(pod) {
+                p.checking = true;
+            }
         }
         let facts = facts::assemble(ordered, deletion, &clock, stop_order);
         self.explain_stop_order(pod, &facts, &waiting);

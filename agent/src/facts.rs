@@ -143,6 +143,44 @@ pub fn order(
     }
 }
 
+/// The containers whose newest attempt the view holds as exited although a newer attempt
+/// may already run, apart from `waiting`'s. The kubelet may have restarted such a container
+/// before it began stopping the pod (at `stopping`, no later than when the agent saw the
+/// pod's first exit file), and the new attempt's events may be late (containerd 2.x's CRI
+/// stream) or missing (polling). The kubelet starts nothing in a pod it is stopping, and no
+/// attempt before the one before it ended, so an exit is its container's last when:
+/// - the kernel told it after `stopping` (the attempt ran when the stopping began), or
+/// - a listing of the pod asked after `stopping` shows no newer attempt (it would have).
+pub fn unsettled_exits(pod: &PodEntry, stopping: Instant, waiting: &[&str]) -> Vec<String> {
+    if pod.listed_at.is_some_and(|at| at >= stopping) {
+        return Vec::new();
+    }
+    let mut out: Vec<String> = newest(pod)
+        .into_values()
+        .filter(|c| c.info.state == decide::RunState::Exited)
+        .filter(|c| c.kernel_exit.is_none_or(|at| at < stopping))
+        .filter(|c| !waiting.contains(&c.info.name.as_str()))
+        .map(|c| c.info.name.clone())
+        .collect();
+    out.sort();
+    out
+}
+
+/// Takes the newest attempts of `names` as possibly running (state unknown) until a listing
+/// settles them: a wait on them is held, by order or to the deadline, never released early.
+pub fn hold_unsettled(ordered: &mut Ordered, names: &[String]) {
+    for name in names {
+        let newest = ordered
+            .attempts
+            .iter_mut()
+            .filter(|a| &a.name == name)
+            .max_by_key(|a| (a.attempt, a.created_at));
+        if let Some(a) = newest {
+            a.state = decide::RunState::Unknown;
+        }
+    }
+}
+
 /// What decides whether a pod is going away and when its waits end regardless of order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Clock {
@@ -230,6 +268,7 @@ pub(crate) mod tests {
     ) -> ContainerEntry {
         ContainerEntry {
             exit_seen: None,
+            kernel_exit: None,
             info: ContainerInfo {
                 id: id.into(),
                 pod_uid: "u".into(),
@@ -398,5 +437,106 @@ pub(crate) mod tests {
         assert_eq!(c.deadline(), t + Duration::from_secs(5));
         c.api_grace = Some(Duration::from_secs(2));
         assert_eq!(c.deadline(), t);
+    }
+
+    #[test]
+    fn an_exit_counts_as_the_last_only_once_nothing_newer_can_run() {
+        let stopping = Instant::now();
+        let before = stopping.checked_sub(Duration::from_millis(5)).unwrap();
+        let after = stopping + Duration::from_millis(5);
+        let ok = EnvPriority::Known(Ok(None));
+        let gone = |kernel: Option<Instant>| {
+            let mut app = entry("a0", "app", 0, Exited, ok.clone());
+            app.kernel_exit = kernel;
+            pod(
+                Some(r#"{"proxy":1}"#),
+                vec![app, entry("p0", "proxy", 0, Running, ok.clone())],
+            )
+        };
+        let table: [(&str, PodEntry, Option<Instant>, &[&str]); 6] = [
+            (
+                "told by the runtime, never listed since",
+                gone(None),
+                None,
+                &["app"],
+            ),
+            (
+                "told by the runtime, listed before",
+                gone(None),
+                Some(before),
+                &["app"],
+            ),
+            (
+                "told by the runtime, listed after",
+                gone(None),
+                Some(after),
+                &[],
+            ),
+            (
+                "told by the kernel before the stopping",
+                gone(Some(before)),
+                None,
+                &["app"],
+            ),
+            (
+                "told by the kernel after the stopping",
+                gone(Some(after)),
+                None,
+                &[],
+            ),
+            (
+                "listed at the stopping itself",
+                gone(None),
+                Some(stopping),
+                &[],
+            ),
+        ];
+        for (name, mut p, listed_at, want) in table {
+            p.listed_at = listed_at;
+            assert_eq!(unsettled_exits(&p, stopping, &["proxy"]), want, "{name}");
+        }
+        // Running containers and the waiting ones are never unsettled; an older attempt
+        // that exited is not the newest.
+        let p = pod(
+            None,
+            vec![
+                entry("a0", "app", 0, Exited, ok.clone()),
+                entry("a1", "app", 1, Running, ok.clone()),
+                entry("p0", "proxy", 0, Exited, ok.clone()),
+            ],
+        );
+        assert!(unsettled_exits(&p, stopping, &["proxy"]).is_empty());
+    }
+
+    #[test]
+    fn an_unsettled_exit_holds_the_waits_above_it() {
+        let ok = EnvPriority::Known(Ok(None));
+        let p = pod(
+            Some(r#"{"proxy":1}"#),
+            vec![
+                entry("a0", "app", 0, Exited, ok.clone()),
+                entry("a1", "app", 1, Exited, ok.clone()),
+                entry("p0", "proxy", 0, Running, ok.clone()),
+            ],
+        );
+        let mut o = order(&p, pod_priorities(&p, None), &StopOrder::default());
+        hold_unsettled(&mut o, &["app".to_owned()]);
+        let states: Vec<_> = o.attempts.iter().map(|a| (a.attempt, a.state)).collect();
+        assert_eq!(
+            states,
+            [(0, Exited), (1, decide::RunState::Unknown), (0, Running)]
+        );
+        let facts = PodFacts {
+            attempts: o.attempts,
+            unknown: Vec::new(),
+            deletion: Deletion::Deleting,
+            deadline: None,
+            stop_order: StopOrder::default(),
+        };
+        let now = Instant::now();
+        assert!(matches!(
+            decide::decide(Some(&facts), "proxy", now, now),
+            decide::Verdict::Wait { .. }
+        ));
     }
 }

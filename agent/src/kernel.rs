@@ -14,6 +14,7 @@ use std::collections::HashMap;
 use std::io::Read as _;
 use std::os::fd::OwnedFd;
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Instant;
 
 use rustix::buffer::spare_capacity;
 use rustix::event::epoll;
@@ -67,14 +68,21 @@ impl KernelExits {
     /// Exits found are sent to `tx` as the runtime's own events are.
     pub fn new(tx: mpsc::UnboundedSender<SourceSignal>, stats: Arc<Stats>) -> Self {
         Self::with(
-            move |id| tx.send(SourceSignal::Change(Change::Exited { id })).is_ok(),
+            move |id, at| {
+                tx.send(SourceSignal::Change(Change::ProcessGone { id, at }))
+                    .is_ok()
+            },
             stats,
         )
     }
 
     /// Exits found are handed to `on_exit`, on the waiting thread, the moment the kernel
-    /// tells them (the test bed stamps them there); it returns false once nobody listens.
-    pub fn with(on_exit: impl Fn(String) -> bool + Send + 'static, stats: Arc<Stats>) -> Self {
+    /// tells them, with when it woke (the test bed stamps them there); it returns false once
+    /// nobody listens.
+    pub fn with(
+        on_exit: impl Fn(String, Instant) -> bool + Send + 'static,
+        stats: Arc<Stats>,
+    ) -> Self {
         let started = probe().and_then(|()| start(Box::new(on_exit), stats.clone()));
         let (available, shared) = match started {
             Ok(shared) => {
@@ -121,7 +129,7 @@ impl KernelExits {
     }
 
     /// Watches container `id`, running as `pid` (the runtime's word): its exit is sent as
-    /// [`Change::Exited`]. Does nothing when the kernel cannot be asked, or the process is
+    /// [`Change::ProcessGone`]. Does nothing when the kernel cannot be asked, or the process is
     /// not (or no longer) the container's.
     pub fn watch(&mut self, id: &str, pid: i32) {
         if self.shared.is_none() || self.watches.contains_key(id) {
@@ -180,6 +188,11 @@ impl KernelExits {
         self.shared.is_some() && !self.watches.contains_key(id)
     }
 
+    /// Whether container `id`'s exit will come from the kernel.
+    pub fn watches(&self, id: &str) -> bool {
+        self.watches.contains_key(id)
+    }
+
     /// Stops watching a container (removed, or its exit told).
     pub fn forget(&mut self, id: &str) {
         let Some((fd, token)) = self.watches.remove(id) else {
@@ -212,7 +225,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 /// The epoll set and the thread that waits on it.
 /// What the waiting thread does with an exit.
-type OnExit = Box<dyn Fn(String) -> bool + Send>;
+type OnExit = Box<dyn Fn(String, Instant) -> bool + Send>;
 
 fn start(on_exit: OnExit, stats: Arc<Stats>) -> Result<Arc<Shared>, String> {
     let epoll = epoll::create(epoll::CreateFlags::CLOEXEC).map_err(|e| format!("epoll: {e}"))?;
@@ -255,6 +268,9 @@ fn wait_for_exits(shared: &Shared, on_exit: &OnExit, stats: &Stats) {
                 return;
             }
         }
+        // Stamped as the thread wakes: the decision loop may be busy, and what a decision
+        // concludes from this time (see `facts::unsettled_exits`) must not be delayed by it.
+        let woke = Instant::now();
         for ev in &events {
             let data = ev.data;
             let token = data.u64();
@@ -265,7 +281,7 @@ fn wait_for_exits(shared: &Shared, on_exit: &OnExit, stats: &Stats) {
                 continue;
             };
             stats.kernel_exit();
-            if !on_exit(id) {
+            if !on_exit(id, woke) {
                 return;
             }
         }
@@ -372,7 +388,7 @@ mod tests {
             .await
             .unwrap();
         assert!(
-            matches!(told, Some(SourceSignal::Change(Change::Exited { ref id })) if id == ID),
+            matches!(told, Some(SourceSignal::Change(Change::ProcessGone { ref id, .. })) if id == ID),
             "{told:?}"
         );
         assert_eq!(stats.kernel_exits(), 1);

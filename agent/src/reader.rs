@@ -13,6 +13,7 @@ use tokio::sync::{mpsc, Semaphore};
 use tokio::task::JoinSet;
 use tracing::{debug, Instrument};
 
+use crate::decide::RunState;
 use crate::runtime::{Runtime, RuntimeError};
 use crate::view::{Change, Need};
 
@@ -20,6 +21,10 @@ use crate::view::{Change, Need};
 pub const DESCRIBE_CONCURRENCY: usize = 16;
 /// How often a failing runtime is asked whether it answers again.
 const HEALTH_RETRY: Duration = Duration::from_secs(2);
+/// A started container's process, not named yet by the runtime's status, is asked for
+/// again after this, doubling, until [`PID_RETRY_MAX`].
+const PID_RETRY_START: Duration = Duration::from_millis(10);
+const PID_RETRY_MAX: Duration = Duration::from_millis(640);
 
 /// What the decision loop asks for.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -200,18 +205,14 @@ impl ReaderTask {
                             })]
                         })
                     }
-                    Read::Pid(id) => {
-                        let _permit = permits.acquire_owned().await;
-                        runtime.describe(id).await.map(|d| {
-                            d.and_then(|d| d.pid)
-                                .map(|pid| Reply::Process {
-                                    id: id.clone(),
-                                    pid,
-                                })
-                                .into_iter()
-                                .collect()
+                    Read::Pid(id) => process_of(&runtime, &permits, id).await.map(|pid| {
+                        pid.map(|pid| Reply::Process {
+                            id: id.clone(),
+                            pid,
                         })
-                    }
+                        .into_iter()
+                        .collect()
+                    }),
                     Read::Need(Need::Describe(id)) => {
                         // The semaphore is never closed; an error would only mean "go on".
                         let _permit = permits.acquire_owned().await;
@@ -238,5 +239,32 @@ impl ReaderTask {
             }
             .instrument(span),
         );
+    }
+}
+
+/// Container `id`'s process, as the runtime's status names it. containerd tells a task's
+/// start before its CRI status has the process (and a container described just before it
+/// started has none yet): a container that is not known to have exited is asked about
+/// again, briefly, without holding a read permit while it waits.
+async fn process_of(
+    runtime: &Runtime,
+    permits: &Arc<Semaphore>,
+    id: &str,
+) -> Result<Option<i32>, RuntimeError> {
+    let mut delay = PID_RETRY_START;
+    loop {
+        let described = {
+            // The semaphore is never closed; an error would only mean "go on".
+            let _permit = Arc::clone(permits).acquire_owned().await;
+            runtime.describe(id).await?
+        };
+        let Some(d) = described else {
+            return Ok(None);
+        };
+        if d.pid.is_some() || d.info.state == RunState::Exited || delay > PID_RETRY_MAX {
+            return Ok(d.pid);
+        }
+        tokio::time::sleep(delay).await;
+        delay = delay.saturating_mul(2);
     }
 }

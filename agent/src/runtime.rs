@@ -208,6 +208,7 @@ impl Runtime {
     /// the number of pods.
     pub async fn list(&self, pod: Option<&str>) -> Result<Listing, RuntimeError> {
         let asked_at_ns = now_ns();
+        let asked = std::time::Instant::now();
         let selector: HashMap<String, String> = pod
             .map(|uid| (LABEL_POD_UID.to_owned(), uid.to_owned()))
             .into_iter()
@@ -235,7 +236,10 @@ impl Runtime {
             .map_err(RuntimeError::call("ListContainers"))?
             .into_inner()
             .containers;
-        Ok(listing(asked_at_ns, sandboxes, containers))
+        Ok(Listing {
+            asked: Some(asked),
+            ..listing(asked_at_ns, sandboxes, containers)
+        })
     }
 
     /// Whether a container has exited, and with which status.
@@ -337,6 +341,7 @@ pub fn listing(
 ) -> Listing {
     Listing {
         asked_at_ns,
+        asked: None,
         sandboxes: sandboxes
             .into_iter()
             .filter_map(|sb| {

@@ -49,6 +49,9 @@ pub struct SandboxInfo {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Listing {
     pub asked_at_ns: i64,
+    /// When it was asked for, on the agent's own clock (`None`: not known): what a pod's
+    /// listing shows includes every container created before then.
+    pub asked: Option<Instant>,
     pub sandboxes: Vec<SandboxInfo>,
     pub containers: Vec<ContainerInfo>,
 }
@@ -73,6 +76,9 @@ pub struct ContainerEntry {
     /// When the view first learnt that the container had exited: what an allow waited on
     /// the runtime to tell, apart from what it waited on the agent.
     pub exit_seen: Option<Instant>,
+    /// When the kernel told that the container's first process was gone (the kernel exit
+    /// source), as its waiting thread woke.
+    pub kernel_exit: Option<Instant>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -83,6 +89,8 @@ pub struct PodEntry {
     pub containers: HashMap<String, ContainerEntry>,
     /// The pod's listing is asked for (`None`), or due again after a failure (`Some(at)`).
     sandbox_read: Option<SandboxRead>,
+    /// When the newest listing that covered the pod was asked for (the agent's clock).
+    pub listed_at: Option<Instant>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -108,6 +116,7 @@ impl PodEntry {
                 .map(|c| (c.info.id.clone(), c))
                 .collect(),
             sandbox_read: None,
+            listed_at: None,
         }
     }
 
@@ -128,6 +137,9 @@ pub enum Change {
     Started { id: String },
     /// A container's own process exited.
     Exited { id: String },
+    /// The kernel says a container's first process is gone (`at`: as its waiting thread
+    /// woke): an exit, and one whose time the agent knows to the millisecond.
+    ProcessGone { id: String, at: Instant },
     /// A container was removed from the runtime.
     Removed { id: String },
     /// The runtime described a container, with the env priority it carries.
@@ -269,6 +281,12 @@ impl NodeView {
             }
             Change::Started { id } => self.event(id, RunState::Running, now, &mut touched),
             Change::Exited { id } => self.event(id, RunState::Exited, now, &mut touched),
+            Change::ProcessGone { id, at } => {
+                if let Some(c) = self.container_mut(&id) {
+                    c.kernel_exit.get_or_insert(at);
+                }
+                self.event(id, RunState::Exited, now, &mut touched);
+            }
             Change::Removed { id } => {
                 self.remove(&id, &mut touched);
                 self.not_containers.remove(&id);
@@ -402,6 +420,12 @@ impl NodeView {
         self.pod_of.contains_key(id)
     }
 
+    /// A known container's state.
+    pub fn state_of(&self, id: &str) -> Option<RunState> {
+        let uid = self.pod_of.get(id)?;
+        Some(self.pods.get(uid)?.containers.get(id)?.info.state)
+    }
+
     fn container_mut(&mut self, id: &str) -> Option<&mut ContainerEntry> {
         let uid = self.pod_of.get(id)?;
         self.pods.get_mut(uid)?.containers.get_mut(id)
@@ -453,6 +477,7 @@ impl NodeView {
                     info,
                     env: EnvPriority::Unread,
                     exit_seen: None,
+                    kernel_exit: None,
                 };
                 c.note_exit(now);
                 pod.containers.insert(c.info.id.clone(), c);
@@ -554,6 +579,11 @@ impl NodeView {
             }
             self.upsert(c, now, touched);
         }
+        if let Some(asked) = l.asked {
+            for (_, p) in self.pods.iter_mut().filter(|(uid, _)| in_scope(uid)) {
+                p.listed_at = p.listed_at.max(Some(asked));
+            }
+        }
     }
 }
 
@@ -593,6 +623,7 @@ mod tests {
     fn listing(asked_at_ns: i64, containers: Vec<ContainerInfo>) -> Change {
         Change::Listed(Listing {
             asked_at_ns,
+            asked: None,
             sandboxes: vec![sandbox()],
             containers,
         })
@@ -864,6 +895,7 @@ mod tests {
             by_listing.apply(
                 Change::Listed(Listing {
                     asked_at_ns: 2,
+                    asked: None,
                     sandboxes: vec![],
                     containers: truth,
                 }),
@@ -934,6 +966,7 @@ mod tests {
                 uid: UID.into(),
                 listing: Listing {
                     asked_at_ns: 1,
+                    asked: None,
                     sandboxes: vec![sandbox()],
                     containers: vec![c("app", "app", RunState::Running, 5)],
                 },

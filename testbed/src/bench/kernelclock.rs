@@ -28,7 +28,7 @@ impl KernelClock {
         let theirs = stamps.clone();
         // Stamped on the waiting thread as it wakes, before anything else is scheduled.
         let exits = KernelExits::with(
-            move |id| {
+            move |id, _| {
                 let at = crate::kubelet::timeline::now_ns();
                 theirs
                     .lock()
