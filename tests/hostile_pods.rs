@@ -32,6 +32,7 @@ use exitorder::cri::{
 use exitorder::decide::{self, Deletion, Reason, RunState, Verdict};
 use exitorder::facts::{self, Clock, DEFAULT_GRACE};
 use exitorder::podwatch::ApiPod;
+use exitorder::restart::{Policy, Restart};
 use exitorder::runtime::{self, ANNOTATION_GRACE, LABEL_CONTAINER_NAME, LABEL_POD_UID};
 use exitorder::source;
 use exitorder::view::{Change, ContainerInfo, EnvPriority, Listing, NodeView, SandboxInfo};
@@ -991,19 +992,33 @@ fn check_pod(p: &HostilePod) -> Result<(), TestCaseError> {
                 .enumerate()
                 .map(|(i, name)| {
                     let a = attempts.iter().find(|a| &a.name == name);
+                    let pod_policy = match policy {
+                        completion::Completes::Never => Policy::Never,
+                        completion::Completes::OnFailure => Policy::OnFailure,
+                    };
                     Member {
                         name: name.clone(),
                         priority: a.map_or(0, |a| a.priority),
                         state: a.map_or(RunState::Created, |a| a.state),
                         exit_code: p.exit_codes.get(i).copied().flatten(),
+                        restart: match api.restarts.get(name) {
+                            Some(Ok(r)) => r.clone(),
+                            _ => Restart::pod(pod_policy),
+                        },
                     }
                 })
                 .collect();
             let asked: BTreeSet<String> = BTreeSet::new();
-            if let Step::Shutdown(names) = completion::next_step(policy, &members, &asked) {
+            if let Step::Shutdown(names) = completion::next_step(&members, &asked) {
                 prop_assert!(!names.is_empty());
                 let mains: Vec<&Member> = members.iter().filter(|m| m.priority == 0).collect();
                 prop_assert!(mains.iter().all(|m| m.state == RunState::Exited));
+                prop_assert!(
+                    mains
+                        .iter()
+                        .all(|m| !m.restart.restarts(m.exit_code.unwrap_or(0))),
+                    "never while the kubelet starts a main container again"
+                );
                 if policy == completion::Completes::OnFailure {
                     prop_assert!(
                         mains.iter().all(|m| m.exit_code == Some(0)),
@@ -1268,6 +1283,7 @@ fn member() -> BoxedStrategy<Member> {
             priority,
             state,
             exit_code,
+            restart: Restart::pod(Policy::Never),
         })
         .boxed()
 }
@@ -1340,7 +1356,15 @@ proptest! {
             .filter(|_| !members.is_empty())
             .map(|i| members[i.index(members.len())].name.clone())
             .collect();
-        let step = completion::next_step(policy, &members, &asked);
+        let pod_policy = match policy {
+            completion::Completes::Never => Policy::Never,
+            completion::Completes::OnFailure => Policy::OnFailure,
+        };
+        let members: Vec<Member> = members
+            .into_iter()
+            .map(|m| Member { restart: Restart::pod(pod_policy), ..m })
+            .collect();
+        let step = completion::next_step(&members, &asked);
         let mains: Vec<&Member> = members.iter().filter(|m| m.priority == 0).collect();
         if let Step::Shutdown(names) = &step {
             prop_assert!(!names.is_empty());

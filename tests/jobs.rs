@@ -102,7 +102,7 @@ impl JobBed {
 }
 
 /// The Job example's pod, injected by the webhook, its proxy on `port` (tests run at once on
-/// one network).
+/// one network: each test its own port, 24191 to 24200).
 fn job_pod(port: u16, edit: impl FnOnce(&mut Value)) -> Value {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/examples/job.yaml");
     let text = std::fs::read_to_string(&path).expect("job example");
@@ -287,16 +287,31 @@ async fn a_sidecar_that_fails_its_shutdown_is_reported() {
 
 #[tokio::test]
 async fn on_failure_waits_for_the_main_containers_success() {
+    a_retried_app_keeps_its_proxy(24193, "OnFailure", 1, json!({})).await;
+}
+
+/// A Job pod (`restartPolicy: pod_policy`) whose app fails once with `first_code` and then
+/// succeeds, restarted by the pod's policy or its own `restart` fields (KEP-5307): the proxy
+/// stays up through the second attempt and is shut down once, after it.
+async fn a_retried_app_keeps_its_proxy(
+    port: u16,
+    pod_policy: &str,
+    first_code: i32,
+    restart: Value,
+) {
     let Some(jb) = JobBed::start().await else {
         return;
     };
-    let pod = job_pod(24193, |p| {
-        p["spec"]["restartPolicy"] = "OnFailure".into();
+    let pod = job_pod(port, |p| {
+        p["spec"]["restartPolicy"] = pod_policy.into();
         p["spec"]["volumes"] = json!([{"name": "state", "emptyDir": {}}]);
         let app = &mut p["spec"]["containers"][0];
+        for (k, v) in restart.as_object().expect("restart fields") {
+            app[k] = v.clone();
+        }
         app["volumeMounts"] = json!([{"name": "state", "mountPath": "/state"}]);
-        app["command"] = json!(["sh", "-c",
-            "if [ ! -e /state/tried ]; then touch /state/tried; echo failing; exit 1; fi; echo done"]);
+        app["command"] = json!(["sh", "-c", format!(
+            "if [ ! -e /state/tried ]; then touch /state/tried; echo failing; exit {first_code}; fi; echo done")]);
     });
     let (running, status) = jb.complete(&pod).await;
     assert_eq!(
@@ -306,9 +321,8 @@ async fn on_failure_waits_for_the_main_containers_success() {
         jb.bed.agent.log_tail(30)
     );
     let app = status.container("app").expect("app");
-    assert!(app.attempt >= 1, "the app was not restarted: {app:?}");
+    assert_eq!(app.attempt, 1, "the app was not restarted once: {app:?}");
     assert_eq!(exit_code(&running, "app"), Some(0));
-    // The proxy was asked once, after the successful attempt.
     assert_eq!(log_count(&running, "proxy", "shutdown requested"), 1);
     let success = finished_at(&running, "app");
     let asked = jb
@@ -321,9 +335,30 @@ async fn on_failure_waits_for_the_main_containers_success() {
         .unwrap_or_else(|e| panic!("{e}"))
         .at_ns()
         .expect("timestamped");
-    assert!(asked >= success, "{}", jb.bed.agent.log_tail(30));
+    assert!(
+        asked >= success,
+        "the proxy was shut down during the retry\n{}",
+        jb.bed.agent.log_tail(30)
+    );
     let _ = running.delete().await;
     jb.finish().await;
+}
+
+#[tokio::test]
+async fn a_container_restart_policy_keeps_the_proxy_through_the_retry() {
+    a_retried_app_keeps_its_proxy(24199, "Never", 1, json!({"restartPolicy": "OnFailure"})).await;
+}
+
+#[tokio::test]
+async fn a_restart_rule_keeps_the_proxy_through_the_retry() {
+    a_retried_app_keeps_its_proxy(
+        24200,
+        "Never",
+        42,
+        json!({"restartPolicy": "Never", "restartPolicyRules": [
+            {"action": "Restart", "exitCodes": {"operator": "In", "values": [42]}}]}),
+    )
+    .await;
 }
 
 #[tokio::test]

@@ -444,6 +444,44 @@ async fn an_opted_in_pod_gets_its_sidecar_injected() {
     w.stop().await;
 }
 
+/// Fields of the newest Kubernetes releases (container restart rules, user namespaces,
+/// resize policies) go through untouched, whether the webhook's types know them or not.
+#[tokio::test]
+async fn the_newest_pod_fields_pass_through() {
+    let w = Served::start().await;
+    let mut pod = example("injected");
+    let newest = json!({
+        "restartPolicy": "Never",
+        "restartPolicyRules": [
+            {"action": "Restart", "exitCodes": {"operator": "In", "values": [42]}},
+            {"action": "RestartAllContainers", "exitCodes": {"operator": "NotIn", "values": [0, 1]}}
+        ],
+        "resizePolicy": [{"resourceName": "cpu", "restartPolicy": "NotRequired"}],
+        "aFieldOfAFutureRelease": {"kept": true}
+    });
+    let app = pod["spec"]["containers"]
+        .as_array_mut()
+        .and_then(|cs| cs.iter_mut().find(|c| c["name"] == "app"))
+        .expect("the app");
+    for (k, v) in newest.as_object().expect("fields") {
+        app[k] = v.clone();
+    }
+    pod["spec"]["hostUsers"] = false.into();
+    pod["spec"]["aPodFieldOfAFutureRelease"] = json!([1, 2]);
+    let (out, _) = inject(&w, &pod).await;
+    let app = out["spec"]["containers"]
+        .as_array()
+        .and_then(|cs| cs.iter().find(|c| c["name"] == "app"))
+        .expect("the app");
+    for (k, v) in newest.as_object().expect("fields") {
+        assert_eq!(&app[k], v, "{k}");
+    }
+    assert_eq!(out["spec"]["hostUsers"], false);
+    assert_eq!(out["spec"]["aPodFieldOfAFutureRelease"], json!([1, 2]));
+    assert_injected(&out, "proxy", "25s", &[]);
+    w.stop().await;
+}
+
 #[tokio::test]
 async fn the_share_layout_on_request() {
     let settings = Settings {

@@ -8,6 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use exitorder_contract::annotation;
 
 use crate::decide::RunState;
+use crate::restart::Restart;
 
 /// The restart policies of pods that complete.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -105,15 +106,19 @@ pub struct Member {
     pub state: RunState,
     /// Known once it has exited and its status was read.
     pub exit_code: Option<i32>,
+    /// Whether the kubelet starts it again after an exit (main containers: the pod's
+    /// policy, or the container's own and its rules).
+    pub restart: Restart,
 }
 
 /// What to do next for a completing pod.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Step {
-    /// Not yet: a main container still runs (or failed, under OnFailure, and will be
-    /// restarted), or a level of sidecars asked to stop has not exited.
+    /// Not yet: a main container still runs (or exited and will be started again), or a
+    /// level of sidecars asked to stop has not exited.
     Wait,
-    /// These exit codes are needed first (OnFailure main containers that exited).
+    /// These exit codes are needed first (main containers that exited, whose restart
+    /// depends on the code).
     ReadExitCodes(Vec<String>),
     /// Shut these sidecars down now (one priority level).
     Shutdown(Vec<String>),
@@ -122,8 +127,10 @@ pub enum Step {
 }
 
 /// The next step. `members` are the spec's containers (main containers only: native
-/// sidecars are stopped by the kubelet itself); `asked` the sidecars already shut down.
-pub fn next_step(policy: Completes, members: &[Member], asked: &BTreeSet<String>) -> Step {
+/// sidecars are stopped by the kubelet itself); `asked` the sidecars already shut down. A
+/// main container is done when its newest attempt exited and the kubelet will not start it
+/// again ([`Restart`]: an exit that will be retried is not the end of the work).
+pub fn next_step(members: &[Member], asked: &BTreeSet<String>) -> Step {
     let (mains, sidecars): (Vec<&Member>, Vec<&Member>) =
         members.iter().partition(|m| m.priority == 0);
     if mains.is_empty() || sidecars.is_empty() {
@@ -132,18 +139,20 @@ pub fn next_step(policy: Completes, members: &[Member], asked: &BTreeSet<String>
     if mains.iter().any(|m| m.state != RunState::Exited) {
         return Step::Wait;
     }
-    if policy == Completes::OnFailure {
-        let unread: Vec<String> = mains
-            .iter()
-            .filter(|m| m.exit_code.is_none())
-            .map(|m| m.name.clone())
-            .collect();
-        if !unread.is_empty() {
-            return Step::ReadExitCodes(unread);
-        }
-        if mains.iter().any(|m| m.exit_code != Some(0)) {
-            return Step::Wait;
-        }
+    let unread: Vec<String> = mains
+        .iter()
+        .filter(|m| m.restart.needs_exit_code() && m.exit_code.is_none())
+        .map(|m| m.name.clone())
+        .collect();
+    if !unread.is_empty() {
+        return Step::ReadExitCodes(unread);
+    }
+    // Any code gives the same answer where none was needed.
+    if mains
+        .iter()
+        .any(|m| m.restart.restarts(m.exit_code.unwrap_or(0)))
+    {
+        return Step::Wait;
     }
     let running: Vec<&&Member> = sidecars
         .iter()
@@ -168,6 +177,7 @@ pub fn next_step(policy: Completes, members: &[Member], asked: &BTreeSet<String>
 mod tests {
     use super::RunState::{Created, Exited, Running};
     use super::*;
+    use crate::restart::{ExitCodes, Policy};
 
     fn m(name: &str, priority: u8, state: RunState, exit_code: Option<i32>) -> Member {
         Member {
@@ -175,7 +185,26 @@ mod tests {
             priority,
             state,
             exit_code,
+            restart: Restart::pod(Policy::Never),
         }
+    }
+
+    /// The members under pod policy `policy`, `app` with its own rules where given.
+    fn under(policy: Completes, members: Vec<Member>, app: Option<&Restart>) -> Vec<Member> {
+        let pod = Restart::pod(match policy {
+            Completes::Never => Policy::Never,
+            Completes::OnFailure => Policy::OnFailure,
+        });
+        members
+            .into_iter()
+            .map(|mut m| {
+                m.restart = match app {
+                    Some(own) if m.name == "app" => own.clone(),
+                    _ => pod.clone(),
+                };
+                m
+            })
+            .collect()
     }
 
     fn asked(names: &[&str]) -> BTreeSet<String> {
@@ -232,7 +261,37 @@ mod tests {
         ];
         for (what, policy, members, asked_now, want) in table {
             assert_eq!(
-                next_step(policy, &members, &asked(asked_now)),
+                next_step(&under(policy, members, None), &asked(asked_now)),
+                want,
+                "{what}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_main_container_the_kubelet_starts_again_is_not_done() {
+        use Completes::Never;
+        let on_failure = Restart::pod(Policy::OnFailure);
+        let on_42 = Restart {
+            policy: Policy::Never,
+            rules: vec![ExitCodes::In([42].into())],
+        };
+        let always = Restart::pod(Policy::Always);
+        let two = |code: Option<i32>| vec![m("app", 0, Exited, code), m("proxy", 1, Running, None)];
+        #[rustfmt::skip]
+        let table: [(&str, &Restart, Option<i32>, Step); 7] = [
+            ("its own OnFailure in a Never pod: the code first", &on_failure, None,
+             Step::ReadExitCodes(vec!["app".into()])),
+            ("its own OnFailure, failed: retried", &on_failure, Some(1), Step::Wait),
+            ("its own OnFailure, succeeded", &on_failure, Some(0), shut(&["proxy"])),
+            ("a rule restarts 42", &on_42, Some(42), Step::Wait),
+            ("no rule matches 1: its policy (Never) ends it", &on_42, Some(1), shut(&["proxy"])),
+            ("its own Always: never done", &always, Some(0), Step::Wait),
+            ("its own Always: no code needed", &always, None, Step::Wait),
+        ];
+        for (what, own, code, want) in table {
+            assert_eq!(
+                next_step(&under(Never, two(code), Some(own)), &asked(&[])),
                 want,
                 "{what}"
             );

@@ -25,7 +25,9 @@ use crate::bounds::Later as _;
 use crate::completion::{self, Completes, Member, Participation, Step};
 use crate::decide::{self, RunState};
 use crate::facts;
+use crate::podwatch::ApiPod;
 use crate::recorder::{EventSink, PodRef, ShutdownNotice};
+use crate::restart::{Policy, Restart, RestartError};
 use crate::runtime::{ExitStatus, Runtime};
 use crate::share::PodUid;
 use crate::stats::Stats;
@@ -49,6 +51,8 @@ pub struct SnapMember {
     pub id: Option<String>,
     pub priority: u8,
     pub state: RunState,
+    /// Whether the kubelet starts it again after an exit.
+    pub restart: Restart,
 }
 
 /// What the task needs to know of a completing pod.
@@ -182,7 +186,7 @@ impl JobsTask {
         for m in &snap.members {
             let Some(id) = m.id.as_deref() else { continue };
             let wanted = (asked(m, job) && !job.reported.contains(id))
-                || (snap.policy == Completes::OnFailure && m.priority == 0);
+                || (m.priority == 0 && m.restart.needs_exit_code());
             if m.state == RunState::Exited && wanted && !job.codes.contains_key(id) {
                 match exit_code(&self.runtime, id).await {
                     Ok(ExitStatus::Exited(code)) => {
@@ -237,6 +241,7 @@ impl JobsTask {
                 priority: m.priority,
                 state: m.state,
                 exit_code: m.id.as_ref().and_then(|id| job.codes.get(id).copied()),
+                restart: m.restart.clone(),
             })
             .collect();
         let asked_names: BTreeSet<String> = snap
@@ -245,7 +250,7 @@ impl JobsTask {
             .filter(|m| asked(m, job))
             .map(|m| m.name.clone())
             .collect();
-        match completion::next_step(snap.policy, &members, &asked_names) {
+        match completion::next_step(&members, &asked_names) {
             Step::Wait | Step::ReadExitCodes(_) => {}
             Step::Done => {
                 if !job.asked.is_empty() {
@@ -506,16 +511,28 @@ pub fn stale_records(share_dir: &Path, live: impl Fn(&str) -> bool) -> Vec<PathB
         .collect()
 }
 
-/// The spec's main containers (`names`) as the runtime shows them: each one's newest
-/// attempt, with the priority resolved for that attempt (an older one has no env read).
-fn snapshot_members(pod: &PodEntry, names: &[String], ordered: &facts::Ordered) -> Vec<SnapMember> {
+/// The spec's main containers as the runtime shows them: each one's newest attempt, with
+/// the priority resolved for that attempt (an older one has no env read), and whether the
+/// kubelet starts it again; or the container whose restart rules cannot be read, and why.
+fn snapshot_members(
+    pod: &PodEntry,
+    api: &ApiPod,
+    ordered: &facts::Ordered,
+) -> Result<Vec<SnapMember>, (String, RestartError)> {
     let newest = facts::newest(pod);
     let attempts = decide::newest_attempts(&ordered.attempts);
-    names
+    let pod_policy =
+        Policy::parse(api.restart_policy.as_deref()).map_err(|e| ("(the pod)".to_owned(), e))?;
+    api.containers
         .iter()
         .map(|name| {
             let c = newest.get(name.as_str());
-            SnapMember {
+            let restart = match api.restarts.get(name) {
+                Some(Ok(r)) => r.clone(),
+                Some(Err(e)) => return Err((name.clone(), e.clone())),
+                None => Restart::pod(pod_policy),
+            };
+            Ok(SnapMember {
                 name: name.clone(),
                 id: c.map(|c| c.info.id.clone()),
                 priority: attempts
@@ -523,7 +540,8 @@ fn snapshot_members(pod: &PodEntry, names: &[String], ordered: &facts::Ordered) 
                     .find(|a| &a.name == name)
                     .map_or(0, |a| a.priority),
                 state: c.map_or(RunState::Created, |c| c.info.state),
-            }
+                restart,
+            })
         })
         .collect()
 }
@@ -563,7 +581,17 @@ impl Agent {
             debug!(pod = %pod, unknown = ?ordered.unknown, "completing pod: priorities not known yet");
             return;
         }
-        let members = snapshot_members(v, &api.containers, &ordered);
+        let members = match snapshot_members(v, &api, &ordered) {
+            Ok(m) => m,
+            Err((container, e)) => {
+                // A rule this version cannot read: whether the work is over cannot be told,
+                // and the sidecars are left to run, as without exitorder.
+                if self.first_warning(&pod, format!("job: restart rules of {container}")) {
+                    warn!(pod = %pod, container = %container, error = %e, "cannot tell whether the kubelet restarts this container; the Job's sidecars are not shut down");
+                }
+                return;
+            }
+        };
         if opted_out {
             let done = members
                 .iter()
@@ -627,8 +655,16 @@ mod tests {
             ],
         );
         let ordered = facts::order(&pod, Ok(None), &StopOrder::default());
-        let names = ["app".to_owned(), "logs".to_owned(), "later".to_owned()];
-        let members = snapshot_members(&pod, &names, &ordered);
+        let spec: k8s_openapi::api::core::v1::Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"uid": "u"},
+            "spec": {"restartPolicy": "Never", "containers": [
+                {"name": "app", "restartPolicy": "OnFailure"}, {"name": "logs"}, {"name": "later"}]}
+        }))
+        .expect("a pod");
+        let api = ApiPod::from_pod(&spec).expect("a uid");
+        let members = snapshot_members(&pod, &api, &ordered).expect("readable rules");
+        assert_eq!(members[0].restart, Restart::pod(Policy::OnFailure));
+        assert_eq!(members[1].restart, Restart::pod(Policy::Never));
         let got: Vec<(&str, Option<&str>, u8, RunState)> = members
             .iter()
             .map(|m| (m.name.as_str(), m.id.as_deref(), m.priority, m.state))

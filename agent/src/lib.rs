@@ -42,6 +42,7 @@ pub mod podwatch;
 pub mod priority;
 pub mod reader;
 pub mod recorder;
+pub mod restart;
 pub mod runtime;
 pub mod serve;
 pub mod share;

@@ -22,6 +22,7 @@ use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
 use crate::backoff::Backoff;
+use crate::restart::{Restart, RestartError};
 use crate::stats::Stats;
 
 /// Server-side timeout of one watch request; kube's watcher also gives up on a stream that
@@ -67,6 +68,9 @@ pub struct ApiPod {
     pub native_sidecars: Vec<String>,
     /// The main containers (spec.containers), in declaration order.
     pub containers: Vec<String>,
+    /// Whether the kubelet starts each main container again after an exit (the pod's
+    /// restartPolicy, or the container's own and its rules), or why that cannot be told.
+    pub restarts: BTreeMap<String, Result<Restart, RestartError>>,
 }
 
 /// A grace field of the pod, bounded: the API server accepts any int64 here.
@@ -104,6 +108,14 @@ impl ApiPod {
                 .into_iter()
                 .flat_map(|s| s.containers.iter())
                 .map(|c| c.name.clone())
+                .collect(),
+            restarts: spec
+                .into_iter()
+                .flat_map(|s| s.containers.iter())
+                .map(|c| {
+                    let pod_policy = spec.and_then(|s| s.restart_policy.as_deref());
+                    (c.name.clone(), Restart::of(pod_policy, c))
+                })
                 .collect(),
         })
     }

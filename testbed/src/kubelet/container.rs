@@ -152,7 +152,7 @@ pub(crate) async fn supervise(ctx: Arc<PodCtx>, c: ContainerPlan, cancel: Cancel
             Kind::Init => {
                 exit.exit_code != 0 && ctx.plan.restart_policy != super::RestartPolicy::Never
             }
-            Kind::Main => ctx.plan.restart_policy.restarts(exit.exit_code),
+            Kind::Main => c.restart.restarts(exit.exit_code),
         };
         ctx.exited(name, attempt, &exit, !restarts);
         if !restarts {

@@ -67,6 +67,7 @@ const CONTAINER: &[(&str, Rule)] = &[
     ("readinessProbe", Rule::Honoured),
     ("startupProbe", Rule::Honoured),
     ("restartPolicy", Rule::Honoured),
+    ("restartPolicyRules", Rule::Honoured),
     ("terminationMessagePath", Rule::Honoured),
     ("terminationMessagePolicy", Rule::Honoured),
     ("stdin", Rule::Refused("stdin is not supported")),

@@ -197,6 +197,9 @@ impl<E: Fn(&str, String) -> PlanError> Planner<'_, E> {
                 .clone()
                 .unwrap_or_else(|| "File".to_owned()),
             ports_json,
+            // A main container's is set from the pod's and its own by the caller; an init
+            // container's retries follow the pod's policy alone.
+            restart: exitorder::restart::Restart::pod(super::RestartPolicy::Never),
             spec: c,
         })
     }

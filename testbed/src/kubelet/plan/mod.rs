@@ -44,32 +44,10 @@ pub struct Placement {
     pub name_suffix: String,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RestartPolicy {
-    Always,
-    OnFailure,
-    Never,
-}
-
-impl RestartPolicy {
-    fn parse(s: Option<&str>) -> Option<Self> {
-        match s {
-            None | Some("Always") => Some(RestartPolicy::Always),
-            Some("OnFailure") => Some(RestartPolicy::OnFailure),
-            Some("Never") => Some(RestartPolicy::Never),
-            Some(_) => None,
-        }
-    }
-
-    /// Whether a container that ended with `exit_code` starts again.
-    pub fn restarts(self, exit_code: i32) -> bool {
-        match self {
-            RestartPolicy::Always => true,
-            RestartPolicy::OnFailure => exit_code != 0,
-            RestartPolicy::Never => false,
-        }
-    }
-}
+/// The pod's restartPolicy; a main container's own restart (KEP-5307) is its plan's
+/// `restart`, told by the agent's own rules (`exitorder::restart`).
+pub use exitorder::restart::Policy as RestartPolicy;
+use exitorder::restart::{Restart, RestartError};
 
 /// Where a container stands in the pod.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -199,6 +177,9 @@ pub struct ContainerPlan {
     /// The container's spec as written: what the kubelet's container hash covers, and what
     /// the preStop annotation shows.
     pub spec: Container,
+    /// Whether a main container starts again after an exit (the pod's policy, or its own
+    /// and its rules).
+    pub restart: Restart,
 }
 
 #[derive(Debug, Clone)]
@@ -325,13 +306,8 @@ impl<E: Fn(&str, String) -> PlanError> Planner<'_, E> {
                 ));
             }
         }
-        let restart_policy =
-            RestartPolicy::parse(spec.restart_policy.as_deref()).ok_or_else(|| {
-                err(
-                    "spec.restartPolicy",
-                    format!("{:?}: Always, OnFailure or Never", spec.restart_policy),
-                )
-            })?;
+        let restart_policy = RestartPolicy::parse(spec.restart_policy.as_deref())
+            .map_err(|e| err("spec.restartPolicy", e.to_string()))?;
         let grace_seconds = spec
             .termination_grace_period_seconds
             .unwrap_or(DEFAULT_GRACE_SECONDS);
@@ -431,13 +407,25 @@ impl<E: Fn(&str, String) -> PlanError> Planner<'_, E> {
         let mut containers = Vec::new();
         for (i, c) in spec.containers.into_iter().enumerate() {
             let field = format!("spec.containers[{i}]");
-            if c.restart_policy.is_some() {
+            // Its own restartPolicy and restartPolicyRules (KEP-5307, Kubernetes 1.34+) over
+            // the pod's, as the kubelet plays them.
+            let restart = Restart::of(spec.restart_policy.as_deref(), &c).map_err(|e| {
+                let which = match e {
+                    RestartError::Policy(_) => "restartPolicy",
+                    _ => "restartPolicyRules",
+                };
+                err(&format!("{field}.{which}"), e.to_string())
+            })?;
+            let all = c.restart_policy_rules.iter().flatten();
+            if all.into_iter().any(|r| r.action == "RestartAllContainers") {
                 return Err(err(
-                    &format!("{field}.restartPolicy"),
-                    "only init containers take a restartPolicy".into(),
+                    &format!("{field}.restartPolicyRules"),
+                    "RestartAllContainers (KEP-5532) is not played by the test bed".into(),
                 ));
             }
-            containers.push(self.container(c, Kind::Main, &field, &base, &volumes)?);
+            let mut plan = self.container(c, Kind::Main, &field, &base, &volumes)?;
+            plan.restart = restart;
+            containers.push(plan);
         }
         if containers.is_empty() {
             return Err(err(
@@ -650,8 +638,13 @@ mod tests {
                 "spec",
             ),
             (
-                json!([{"name": "a", "image": "x", "restartPolicy": "Always"}]),
+                json!([{"name": "a", "image": "x", "restartPolicy": "Sometimes"}]),
                 "spec.containers[0].restartPolicy",
+            ),
+            (
+                json!([{"name": "a", "image": "x", "restartPolicy": "Never",
+                        "restartPolicyRules": [{"action": "Restart"}]}]),
+                "spec.containers[0].restartPolicyRules",
             ),
             (
                 json!([{"name": "a", "image": "x", "readinessProbe": {"httpGet": {"port": 80, "scheme": "HTTPS"}}}]),

@@ -1,0 +1,260 @@
+//! Whether the kubelet starts a container again after it exited: from the pod's
+//! `restartPolicy`, the container's own (KEP-5307, Kubernetes 1.34+: it overrides the pod's)
+//! and its `restartPolicyRules` (the first rule whose exit codes match decides; without a
+//! match, the container's policy does). A rule's action is `Restart` (this container) or
+//! `RestartAllContainers` (KEP-5532, 1.35+: every container of the pod, in place): either
+//! way this container starts again. Pure: one answer for Job completion and the test bed's
+//! kubelet.
+//!
+//! Everything here comes from a pod spec, which any tenant writes: rules and values are
+//! bounded (the API server allows 20 rules of 255 values), and what this version does not
+//! know (an action, an operator) is an error, never a guess.
+
+use std::collections::BTreeSet;
+
+use k8s_openapi::api::core::v1::{Container, ContainerRestartRule};
+
+/// The API server's own limits, kept here for a spec from elsewhere.
+const MAX_RULES: usize = 20;
+const MAX_VALUES: usize = 255;
+
+/// A restart policy, of a pod or a container.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Policy {
+    Always,
+    OnFailure,
+    Never,
+}
+
+impl Policy {
+    /// A pod's `restartPolicy` (`None`: the default, Always).
+    pub fn parse(s: Option<&str>) -> Result<Policy, RestartError> {
+        match s {
+            None | Some("Always") => Ok(Policy::Always),
+            Some("OnFailure") => Ok(Policy::OnFailure),
+            Some("Never") => Ok(Policy::Never),
+            Some(other) => Err(RestartError::Policy(other.escape_debug().to_string())),
+        }
+    }
+
+    fn restarts(self, exit_code: i32) -> bool {
+        match self {
+            Policy::Always => true,
+            Policy::OnFailure => exit_code != 0,
+            Policy::Never => false,
+        }
+    }
+}
+
+/// Exit codes a rule matches.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ExitCodes {
+    In(BTreeSet<i32>),
+    NotIn(BTreeSet<i32>),
+}
+
+impl ExitCodes {
+    fn matches(&self, code: i32) -> bool {
+        match self {
+            ExitCodes::In(v) => v.contains(&code),
+            ExitCodes::NotIn(v) => !v.contains(&code),
+        }
+    }
+}
+
+/// How the kubelet treats one regular container's exits.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Restart {
+    pub policy: Policy,
+    /// The exit codes of each rule, in order (every known action starts the container again).
+    pub rules: Vec<ExitCodes>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RestartError {
+    #[error("restartPolicy {0:?}: Always, OnFailure or Never")]
+    Policy(String),
+    #[error("restartPolicyRules: more than {MAX_RULES} rules")]
+    TooManyRules,
+    #[error("restartPolicyRules[{0}]: action {1:?} (Restart or RestartAllContainers)")]
+    Action(usize, String),
+    #[error("restartPolicyRules[{0}]: no exitCodes")]
+    NoExitCodes(usize),
+    #[error("restartPolicyRules[{0}].exitCodes: operator {1:?} (In or NotIn)")]
+    Operator(usize, String),
+    #[error("restartPolicyRules[{0}].exitCodes: more than {MAX_VALUES} values")]
+    TooManyValues(usize),
+}
+
+impl Restart {
+    /// A regular container's rules in a pod whose `restartPolicy` is `pod_policy`.
+    pub fn of(pod_policy: Option<&str>, container: &Container) -> Result<Restart, RestartError> {
+        let policy = match container.restart_policy.as_deref() {
+            Some(own) => Policy::parse(Some(own))?,
+            None => Policy::parse(pod_policy)?,
+        };
+        let rules = container
+            .restart_policy_rules
+            .as_deref()
+            .unwrap_or_default();
+        if rules.len() > MAX_RULES {
+            return Err(RestartError::TooManyRules);
+        }
+        let rules = rules
+            .iter()
+            .enumerate()
+            .map(|(i, r)| rule(i, r))
+            .collect::<Result<_, _>>()?;
+        Ok(Restart { policy, rules })
+    }
+
+    /// The pod's policy alone (no rules of the container's own).
+    pub fn pod(policy: Policy) -> Restart {
+        Restart {
+            policy,
+            rules: Vec::new(),
+        }
+    }
+
+    /// Whether the kubelet starts the container again after it exited with `exit_code`.
+    pub fn restarts(&self, exit_code: i32) -> bool {
+        match self.rules.iter().find(|r| r.matches(exit_code)) {
+            Some(_) => true,
+            None => self.policy.restarts(exit_code),
+        }
+    }
+
+    /// Whether the answer depends on the exit code (else any code will do).
+    pub fn needs_exit_code(&self) -> bool {
+        !self.rules.is_empty() || self.policy == Policy::OnFailure
+    }
+}
+
+fn rule(i: usize, r: &ContainerRestartRule) -> Result<ExitCodes, RestartError> {
+    if r.action != "Restart" && r.action != "RestartAllContainers" {
+        return Err(RestartError::Action(i, r.action.escape_debug().to_string()));
+    }
+    let codes = r.exit_codes.as_ref().ok_or(RestartError::NoExitCodes(i))?;
+    let values = codes.values.as_deref().unwrap_or_default();
+    if values.len() > MAX_VALUES {
+        return Err(RestartError::TooManyValues(i));
+    }
+    let values: BTreeSet<i32> = values.iter().copied().collect();
+    match codes.operator.as_str() {
+        "In" => Ok(ExitCodes::In(values)),
+        "NotIn" => Ok(ExitCodes::NotIn(values)),
+        other => Err(RestartError::Operator(i, other.escape_debug().to_string())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn container(json: serde_json::Value) -> Container {
+        let mut c = json;
+        c["name"] = "worker".into();
+        serde_json::from_value(c).expect("a container")
+    }
+
+    /// What, the pod's policy, the container's fields, (exit code, restarted) pairs.
+    type Case = (
+        &'static str,
+        Option<&'static str>,
+        serde_json::Value,
+        &'static [(i32, bool)],
+    );
+
+    #[test]
+    fn the_kubelets_answer_for_each_policy_rule_and_exit_code() {
+        use serde_json::json;
+        let on_42 = json!({"restartPolicy": "Never", "restartPolicyRules": [
+            {"action": "Restart", "exitCodes": {"operator": "In", "values": [42]}}]});
+        let unless_0_or_3 = json!({"restartPolicy": "Always", "restartPolicyRules": [
+            {"action": "Restart", "exitCodes": {"operator": "NotIn", "values": [0, 3]}}]});
+        #[rustfmt::skip]
+        let table: [Case; 8] = [
+            ("pod Always", Some("Always"), json!({}), &[(0, true), (1, true)]),
+            ("pod default: Always", None, json!({}), &[(0, true), (137, true)]),
+            ("pod OnFailure", Some("OnFailure"), json!({}), &[(0, false), (1, true)]),
+            ("pod Never", Some("Never"), json!({}), &[(0, false), (1, false)]),
+            ("container OnFailure in a Never pod", Some("Never"),
+             json!({"restartPolicy": "OnFailure"}), &[(0, false), (1, true)]),
+            ("container Never in an Always pod", Some("Always"),
+             json!({"restartPolicy": "Never"}), &[(0, false), (1, false)]),
+            ("rule: restart on 42, else Never", Some("Never"), on_42,
+             &[(42, true), (0, false), (1, false)]),
+            // No rule matches 0 or 3: the container's own policy (Always) decides.
+            ("rule NotIn, else Always", Some("Never"), unless_0_or_3,
+             &[(1, true), (0, true), (3, true)]),
+        ];
+        for (name, pod, c, codes) in table {
+            let r = Restart::of(pod, &container(c)).expect(name);
+            for (code, want) in codes {
+                assert_eq!(r.restarts(*code), *want, "{name}: exit {code}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_exit_code_is_needed_only_where_it_decides() {
+        assert!(!Restart::pod(Policy::Never).needs_exit_code());
+        assert!(!Restart::pod(Policy::Always).needs_exit_code());
+        assert!(Restart::pod(Policy::OnFailure).needs_exit_code());
+        let r = Restart::of(
+            Some("Never"),
+            &container(
+                serde_json::json!({"restartPolicy": "Never", "restartPolicyRules": [
+                {"action": "Restart", "exitCodes": {"operator": "In", "values": [42]}}]}),
+            ),
+        )
+        .expect("rules");
+        assert!(r.needs_exit_code());
+    }
+
+    #[test]
+    fn what_this_version_does_not_know_is_an_error_never_a_guess() {
+        use serde_json::json;
+        let rule = |r: serde_json::Value| {
+            Restart::of(
+                Some("Never"),
+                &container(json!({"restartPolicy": "Never", "restartPolicyRules": [r]})),
+            )
+        };
+        assert_eq!(
+            rule(json!({"action": "Recreate", "exitCodes": {"operator": "In", "values": [1]}})),
+            Err(RestartError::Action(0, "Recreate".into()))
+        );
+        let all = rule(
+            json!({"action": "RestartAllContainers", "exitCodes": {"operator": "In", "values": [1]}}),
+        );
+        assert!(all.is_ok_and(|r| r.restarts(1) && !r.restarts(0)));
+        assert_eq!(
+            rule(json!({"action": "Restart", "exitCodes": {"operator": "Gt", "values": [1]}})),
+            Err(RestartError::Operator(0, "Gt".into()))
+        );
+        assert_eq!(
+            rule(json!({"action": "Restart"})),
+            Err(RestartError::NoExitCodes(0))
+        );
+        let many: Vec<i32> = (0..300).collect();
+        assert_eq!(
+            rule(json!({"action": "Restart", "exitCodes": {"operator": "In", "values": many}})),
+            Err(RestartError::TooManyValues(0))
+        );
+        let rules: Vec<_> = (0..21)
+            .map(|_| json!({"action": "Restart", "exitCodes": {"operator": "In", "values": [1]}}))
+            .collect();
+        assert_eq!(
+            Restart::of(
+                Some("Never"),
+                &container(json!({"restartPolicy": "Never", "restartPolicyRules": rules}))
+            ),
+            Err(RestartError::TooManyRules)
+        );
+        assert_eq!(
+            Restart::of(Some("Sometimes"), &container(json!({}))),
+            Err(RestartError::Policy("Sometimes".into()))
+        );
+    }
+}
