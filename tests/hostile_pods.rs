@@ -992,19 +992,15 @@ fn check_pod(p: &HostilePod) -> Result<(), TestCaseError> {
                 .enumerate()
                 .map(|(i, name)| {
                     let a = attempts.iter().find(|a| &a.name == name);
-                    let pod_policy = match policy {
-                        completion::Completes::Never => Policy::Never,
-                        completion::Completes::OnFailure => Policy::OnFailure,
-                    };
                     Member {
                         name: name.clone(),
                         priority: a.map_or(0, |a| a.priority),
                         state: a.map_or(RunState::Created, |a| a.state),
                         exit_code: p.exit_codes.get(i).copied().flatten(),
-                        restart: match api.restarts.get(name) {
-                            Some(Ok(r)) => r.clone(),
-                            _ => Restart::pod(pod_policy),
-                        },
+                        // Rules that cannot be read: the kubelet may restart it, never done.
+                        restart: api
+                            .restart_of(name)
+                            .unwrap_or_else(|_| Restart::pod(Policy::Always)),
                     }
                 })
                 .collect();
@@ -1356,13 +1352,9 @@ proptest! {
             .filter(|_| !members.is_empty())
             .map(|i| members[i.index(members.len())].name.clone())
             .collect();
-        let pod_policy = match policy {
-            completion::Completes::Never => Policy::Never,
-            completion::Completes::OnFailure => Policy::OnFailure,
-        };
         let members: Vec<Member> = members
             .into_iter()
-            .map(|m| Member { restart: Restart::pod(pod_policy), ..m })
+            .map(|m| Member { restart: Restart::pod(policy.policy()), ..m })
             .collect();
         let step = completion::next_step(&members, &asked);
         let mains: Vec<&Member> = members.iter().filter(|m| m.priority == 0).collect();

@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use exitorder_contract::annotation;
 
 use crate::decide::RunState;
-use crate::restart::Restart;
+use crate::restart::{Policy, Restart};
 
 /// The restart policies of pods that complete.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -18,6 +18,16 @@ pub enum Completes {
     /// restartPolicy OnFailure: done when every main container has exited with status 0
     /// (the kubelet restarts one that failed).
     OnFailure,
+}
+
+impl Completes {
+    /// The pod's restart policy it stands for.
+    pub fn policy(self) -> Policy {
+        match self {
+            Completes::Never => Policy::Never,
+            Completes::OnFailure => Policy::OnFailure,
+        }
+    }
 }
 
 /// Mesh proxies' shutdown endpoints, used when the pod's annotation names none.
@@ -177,7 +187,7 @@ pub fn next_step(members: &[Member], asked: &BTreeSet<String>) -> Step {
 mod tests {
     use super::RunState::{Created, Exited, Running};
     use super::*;
-    use crate::restart::{ExitCodes, Policy};
+    use crate::restart::ExitCodes;
 
     fn m(name: &str, priority: u8, state: RunState, exit_code: Option<i32>) -> Member {
         Member {
@@ -191,10 +201,7 @@ mod tests {
 
     /// The members under pod policy `policy`, `app` with its own rules where given.
     fn under(policy: Completes, members: Vec<Member>, app: Option<&Restart>) -> Vec<Member> {
-        let pod = Restart::pod(match policy {
-            Completes::Never => Policy::Never,
-            Completes::OnFailure => Policy::OnFailure,
-        });
+        let pod = Restart::pod(policy.policy());
         members
             .into_iter()
             .map(|mut m| {

@@ -27,7 +27,7 @@ use crate::decide::{self, RunState};
 use crate::facts;
 use crate::podwatch::ApiPod;
 use crate::recorder::{EventSink, PodRef, ShutdownNotice};
-use crate::restart::{Policy, Restart, RestartError};
+use crate::restart::{Restart, RestartError};
 use crate::runtime::{ExitStatus, Runtime};
 use crate::share::PodUid;
 use crate::stats::Stats;
@@ -521,17 +521,11 @@ fn snapshot_members(
 ) -> Result<Vec<SnapMember>, (String, RestartError)> {
     let newest = facts::newest(pod);
     let attempts = decide::newest_attempts(&ordered.attempts);
-    let pod_policy =
-        Policy::parse(api.restart_policy.as_deref()).map_err(|e| ("(the pod)".to_owned(), e))?;
     api.containers
         .iter()
         .map(|name| {
             let c = newest.get(name.as_str());
-            let restart = match api.restarts.get(name) {
-                Some(Ok(r)) => r.clone(),
-                Some(Err(e)) => return Err((name.clone(), e.clone())),
-                None => Restart::pod(pod_policy),
-            };
+            let restart = api.restart_of(name).map_err(|e| (name.clone(), e))?;
             Ok(SnapMember {
                 name: name.clone(),
                 id: c.map(|c| c.info.id.clone()),
@@ -663,8 +657,14 @@ mod tests {
         .expect("a pod");
         let api = ApiPod::from_pod(&spec).expect("a uid");
         let members = snapshot_members(&pod, &api, &ordered).expect("readable rules");
-        assert_eq!(members[0].restart, Restart::pod(Policy::OnFailure));
-        assert_eq!(members[1].restart, Restart::pod(Policy::Never));
+        assert_eq!(
+            members[0].restart,
+            Restart::pod(crate::restart::Policy::OnFailure)
+        );
+        assert_eq!(
+            members[1].restart,
+            Restart::pod(crate::restart::Policy::Never)
+        );
         let got: Vec<(&str, Option<&str>, u8, RunState)> = members
             .iter()
             .map(|m| (m.name.as_str(), m.id.as_deref(), m.priority, m.state))

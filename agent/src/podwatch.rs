@@ -22,7 +22,7 @@ use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
 use crate::backoff::Backoff;
-use crate::restart::{Restart, RestartError};
+use crate::restart::{Policy, Restart, RestartError};
 use crate::stats::Stats;
 
 /// Server-side timeout of one watch request; kube's watcher also gives up on a stream that
@@ -79,6 +79,15 @@ fn seconds(s: Option<i64>) -> Option<Duration> {
 }
 
 impl ApiPod {
+    /// Whether the kubelet starts main container `name` again after an exit: its own
+    /// policy and rules, or the pod's policy for a name the spec does not have.
+    pub fn restart_of(&self, name: &str) -> Result<Restart, RestartError> {
+        match self.restarts.get(name) {
+            Some(r) => r.clone(),
+            None => Ok(Restart::pod(Policy::parse(self.restart_policy.as_deref())?)),
+        }
+    }
+
     /// `None` for an object without a UID (never sent by a real API server).
     pub fn from_pod(pod: &Pod) -> Option<ApiPod> {
         let meta = &pod.metadata;

@@ -101,6 +101,7 @@ fuzz_target!(|data: &[u8]| {
                     .filter_map(|e| e.value.as_deref().map(|v| (e.name.as_str(), v))),
             )),
             exit_seen: None,
+            kernel_exit: None,
         })
         .collect();
     let sandbox = SandboxInfo {

@@ -10,6 +10,7 @@ use exitorder::completion::{self, Member, Participation, Step};
 use exitorder::decide::{self, Deletion, Reason, RunState, Verdict};
 use exitorder::facts::{self, Clock};
 use exitorder::podwatch::ApiPod;
+use exitorder::restart::{Policy, Restart};
 use exitorder::view::PodEntry;
 
 /// The agent's default grace reserve.
@@ -89,10 +90,11 @@ pub fn check(v: &PodEntry, api: Option<&ApiPod>) {
     }
 
     let Some(api) = api else { return };
-    let policy = match completion::completes(api.restart_policy.as_deref(), &api.annotations) {
-        Participation::Off => return,
-        Participation::On(p) | Participation::OptedOut(p) => p,
-    };
+    if let Participation::Off =
+        completion::completes(api.restart_policy.as_deref(), &api.annotations)
+    {
+        return;
+    }
     let _ = completion::shutdown_urls(&api.annotations);
     let newest = decide::newest_attempts(&ordered.attempts);
     let members: Vec<Member> = api
@@ -105,11 +107,22 @@ pub fn check(v: &PodEntry, api: Option<&ApiPod>) {
                 priority: a.map_or(0, |a| a.priority),
                 state: a.map_or(RunState::Created, |a| a.state),
                 exit_code: a.map(|a| i32::from(a.priority)),
+                // Rules that cannot be read: the kubelet may restart it, never done.
+                restart: api
+                    .restart_of(name)
+                    .unwrap_or_else(|_| Restart::pod(Policy::Always)),
             }
         })
         .collect();
-    if let Step::Shutdown(names) = completion::next_step(policy, &members, &BTreeSet::new()) {
+    if let Step::Shutdown(names) = completion::next_step(&members, &BTreeSet::new()) {
         assert!(!names.is_empty());
+        assert!(
+            members
+                .iter()
+                .filter(|m| m.priority == 0)
+                .all(|m| !m.restart.restarts(m.exit_code.unwrap_or(0))),
+            "never while the kubelet starts a main container again"
+        );
         assert!(members
             .iter()
             .filter(|m| m.priority == 0)
