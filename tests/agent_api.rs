@@ -457,6 +457,7 @@ fn agent_options(rig: &Rig, env: Vec<(String, String)>) -> exitorder_testbed::Ag
         poll_interval: Duration::from_millis(10),
         ready_timeout: Duration::from_secs(20),
         env,
+        cpu: None,
     }
 }
 

@@ -729,3 +729,36 @@ async fn a_restart_after_the_last_poll_holds_the_sidecar() {
     allows_reach(&rig.stats, Reason::Ordered, 1).await;
     rig.stop_agent().await;
 }
+
+/// Bug: on a node busy with a burst of deletions a runtime read took longer than the call's
+/// timeout, and the agent took the runtime for gone: every wait on the node was held for its
+/// deadline until the runtime "answered again". A slow answer is not an outage while the
+/// runtime still answers Version.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_that_times_out_on_a_busy_runtime_is_not_an_outage() {
+    let mut rig = Rig::new();
+    let app = streaming_two_level_pod(&mut rig).await;
+    // Another pod's container starts, and its description does not answer in time.
+    rig.cri().hold_status_of("busy-app");
+    rig.cri()
+        .send_event("busy-app", ContainerEventType::ContainerStartedEvent);
+    described(&rig, "busy-app").await;
+    let end = Instant::now() + Duration::from_secs(20);
+    while rig.stats.runtime_errors().values().sum::<u64>() == 0 {
+        assert!(Instant::now() < end, "the read never timed out");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(
+        rig.stats.runtime_ok(),
+        "a slow read was taken for an outage: {:?}",
+        rig.stats.runtime_errors()
+    );
+    // The runtime answers the description asked again; the pod is decided from the view.
+    rig.cri().release_status_of("busy-app");
+    let f = rig.request_exit(APP_UID, "proxy");
+    stays_waiting(&f, Duration::from_millis(100)).await;
+    rig.cri().set_state(&app, ContainerState::ContainerExited);
+    assert!(allowed_within(&f, Duration::from_secs(5)).await);
+    allows_reach(&rig.stats, Reason::Ordered, 1).await;
+    rig.stop_agent().await;
+}

@@ -259,7 +259,14 @@ fn the_daemonset_runs_with_the_least_privilege_that_works() {
     assert_eq!(c["livenessProbe"]["httpGet"]["path"], "/healthz");
     assert_eq!(c["ports"][0]["name"], "metrics");
     assert!(c["resources"]["limits"]["memory"].is_string());
-    assert!(c["resources"]["requests"]["cpu"].is_string());
+    // The test bed weighs the agent by the chart's request, as the kubelet would.
+    let cpu = c["resources"]["requests"]["cpu"]
+        .as_str()
+        .expect("a CPU request");
+    assert_eq!(
+        exitorder_testbed::kubelet::plan::millicores(cpu),
+        Ok(exitorder_testbed::AGENT_CPU_REQUEST_MILLI)
+    );
     let env = c["env"].as_array().expect("env");
     assert!(env
         .iter()

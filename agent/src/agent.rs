@@ -581,10 +581,12 @@ impl Agent {
                         }
                     }
                     Read::ListPod(uid) => {
-                        // Asked again at the next decision of the pod.
+                        // Asked again as the pod is decided again, now: while the runtime
+                        // answers (a busy one timed out), nothing else may come to decide it.
                         if let Ok(pod) = PodUid::parse(uid) {
                             if let Some(p) = self.waits.pending.get_mut(&pod) {
                                 p.checking = false;
+                                dirty.insert(pod);
                             }
                         }
                         warn!(pod = %uid, error = %error, "cannot list pod");

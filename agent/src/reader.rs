@@ -135,7 +135,12 @@ impl ReaderTask {
                         Err(error) => {
                             // A container that just went away answers NotFound, which is not
                             // a failure (describe says None); anything else is the runtime's.
-                            if healthy {
+                            // A call that took too long is the runtime's only if it does not
+                            // answer Version either: a node busy with a burst of deletions
+                            // answers slowly, and holding every wait then would be wrong.
+                            let down =
+                                !error.timed_out() || self.runtime.version().await.is_err();
+                            if healthy && down {
                                 healthy = false;
                                 let _ = self.replies.send(Reply::Health(false));
                             }

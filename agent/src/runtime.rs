@@ -29,6 +29,9 @@ pub use exitorder_contract::kubelet::LABEL_POD_UID;
 /// Per-call deadline: a runtime that hangs must not hold decisions (the deadline rule still
 /// runs, and the next tick retries).
 const CALL_TIMEOUT: Duration = Duration::from_secs(2);
+/// A listing's: on a node saturated by a burst of deletions containerd takes seconds to list
+/// (up to 4.7 s measured), and a listing given up on would be asked again at once.
+const LIST_TIMEOUT: Duration = Duration::from_secs(15);
 /// Verbose container status carries the whole OCI spec; larger answers are refused.
 const MAX_MESSAGE_BYTES: usize = 16 * 1024 * 1024;
 
@@ -51,6 +54,18 @@ impl RuntimeError {
         move |status| RuntimeError::Call {
             call,
             status: Box::new(status),
+        }
+    }
+
+    /// Whether the call was given up on for taking too long (the runtime may be busy, not
+    /// gone).
+    pub fn timed_out(&self) -> bool {
+        match self {
+            RuntimeError::Call { status, .. } => matches!(
+                status.code(),
+                tonic::Code::DeadlineExceeded | tonic::Code::Cancelled
+            ),
+            _ => false,
         }
     }
 
@@ -186,8 +201,12 @@ impl Runtime {
     }
 
     fn request<T>(msg: T) -> tonic::Request<T> {
+        Self::request_within(msg, CALL_TIMEOUT)
+    }
+
+    fn request_within<T>(msg: T, timeout: Duration) -> tonic::Request<T> {
         let mut req = tonic::Request::new(msg);
-        req.set_timeout(CALL_TIMEOUT);
+        req.set_timeout(timeout);
         req
     }
 
@@ -215,23 +234,29 @@ impl Runtime {
             .collect();
         let mut client = self.client.clone();
         let sandboxes = client
-            .list_pod_sandbox(Self::request(ListPodSandboxRequest {
-                filter: pod.map(|_| PodSandboxFilter {
-                    label_selector: selector.clone(),
-                    ..Default::default()
-                }),
-            }))
+            .list_pod_sandbox(Self::request_within(
+                ListPodSandboxRequest {
+                    filter: pod.map(|_| PodSandboxFilter {
+                        label_selector: selector.clone(),
+                        ..Default::default()
+                    }),
+                },
+                LIST_TIMEOUT,
+            ))
             .await
             .map_err(RuntimeError::call("ListPodSandbox"))?
             .into_inner()
             .items;
         let containers = client
-            .list_containers(Self::request(ListContainersRequest {
-                filter: pod.map(|_| ContainerFilter {
-                    label_selector: selector.clone(),
-                    ..Default::default()
-                }),
-            }))
+            .list_containers(Self::request_within(
+                ListContainersRequest {
+                    filter: pod.map(|_| ContainerFilter {
+                        label_selector: selector.clone(),
+                        ..Default::default()
+                    }),
+                },
+                LIST_TIMEOUT,
+            ))
             .await
             .map_err(RuntimeError::call("ListContainers"))?
             .into_inner()

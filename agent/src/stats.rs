@@ -178,8 +178,10 @@ impl Stats {
         self.pending.load(Ordering::Relaxed)
     }
 
+    /// Counts a failed call. Readiness follows the runtime's health as the reader judges it
+    /// ([`Stats::set_runtime_ok`]): one call that failed or took too long on a busy node is
+    /// not the runtime gone.
     pub fn runtime_error(&self, kind: &'static str) {
-        self.runtime_ok.store(false, Ordering::Relaxed);
         bump(&self.runtime_errors, kind);
     }
 

@@ -271,6 +271,7 @@ async fn measure_all(node: &Node, args: &BenchArgs, bin: &Binaries) -> anyhow::R
         format!("{} {}", v.runtime_name, v.runtime_version),
         args.settings(),
     );
+    report.cpu_weights = node.cpu_weights();
     if args.runs(Part::Detect) {
         report.detect_to_allow = Some(DetectSection {
             containerd_events: detect_with_agent(node, args, bin, AgentSource::Events).await?,
@@ -954,5 +955,7 @@ mod tests {
         assert!(plan.containers[0].command[2].contains("sleep 0.300;"));
         assert!(plan.containers[1].pre_stop.is_some());
         assert_eq!(plan.grace_seconds, 30);
+        // Burstable, as pods on a node the scheduler filled.
+        assert_eq!(plan.cpu_request_milli, Some(6));
     }
 }

@@ -243,6 +243,9 @@ impl BurstRow {
 pub struct Report {
     pub runtime: String,
     pub cpus: usize,
+    /// How the node weighed the agent, the runtime and the pods for CPU (`None`: all alike,
+    /// the host had no cpu controller).
+    pub cpu_weights: Option<String>,
     pub total_seconds: f64,
     pub settings: Settings,
     pub detect_to_allow: Option<DetectSection>,
@@ -259,6 +262,7 @@ impl Report {
         Report {
             runtime,
             cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            cpu_weights: None,
             total_seconds: 0.0,
             settings,
             detect_to_allow: None,
@@ -337,6 +341,13 @@ impl Report {
             t,
             "exitorder bench on {} ({} CPUs), {:.0} s",
             self.runtime, self.cpus, self.total_seconds
+        );
+        let _ = writeln!(
+            t,
+            "CPU: {}",
+            self.cpu_weights
+                .as_deref()
+                .unwrap_or("every process weighs the same (no cpu cgroup controller)")
         );
         if let Some(d) = &self.detect_to_allow {
             let _ = writeln!(
@@ -581,6 +592,7 @@ mod tests {
         Report {
             runtime: "containerd 1.6.20".into(),
             cpus: 2,
+            cpu_weights: None,
             total_seconds: 12.5,
             settings: settings(),
             detect_to_allow: Some(DetectSection {

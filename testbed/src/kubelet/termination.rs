@@ -457,7 +457,11 @@ async fn remove_sandbox(ctx: &PodCtx) -> Result<(), TestbedError> {
         Some(pid) => wait_shim_gone(pid, SHIM_EXIT_TIMEOUT).await,
         None => true,
     };
-    let cgroup_problems = remove_cgroup(&cgroup_of(&ctx.node, &ctx.plan.uid)).await;
+    let cgroup = cgroup_of(&ctx.node, &ctx.plan);
+    let cgroup_problems = remove_cgroup(&cgroup).await;
+    if let Some(cpu) = &ctx.node.cpu {
+        cpu.remove_pod(&cgroup);
+    }
     stop?;
     remove?;
     if !shim_gone {

@@ -18,7 +18,7 @@ use super::{
     config, volumes, Command, ContainerStatus, PathMap, Phase, PodCtx, PodStatus, RunOptions,
     RunningPod, Timeline, What,
 };
-use crate::node::{NodeShared, TestbedError};
+use crate::node::{NodeShared, TestbedError, Tier};
 
 const SETUP_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long the containers' supervisors may take to stop when the pod is deleted.
@@ -66,11 +66,13 @@ pub(crate) async fn start(
         .join(format!("{}_{}_{}", plan.namespace, plan.name, plan.uid));
     std::fs::create_dir_all(&log_directory)
         .map_err(|e| TestbedError::io("create", &log_directory, e))?;
-    let sandbox_config = config::sandbox(
-        &plan,
-        &log_directory,
-        &format!("/{}", cgroup_of(&node, &plan.uid)),
-    );
+    // The kubelet makes the pod's cgroup, weighted by its CPU request, before the sandbox.
+    let cgroup = cgroup_of(&node, &plan);
+    if let Some(cpu) = &node.cpu {
+        cpu.add_pod(Tier::of(plan.cpu_request_milli), &cgroup)
+            .map_err(|e| TestbedError::io("create the cgroup of", &pod_dir, e))?;
+    }
+    let sandbox_config = config::sandbox(&plan, &log_directory, &format!("/{cgroup}"));
     let mut client = node.client();
     let sandbox_id = client
         .run_pod_sandbox(request(
@@ -112,8 +114,9 @@ pub(crate) async fn start(
     Ok(RunningPod { ctx, commands })
 }
 
-pub(crate) fn cgroup_of(node: &NodeShared, uid: &str) -> String {
-    format!("{}/pod{uid}", node.cgroup_root)
+/// The pod's cgroup (relative to each hierarchy), in its QoS tier as the kubelet places it.
+pub(crate) fn cgroup_of(node: &NodeShared, plan: &PodPlan) -> String {
+    Tier::of(plan.cpu_request_milli).pod_cgroup(&node.cgroup_root, &plan.uid)
 }
 
 /// Every image the pod names must be in the node's store: nothing is pulled here.

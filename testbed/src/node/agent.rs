@@ -27,7 +27,14 @@ pub struct AgentOptions {
     /// How long start-up may take until "agent ready".
     pub ready_timeout: Duration,
     pub env: Vec<(String, String)>,
+    /// Where the agent runs as the chart's DaemonSet pod would, weighted by its CPU request
+    /// (the node's [`AgentCpu`]); `None`: in the test bed's own cgroup.
+    pub cpu: Option<AgentCpu>,
 }
+
+/// The node's CPU weights, for placing the agent among its pods.
+#[derive(Debug, Clone)]
+pub struct AgentCpu(Arc<super::CpuLayout>);
 
 impl AgentOptions {
     /// The agent on `node`'s socket and share, 3 s grace reserve, default poll interval.
@@ -43,6 +50,7 @@ impl AgentOptions {
             poll_interval: Duration::from_millis(25),
             ready_timeout: Duration::from_secs(20),
             env: Vec::new(),
+            cpu: node.shared.cpu.clone().map(AgentCpu),
         }
     }
 
@@ -134,6 +142,8 @@ struct LogState {
 /// A running agent. Killed (SIGKILL, by its PID) when dropped.
 pub struct AgentProcess {
     child: Option<Child>,
+    /// The pod cgroup it runs in, left once it has ended.
+    cgroup: Option<(Arc<super::CpuLayout>, String)>,
     log: Arc<Mutex<LogState>>,
     changed: tokio::sync::watch::Receiver<usize>,
 }
@@ -165,6 +175,21 @@ impl AgentProcess {
             .command()
             .spawn()
             .map_err(|e| TestbedError::io("start", &opts.binary, e))?;
+        // Moved at once: the threads it starts from now on are in its pod's cgroup, and
+        // cgroup.procs moves any it has already started.
+        let mut cgroup = None;
+        if let Some(AgentCpu(cpu)) = &opts.cpu {
+            let pid = child.id();
+            let name = format!("exitorder-agent-{pid}");
+            match cpu.run_as_pod(&name, super::AGENT_CPU_REQUEST_MILLI, pid) {
+                Ok(path) => cgroup = Some((Arc::clone(cpu), path)),
+                Err(e) => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    return Err(TestbedError::io("place the agent in", name, e));
+                }
+            }
+        }
         let log = Arc::new(Mutex::new(LogState::default()));
         let (tx, changed) = tokio::sync::watch::channel(0usize);
         if let Some(stderr) = child.stderr.take() {
@@ -201,6 +226,7 @@ impl AgentProcess {
         }
         Ok(AgentProcess {
             child: Some(child),
+            cgroup,
             log,
             changed,
         })
@@ -300,6 +326,7 @@ impl AgentProcess {
             match child.try_wait() {
                 Ok(Some(status)) => {
                     self.child = None;
+                    self.leave_cgroup();
                     return Ok(Some(status));
                 }
                 Ok(None) if Instant::now() < deadline => {
@@ -316,6 +343,13 @@ impl AgentProcess {
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();
             let _ = child.wait();
+        }
+        self.leave_cgroup();
+    }
+
+    fn leave_cgroup(&mut self) {
+        if let Some((cpu, cgroup)) = self.cgroup.take() {
+            cpu.leave(&cgroup);
         }
     }
 }

@@ -10,6 +10,7 @@
 mod agent;
 pub(crate) mod cleanup;
 mod containerd;
+mod cpu;
 pub mod exitfiles;
 mod image;
 
@@ -23,8 +24,10 @@ use tonic::transport::Channel;
 use exitorder::cri::runtime_service_client::RuntimeServiceClient;
 use exitorder::cri::VersionResponse;
 
-pub use agent::{AgentOptions, AgentProcess, LogLine};
+pub use agent::{AgentCpu, AgentOptions, AgentProcess, LogLine};
 pub use containerd::{runtime_env_var, runtime_from_env, RUNTIMES};
+pub(crate) use cpu::CpuLayout;
+pub use cpu::{Tier, AGENT_CPU_REQUEST_MILLI};
 pub use exitfiles::{ExitFileEvents, ExitFileProbe};
 pub use image::{find_busybox, BUSYBOX_IMAGE, PAUSE_IMAGE};
 
@@ -208,6 +211,8 @@ pub(crate) struct NodeShared {
     pub(crate) channel: Channel,
     /// The cgroup every pod of this node is created under (relative to each hierarchy).
     pub(crate) cgroup_root: String,
+    /// The CPU weights of the runtime, the pods and the agent; `None` without a cpu controller.
+    pub(crate) cpu: Option<Arc<CpuLayout>>,
     pub(crate) node_name: String,
     /// The node's address: `status.hostIP`, and the address of host-network pods.
     pub(crate) host_ip: String,
@@ -232,6 +237,11 @@ pub struct Node {
 }
 
 impl Node {
+    /// How the node weighs its processes for CPU (see `cpu`), `None` when all weigh the same.
+    pub fn cpu_weights(&self) -> Option<String> {
+        self.shared.cpu.as_ref().map(|c| c.describe())
+    }
+
     /// Starts containerd in a fresh directory under /tmp, waits for its CRI and imports the
     /// busybox and pause images.
     pub async fn start(opts: NodeOptions) -> Result<Node, TestbedError> {
@@ -276,6 +286,26 @@ impl Node {
             cd.stop();
             return Err(e);
         }
+        // containerd moves with all its threads; no shim runs yet, and every shim and runc it
+        // starts from now on inherits its cgroup.
+        let cpu = match CpuLayout::create(&cgroup_root, cd.pid()) {
+            Ok(Some(layout)) => Some(Arc::new(layout)),
+            Ok(None) => {
+                tracing::warn!(
+                    "no cpu cgroup controller here: the test node's processes all weigh the same"
+                );
+                None
+            }
+            Err(e) => {
+                cd.stop();
+                let _ = cleanup::remove_cgroup(&cgroup_root).await;
+                return Err(TestbedError::io(
+                    "lay out the CPU weights in",
+                    Path::new(&cgroup_root),
+                    e,
+                ));
+            }
+        };
         let channel = exitorder::runtime::unix_channel(&cd.socket)?;
         let client =
             RuntimeServiceClient::new(channel.clone()).max_decoding_message_size(16 * 1024 * 1024);
@@ -290,6 +320,7 @@ impl Node {
             client,
             channel,
             cgroup_root,
+            cpu,
             node_name: NODE_NAME.to_owned(),
             host_ip: host_ip(),
             exits,

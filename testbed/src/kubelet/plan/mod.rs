@@ -204,6 +204,9 @@ pub struct PodPlan {
     pub init: Vec<ContainerPlan>,
     pub containers: Vec<ContainerPlan>,
     pub volumes: BTreeMap<String, Volume>,
+    /// The pod's CPU request in millicores as the kubelet sums it (its cgroup's weight);
+    /// `None` for a BestEffort pod (no container requests or limits anything).
+    pub cpu_request_milli: Option<u64>,
     /// Fields accepted without effect here, with why.
     pub notes: Vec<Note>,
 }
@@ -221,6 +224,74 @@ impl PodPlan {
     pub fn has_sidecars(&self) -> bool {
         self.init.iter().any(|c| c.kind == Kind::Sidecar)
     }
+}
+
+/// A pod's CPU request as the kubelet weighs its cgroup: the main containers' and native
+/// sidecars' requests summed, or the largest regular init container's if more; a container
+/// with only a limit requests its limit. `None` when no container requests or limits anything
+/// (a BestEffort pod).
+fn pod_cpu_request(
+    spec: &k8s_openapi::api::core::v1::PodSpec,
+    err: &impl Fn(&str, String) -> PlanError,
+) -> Result<Option<u64>, PlanError> {
+    let inits = spec.init_containers.iter().flatten().enumerate();
+    let inits = inits.map(|(i, c)| (format!("spec.initContainers[{i}]"), c));
+    let mains = spec.containers.iter().enumerate();
+    let mains = mains.map(|(i, c)| (format!("spec.containers[{i}]"), c));
+    let (mut any, mut running, mut init_max) = (false, 0u64, 0u64);
+    for (field, c) in inits.chain(mains) {
+        let Some(r) = &c.resources else { continue };
+        let (requests, limits) = (r.requests.as_ref(), r.limits.as_ref());
+        any |= requests.is_some_and(|m| !m.is_empty()) || limits.is_some_and(|m| !m.is_empty());
+        let cpu = match (
+            requests.and_then(|m| m.get("cpu")),
+            limits.and_then(|m| m.get("cpu")),
+        ) {
+            (Some(q), _) => (format!("{field}.resources.requests.cpu"), q),
+            (None, Some(q)) => (format!("{field}.resources.limits.cpu"), q),
+            (None, None) => continue,
+        };
+        let milli = millicores(&cpu.1 .0).map_err(|why| err(&cpu.0, why))?;
+        let regular_init = field.starts_with("spec.initContainers")
+            && c.restart_policy.as_deref() != Some("Always");
+        if regular_init {
+            init_max = init_max.max(milli);
+        } else {
+            running = running.saturating_add(milli);
+        }
+    }
+    Ok(any.then_some(running.max(init_max)))
+}
+
+/// A CPU quantity (`100m`, `2`, `0.5`) in millicores, rounded up as the API server rounds.
+pub fn millicores(q: &str) -> Result<u64, String> {
+    let bad = || format!("{q:?} is not a CPU quantity the test bed reads (100m, 2, 0.5)");
+    if let Some(m) = q.strip_suffix('m') {
+        return m.parse::<u64>().map_err(|_| bad());
+    }
+    let (whole, frac) = q.split_once('.').unwrap_or((q, ""));
+    if whole.is_empty() && frac.is_empty()
+        || !whole
+            .bytes()
+            .chain(frac.bytes())
+            .all(|b| b.is_ascii_digit())
+    {
+        return Err(bad());
+    }
+    let whole: u64 = if whole.is_empty() {
+        0
+    } else {
+        whole.parse().map_err(|_| bad())?
+    };
+    let mut milli = whole.checked_mul(1000).ok_or_else(bad)?;
+    let digits: Vec<u64> = frac.bytes().map(|b| u64::from(b - b'0')).collect();
+    for (i, scale) in [100, 10, 1].into_iter().enumerate() {
+        milli += digits.get(i).copied().unwrap_or(0) * scale;
+    }
+    if digits.iter().skip(3).any(|d| *d > 0) {
+        milli += 1;
+    }
+    Ok(milli)
 }
 
 /// Checks and resolves `pod` (as written: the JSON of the YAML, before typing).
@@ -322,13 +393,13 @@ impl<E: Fn(&str, String) -> PlanError> Planner<'_, E> {
             .clone()
             .filter(|n| !n.is_empty())
             .unwrap_or_else(|| self.place.node_name.clone());
+        let cpu_request_milli = pod_cpu_request(&spec, err)?;
         let psc = spec.security_context.unwrap_or_default();
         let pod_seccomp = seccomp(
             psc.seccomp_profile.as_ref().map(|p| p.type_.as_str()),
             "spec.securityContext.seccompProfile.type",
             err,
         )?;
-
         let mut volumes = BTreeMap::new();
         for (i, v) in spec.volumes.unwrap_or_default().into_iter().enumerate() {
             let field = format!("spec.volumes[{i}]");
@@ -462,6 +533,7 @@ impl<E: Fn(&str, String) -> PlanError> Planner<'_, E> {
             init,
             containers,
             volumes,
+            cpu_request_milli,
             notes: self.notes,
         })
         .map(|mut p| {
@@ -711,5 +783,55 @@ mod tests {
             [("A".to_owned(), "1".to_owned())].into();
         assert_eq!(expand("$(A)$(B)$$(A)$A$(", &vars), "1$(B)$(A)$A$(");
         assert_eq!(expand("plain", &vars), "plain");
+    }
+
+    #[test]
+    fn cpu_quantities_read_as_the_api_server_reads_them() {
+        assert_eq!(millicores("100m"), Ok(100));
+        assert_eq!(millicores("2"), Ok(2000));
+        assert_eq!(millicores("0.5"), Ok(500));
+        assert_eq!(millicores(".25"), Ok(250));
+        assert_eq!(millicores("1.0001"), Ok(1001));
+        for bad in ["", ".", "1e3", "-1", "1Ki", "m", "1.5m"] {
+            assert!(millicores(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn a_pods_cpu_request_is_summed_as_the_kubelet_sums_it() {
+        let c = |name: &str, resources: Value| json!({"name": name, "image": "busybox:1.36", "command": ["true"], "resources": resources});
+        let best = plan(&pod(json!([c("a", json!({}))])), &place()).expect("plan");
+        assert_eq!(best.cpu_request_milli, None);
+        let mut p = pod(json!([
+            c("a", json!({"requests": {"cpu": "100m"}})),
+            c("b", json!({"limits": {"cpu": "1"}})),
+            c("c", json!({"requests": {"memory": "1Mi"}})),
+        ]));
+        p["spec"]["initContainers"] = json!([
+            c("sidecar", json!({"requests": {"cpu": "50m"}})),
+            c("setup", json!({"requests": {"cpu": "2"}})),
+        ]);
+        p["spec"]["initContainers"][0]["restartPolicy"] = json!("Always");
+        // The regular init container's 2 cores outweigh the running 1.15.
+        assert_eq!(
+            plan(&p, &place()).expect("plan").cpu_request_milli,
+            Some(2000)
+        );
+        p["spec"]["initContainers"][1]["resources"] = json!({});
+        assert_eq!(
+            plan(&p, &place()).expect("plan").cpu_request_milli,
+            Some(1150)
+        );
+        // Memory alone makes a Burstable pod with the least weight.
+        let mem = plan(
+            &pod(json!([c("c", json!({"requests": {"memory": "1Mi"}}))])),
+            &place(),
+        );
+        assert_eq!(mem.expect("plan").cpu_request_milli, Some(0));
+        let bad = plan(
+            &pod(json!([c("a", json!({"requests": {"cpu": "lots"}}))])),
+            &place(),
+        );
+        assert!(bad.is_err_and(|e| e.to_string().contains("resources.requests.cpu")));
     }
 }
