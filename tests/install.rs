@@ -931,6 +931,15 @@ async fn the_charts_agent_from_the_image_orders_the_examples() {
             d.describe()
         );
     }
+    // The node's cgroups, mounted read-only by the chart, told that no container the agent
+    // had not heard of ran in the stopping pods: settled without listing the runtime.
+    let (_, text) =
+        support::http_get(&format!("127.0.0.1:{}", opts.metrics_port), "/metrics").await;
+    let settled = support::parse_metrics(&text)
+        .into_iter()
+        .find(|(s, _)| s == "exitorder_pods_settled_by_cgroup_total")
+        .map_or(0.0, |(_, v)| v);
+    assert!(settled >= 2.0, "pods settled by their cgroup: {settled}");
     // The agent's own mounts of the share and of the kubelet's pods are how it serves them:
     // never reported as a breach (the chart gives it its pod's UID).
     assert!(

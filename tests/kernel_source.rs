@@ -72,6 +72,13 @@ async fn three_levels_watched_and_ordered(bed: &Bed, addr: &str, within: Duratio
     bed.assert_ordered(&d, &uid, "proxy", "app").await;
     bed.assert_ordered(&d, &uid, "log-shipper", "proxy").await;
     assert_eq!(metric_of(addr, "exitorder_kernel_exit_source").await, 1.0);
+    // The pod's cgroup, read with its containers' processes, showed no container the agent
+    // did not know: its exits were settled with no listing of the runtime.
+    assert!(
+        metric_of(addr, "exitorder_pods_settled_by_cgroup_total").await >= 1.0,
+        "the pod was not settled by its cgroup; the agent said:\n{}",
+        bed.agent.log_tail(60)
+    );
     // Exited (told by the kernel or by containerd, whichever came first): nothing is
     // awaited any more.
     until("no container watched", Duration::from_secs(10), || async {

@@ -601,7 +601,11 @@ impl Agent {
                     }
                 }
             }
-            Reply::Process { id, pid } => self.kernel.watch(&id, pid),
+            Reply::Process { id, pid } => {
+                if let Some(dir) = self.kernel.watch(&id, pid) {
+                    self.view.set_pod_cgroup(&id, dir);
+                }
+            }
             Reply::Mounts(check) => {
                 self.audit.push(check);
                 self.audit.start(self.places());
@@ -647,8 +651,19 @@ impl Agent {
             _ => None,
         };
         let listing = matches!(change, Change::Listed(_));
+        // Its process may have been awaited (and its pod's cgroup found) before the view
+        // knew the container: the description brings the two together.
+        let described = match &change {
+            Change::Described { info, .. } => Some(info.id.clone()),
+            _ => None,
+        };
         let undescribed = self.view.undescribed();
         let touched = self.view.apply(change, Instant::now());
+        if let Some(id) = described {
+            if let Some(dir) = self.kernel.pod_dir(&id).map(std::path::Path::to_path_buf) {
+                self.view.set_pod_cgroup(&id, dir);
+            }
+        }
         if let Some(id) = pid_due {
             if self.view.state_of(&id) == Some(RunState::Running) {
                 self.reader.ask(Read::Pid(id));

@@ -71,6 +71,36 @@ impl Agent {
         }
     }
 
+    /// Settles a stopping pod's exits without the runtime where its cgroup shows every
+    /// container it has started to be one the view knows (see [`crate::podcgroup`]): what a
+    /// listing asked now would tell, in microseconds instead of a call that a node busy with
+    /// a burst of deletions answers in seconds.
+    fn settle_by_cgroup(&mut self, pod: &PodUid, stopping: Instant) {
+        let Some(v) = self.view.pod(pod.as_str()) else {
+            return;
+        };
+        if v.listed_at.is_some_and(|at| at >= stopping) {
+            return;
+        }
+        let Some(dir) = &v.cgroup_dir else {
+            tracing::debug!(pod = %pod, "the pod's cgroup is not known (none of its processes awaited); a listing settles it");
+            return;
+        };
+        let looked = Instant::now();
+        let known = |id: &str| {
+            v.containers.contains_key(id) || v.sandbox.as_ref().is_some_and(|s| s.id == id)
+        };
+        match crate::podcgroup::strangers(dir, known) {
+            Some(false) => {
+                self.view.settled(pod.as_str(), looked);
+                self.stats.settled_by_cgroup();
+            }
+            found => {
+                tracing::debug!(pod = %pod, dir = %dir.display(), unreadable = found.is_none(), "the pod's cgroup does not settle it; a listing will")
+            }
+        }
+    }
+
     /// The facts a decision takes; `None` when the runtime has no such pod (fail open).
     fn facts(&mut self, pod: &PodUid) -> Option<PodFacts> {
         let api = self.api_pod(pod);
@@ -110,6 +140,7 @@ impl Agent {
                 return Some(facts::without_runtime(&waiting, deletion, &clock));
             }
         }
+        self.settle_by_cgroup(pod, stopping);
         let v = self.view.pod(pod.as_str())?;
         let api_annotations = api.as_ref().map(|a| &a.annotations);
         let named = facts::pod_priorities(v, api_annotations);

@@ -13,6 +13,7 @@
 use std::collections::HashMap;
 use std::io::Read as _;
 use std::os::fd::OwnedFd;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
 
@@ -22,6 +23,7 @@ use rustix::process::{pidfd_open, Pid, PidfdFlags};
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
+use crate::podcgroup::CgroupMounts;
 use crate::source::SourceSignal;
 use crate::stats::Stats;
 use crate::view::Change;
@@ -61,6 +63,10 @@ pub struct KernelExits {
     next_token: u64,
     /// Processes refused for not being their container's, while none was accepted.
     refused: u32,
+    /// Where pods' cgroups can be looked at (see [`crate::podcgroup`]).
+    mounts: CgroupMounts,
+    /// Each watched container's pod cgroup, where it can be looked at.
+    pod_dirs: HashMap<String, PathBuf>,
     stats: Arc<Stats>,
 }
 
@@ -99,12 +105,19 @@ impl KernelExits {
             }
         };
         stats.set_kernel_source(shared.is_some());
+        let mounts = if shared.is_some() {
+            CgroupMounts::read()
+        } else {
+            CgroupMounts::default()
+        };
         KernelExits {
             available,
             shared,
             watches: HashMap::new(),
             next_token: WAKE.saturating_add(1),
             refused: 0,
+            mounts,
+            pod_dirs: HashMap::new(),
             stats,
         }
     }
@@ -120,6 +133,8 @@ impl KernelExits {
             watches: HashMap::new(),
             next_token: WAKE.saturating_add(1),
             refused: 0,
+            mounts: CgroupMounts::default(),
+            pod_dirs: HashMap::new(),
             stats,
         }
     }
@@ -130,15 +145,21 @@ impl KernelExits {
 
     /// Watches container `id`, running as `pid` (the runtime's word): its exit is sent as
     /// [`Change::ProcessGone`]. Does nothing when the kernel cannot be asked, or the process is
-    /// not (or no longer) the container's.
-    pub fn watch(&mut self, id: &str, pid: i32) {
+    /// not (or no longer) the container's. Returns the directory of its pod's cgroup, where
+    /// this process can look at it.
+    pub fn watch(&mut self, id: &str, pid: i32) -> Option<PathBuf> {
         if self.shared.is_none() || self.watches.contains_key(id) {
-            return;
+            return None;
         }
         match open(id, pid) {
-            Ok(fd) => {
+            Ok((fd, cgroup)) => {
                 self.refused = u32::MAX;
                 self.register(id, fd);
+                let dir = self.mounts.pod_dir(&cgroup, id)?;
+                if self.watches.contains_key(id) {
+                    self.pod_dirs.insert(id.to_owned(), dir.clone());
+                }
+                Some(dir)
             }
             Err(why) => {
                 debug!(container = %id, pid, reason = %why, "not watched by the kernel source");
@@ -154,6 +175,7 @@ impl KernelExits {
                         "the processes the runtime names are not this agent's to see (is it in the host's pid namespace? the chart's agent.kernelExitSource gives hostPID); exits come from the runtime alone"
                     );
                 }
+                None
             }
         }
     }
@@ -194,7 +216,13 @@ impl KernelExits {
     }
 
     /// Stops watching a container (removed, or its exit told).
+    /// The pod cgroup of watched container `id`, where it can be looked at.
+    pub fn pod_dir(&self, id: &str) -> Option<&std::path::Path> {
+        self.pod_dirs.get(id).map(PathBuf::as_path)
+    }
+
     pub fn forget(&mut self, id: &str) {
+        self.pod_dirs.remove(id);
         let Some((fd, token)) = self.watches.remove(id) else {
             return;
         };
@@ -297,7 +325,7 @@ fn probe() -> Result<(), String> {
 
 /// A pidfd on `pid`, once the process is seen in container `id`'s cgroup. Opened first and
 /// checked after: the pidfd pins the process, so what is checked is what is watched.
-fn open(id: &str, pid: i32) -> Result<OwnedFd, String> {
+fn open(id: &str, pid: i32) -> Result<(OwnedFd, String), String> {
     let p = Pid::from_raw(pid).ok_or_else(|| format!("not a process id: {pid}"))?;
     let fd = pidfd_open(p, PidfdFlags::empty()).map_err(|e| format!("pidfd_open: {e}"))?;
     let cgroup = read_cgroup(pid).map_err(|e| format!("/proc/{pid}/cgroup: {e}"))?;
@@ -309,7 +337,7 @@ fn open(id: &str, pid: i32) -> Result<OwnedFd, String> {
     if is_readable(&fd) {
         return Err("the process has already exited".to_owned());
     }
-    Ok(fd)
+    Ok((fd, cgroup))
 }
 
 fn read_cgroup(pid: i32) -> std::io::Result<String> {

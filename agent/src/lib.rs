@@ -38,6 +38,7 @@ pub mod hostpath;
 pub mod jobs;
 pub mod kernel;
 pub mod metrics;
+pub mod podcgroup;
 pub mod podwatch;
 pub mod priority;
 pub mod reader;

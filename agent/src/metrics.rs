@@ -105,10 +105,13 @@ pub fn render(stats: &Stats) -> String {
          # HELP exitorder_kernel_watched_containers Running containers whose exit the kernel source awaits.\n\
          # TYPE exitorder_kernel_watched_containers gauge\nexitorder_kernel_watched_containers {}\n\
          # HELP exitorder_kernel_exits_total Container exits told by the kernel source.\n\
-         # TYPE exitorder_kernel_exits_total counter\nexitorder_kernel_exits_total {}",
+         # TYPE exitorder_kernel_exits_total counter\nexitorder_kernel_exits_total {}\n\
+         # HELP exitorder_pods_settled_by_cgroup_total Stopping pods found by a look at their cgroup to have started no container the agent does not know, with no listing of the runtime.\n\
+         # TYPE exitorder_pods_settled_by_cgroup_total counter\nexitorder_pods_settled_by_cgroup_total {}",
         u8::from(stats.kernel_source()),
         stats.kernel_watches(),
-        stats.kernel_exits()
+        stats.kernel_exits(),
+        stats.settlements_by_cgroup()
     );
     let _ = writeln!(
         out,

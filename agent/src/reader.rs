@@ -13,6 +13,7 @@ use tokio::sync::{mpsc, Semaphore};
 use tokio::task::JoinSet;
 use tracing::{debug, Instrument};
 
+use crate::bounds::Later as _;
 use crate::decide::RunState;
 use crate::runtime::{Runtime, RuntimeError};
 use crate::view::{Change, Need};
@@ -22,9 +23,11 @@ pub const DESCRIBE_CONCURRENCY: usize = 16;
 /// How often a failing runtime is asked whether it answers again.
 const HEALTH_RETRY: Duration = Duration::from_secs(2);
 /// A started container's process, not named yet by the runtime's status, is asked for
-/// again after this, doubling, until [`PID_RETRY_MAX`].
+/// again after this, doubling up to [`PID_RETRY_MAX`] apart, for [`PID_RETRY_FOR`]: a node
+/// starting hundreds of pods names a started container's process seconds late.
 const PID_RETRY_START: Duration = Duration::from_millis(10);
-const PID_RETRY_MAX: Duration = Duration::from_millis(640);
+const PID_RETRY_MAX: Duration = Duration::from_secs(1);
+const PID_RETRY_FOR: Duration = Duration::from_secs(30);
 
 /// What the decision loop asks for.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -257,19 +260,29 @@ async fn process_of(
     id: &str,
 ) -> Result<Option<i32>, RuntimeError> {
     let mut delay = PID_RETRY_START;
+    let give_up = Instant::now().later(PID_RETRY_FOR);
     loop {
         let described = {
             // The semaphore is never closed; an error would only mean "go on".
             let _permit = Arc::clone(permits).acquire_owned().await;
-            runtime.describe(id).await?
+            runtime.describe(id).await
+        };
+        let described = match described {
+            // Busy (a burst of pods starting), not gone: asked again.
+            Err(e) if e.timed_out() && Instant::now() < give_up => {
+                tokio::time::sleep(delay).await;
+                delay = delay.saturating_mul(2).min(PID_RETRY_MAX);
+                continue;
+            }
+            other => other?,
         };
         let Some(d) = described else {
             return Ok(None);
         };
-        if d.pid.is_some() || d.info.state == RunState::Exited || delay > PID_RETRY_MAX {
+        if d.pid.is_some() || d.info.state == RunState::Exited || Instant::now() >= give_up {
             return Ok(d.pid);
         }
         tokio::time::sleep(delay).await;
-        delay = delay.saturating_mul(2);
+        delay = delay.saturating_mul(2).min(PID_RETRY_MAX);
     }
 }

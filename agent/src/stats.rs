@@ -61,6 +61,7 @@ pub struct Stats {
     kernel_source: std::sync::atomic::AtomicBool,
     kernel_watches: AtomicU64,
     kernel_exits: AtomicU64,
+    settled_by_cgroup: AtomicU64,
     event_source: Mutex<&'static str>,
     watching: AtomicBool,
     runtime_ok: AtomicBool,
@@ -247,6 +248,15 @@ impl Stats {
 
     pub fn kernel_exits(&self) -> u64 {
         self.kernel_exits.load(Ordering::Relaxed)
+    }
+
+    /// A pod's exits settled by a look at its cgroup, with no listing.
+    pub fn settled_by_cgroup(&self) {
+        self.settled_by_cgroup.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn settlements_by_cgroup(&self) -> u64 {
+        self.settled_by_cgroup.load(Ordering::Relaxed)
     }
 
     pub fn share_breach(&self) {

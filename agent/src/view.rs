@@ -89,8 +89,12 @@ pub struct PodEntry {
     pub containers: HashMap<String, ContainerEntry>,
     /// The pod's listing is asked for (`None`), or due again after a failure (`Some(at)`).
     sandbox_read: Option<SandboxRead>,
-    /// When the newest listing that covered the pod was asked for (the agent's clock).
+    /// When the newest listing that covered the pod was asked for (the agent's clock), or a
+    /// look at its cgroup found no container the view does not know (the same knowledge).
     pub listed_at: Option<Instant>,
+    /// The pod's cgroup directory, learnt with a container's process (see
+    /// [`crate::podcgroup`]).
+    pub cgroup_dir: Option<std::path::PathBuf>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -117,6 +121,7 @@ impl PodEntry {
                 .collect(),
             sandbox_read: None,
             listed_at: None,
+            cgroup_dir: None,
         }
     }
 
@@ -424,6 +429,20 @@ impl NodeView {
     pub fn state_of(&self, id: &str) -> Option<RunState> {
         let uid = self.pod_of.get(id)?;
         Some(self.pods.get(uid)?.containers.get(id)?.info.state)
+    }
+
+    /// Where container `id`'s pod has its cgroup (the kernel source read it).
+    pub fn set_pod_cgroup(&mut self, id: &str, dir: std::path::PathBuf) {
+        if let Some(p) = self.pod_of.get(id).and_then(|uid| self.pods.get_mut(uid)) {
+            p.cgroup_dir = Some(dir);
+        }
+    }
+
+    /// Pod `uid` is known, at `at`, to have started no container the view does not know.
+    pub fn settled(&mut self, uid: &str, at: Instant) {
+        if let Some(p) = self.pods.get_mut(uid) {
+            p.listed_at = p.listed_at.max(Some(at));
+        }
     }
 
     fn container_mut(&mut self, id: &str) -> Option<&mut ContainerEntry> {
