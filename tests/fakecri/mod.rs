@@ -99,9 +99,16 @@ impl FakeCri {
         }
     }
 
+    /// A creation time as the runtime gives it: the wall clock in ns (the agent compares it
+    /// with when it asked for a listing), strictly increasing. A plain counter stood below
+    /// every listing's time, so a listing asked before a pod existed, answered after the
+    /// pod's own, removed the pod from the view.
     fn next(&self) -> i64 {
         let mut s = self.state.lock().unwrap();
-        s.seq += 1;
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX));
+        s.seq = now.max(s.seq + 1);
         s.seq
     }
 
