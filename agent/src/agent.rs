@@ -557,6 +557,14 @@ impl Agent {
         }
     }
 
+    /// Gives the view container `id`'s pod cgroup, once the kernel source found it and the
+    /// view knows the container (either may come first).
+    fn learn_pod_cgroup(&mut self, id: &str) {
+        if let Some(dir) = self.kernel.pod_dir(id) {
+            self.view.set_pod_cgroup(id, dir.to_path_buf());
+        }
+    }
+
     fn on_reply(&mut self, reply: Reply, dirty: &mut BTreeSet<PodUid>) {
         match reply {
             Reply::Change(change) => self.apply_change(change, dirty),
@@ -602,9 +610,8 @@ impl Agent {
                 }
             }
             Reply::Process { id, pid } => {
-                if let Some(dir) = self.kernel.watch(&id, pid) {
-                    self.view.set_pod_cgroup(&id, dir);
-                }
+                self.kernel.watch(&id, pid);
+                self.learn_pod_cgroup(&id);
             }
             Reply::Mounts(check) => {
                 self.audit.push(check);
@@ -660,9 +667,7 @@ impl Agent {
         let undescribed = self.view.undescribed();
         let touched = self.view.apply(change, Instant::now());
         if let Some(id) = described {
-            if let Some(dir) = self.kernel.pod_dir(&id).map(std::path::Path::to_path_buf) {
-                self.view.set_pod_cgroup(&id, dir);
-            }
+            self.learn_pod_cgroup(&id);
         }
         if let Some(id) = pid_due {
             if self.view.state_of(&id) == Some(RunState::Running) {

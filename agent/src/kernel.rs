@@ -145,21 +145,21 @@ impl KernelExits {
 
     /// Watches container `id`, running as `pid` (the runtime's word): its exit is sent as
     /// [`Change::ProcessGone`]. Does nothing when the kernel cannot be asked, or the process is
-    /// not (or no longer) the container's. Returns the directory of its pod's cgroup, where
-    /// this process can look at it.
-    pub fn watch(&mut self, id: &str, pid: i32) -> Option<PathBuf> {
+    /// not (or no longer) the container's. Where this process can look at the container's pod
+    /// cgroup, [`KernelExits::pod_dir`] says so from then on.
+    pub fn watch(&mut self, id: &str, pid: i32) {
         if self.shared.is_none() || self.watches.contains_key(id) {
-            return None;
+            return;
         }
         match open(id, pid) {
             Ok((fd, cgroup)) => {
                 self.refused = u32::MAX;
                 self.register(id, fd);
-                let dir = self.mounts.pod_dir(&cgroup, id)?;
-                if self.watches.contains_key(id) {
-                    self.pod_dirs.insert(id.to_owned(), dir.clone());
+                if let Some(dir) = self.mounts.pod_dir(&cgroup, id) {
+                    if self.watches.contains_key(id) {
+                        self.pod_dirs.insert(id.to_owned(), dir);
+                    }
                 }
-                Some(dir)
             }
             Err(why) => {
                 debug!(container = %id, pid, reason = %why, "not watched by the kernel source");
@@ -175,7 +175,6 @@ impl KernelExits {
                         "the processes the runtime names are not this agent's to see (is it in the host's pid namespace? the chart's agent.kernelExitSource gives hostPID); exits come from the runtime alone"
                     );
                 }
-                None
             }
         }
     }
@@ -215,12 +214,12 @@ impl KernelExits {
         self.watches.contains_key(id)
     }
 
-    /// Stops watching a container (removed, or its exit told).
     /// The pod cgroup of watched container `id`, where it can be looked at.
     pub fn pod_dir(&self, id: &str) -> Option<&std::path::Path> {
         self.pod_dirs.get(id).map(PathBuf::as_path)
     }
 
+    /// Stops watching a container (removed, or its exit told).
     pub fn forget(&mut self, id: &str) {
         self.pod_dirs.remove(id);
         let Some((fd, token)) = self.watches.remove(id) else {

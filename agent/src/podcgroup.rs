@@ -17,6 +17,7 @@
 //! container, or one that cannot be read, sends the pod back to a listing.
 
 use std::collections::HashMap;
+use std::os::unix::ffi::OsStringExt as _;
 use std::path::{Path, PathBuf};
 
 /// More entries than a pod has containers by far: beyond it, a listing decides.
@@ -82,8 +83,8 @@ impl CgroupMounts {
                 continue;
             };
             let mount = Mount {
-                root: unescape(root),
-                at: PathBuf::from(unescape(mount)),
+                root: unescape_mount_path(root).to_string_lossy().into_owned(),
+                at: unescape_mount_path(mount),
             };
             match fs_type {
                 // The widest mount of the hierarchy, where there are several.
@@ -125,15 +126,21 @@ impl CgroupMounts {
             if id_of(last) != Some(id) {
                 return None;
             }
-            if controllers.is_empty() {
-                self.v2.as_ref()?.dir_of(parent)
-            } else {
-                controllers
-                    .split(',')
-                    .filter_map(|c| self.v1.get(c.strip_prefix("name=").unwrap_or(c)))
-                    .find_map(|m| m.dir_of(parent))
-            }
+            self.dir(controllers, parent)
         })
+    }
+
+    /// Where cgroup `path` of the hierarchy of `controllers` (as a `/proc/<pid>/cgroup` line
+    /// names both: a comma-separated list for cgroup v1, empty for v2) is in these mounts.
+    pub fn dir(&self, controllers: &str, path: &str) -> Option<PathBuf> {
+        if controllers.is_empty() {
+            self.v2.as_ref()?.dir_of(path)
+        } else {
+            controllers
+                .split(',')
+                .filter_map(|c| self.v1.get(c.strip_prefix("name=").unwrap_or(c)))
+                .find_map(|m| m.dir_of(path))
+        }
     }
 }
 
@@ -172,19 +179,18 @@ pub fn strangers(dir: &Path, known: impl Fn(&str) -> bool) -> Option<bool> {
         let Some(name) = name.to_str() else {
             return Some(true);
         };
-        match id_of(name) {
-            Some(id) if known(id) => {}
-            Some(_) => return Some(true),
-            // A cgroup that is no container's (systemd's or another agent's own): not a
-            // started attempt, but nothing to vouch for either.
-            None => return Some(true),
+        // Another container, or a cgroup that is no container's (systemd's or another
+        // agent's own): nothing to vouch for.
+        if !id_of(name).is_some_and(&known) {
+            return Some(true);
         }
     }
     Some(false)
 }
 
-/// A mountinfo path with its octal escapes (`\040` for a space) undone.
-fn unescape(s: &str) -> String {
+/// A path as `/proc/<pid>/mountinfo` writes it, with its octal escapes (`\040` for a space,
+/// `\134` for a backslash) undone, byte for byte. An incomplete escape stays as written.
+pub fn unescape_mount_path(s: &str) -> PathBuf {
     let mut out = Vec::with_capacity(s.len());
     let mut rest = s.as_bytes();
     while let Some((&first, tail)) = rest.split_first() {
@@ -211,7 +217,7 @@ fn unescape(s: &str) -> String {
             }
         }
     }
-    String::from_utf8_lossy(&out).into_owned()
+    PathBuf::from(std::ffi::OsString::from_vec(out))
 }
 
 #[cfg(test)]
@@ -237,6 +243,9 @@ mod tests {
             m.v2.as_ref().map(|v| v.at.as_path()),
             Some(Path::new("/host cg"))
         );
+        // A hierarchy's own top, where its mount shows it.
+        assert_eq!(m.dir("cpu", "/"), Some(PathBuf::from("/sys/fs/cgroup/cpu")));
+        assert_eq!(m.dir("memory", "/"), None);
 
         let proc_v1 = format!("5:memory:/kubepods/pod1/{ID}\n4:cpu,cpuacct:/kubepods/pod1/{ID}\n");
         assert_eq!(
@@ -280,6 +289,16 @@ mod tests {
         // Its own namespace's mount alone shows nothing above itself.
         let own = CgroupMounts::parse("40 30 0:30 / /sys/fs/cgroup ro - cgroup2 cgroup2 rw");
         assert_eq!(own.pod_dir(&proc, ID), None);
+    }
+
+    #[test]
+    fn mountinfo_escapes() {
+        assert_eq!(
+            unescape_mount_path(r"/mnt/with\040space\134x"),
+            PathBuf::from(r"/mnt/with space\x")
+        );
+        assert_eq!(unescape_mount_path(r"/a\04"), PathBuf::from(r"/a\04"));
+        assert_eq!(unescape_mount_path(r"\400"), PathBuf::from(r"\400"));
     }
 
     #[test]

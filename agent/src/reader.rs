@@ -253,7 +253,7 @@ impl ReaderTask {
 /// Container `id`'s process, as the runtime's status names it. containerd tells a task's
 /// start before its CRI status has the process (and a container described just before it
 /// started has none yet): a container that is not known to have exited is asked about
-/// again, briefly, without holding a read permit while it waits.
+/// again, for up to [`PID_RETRY_FOR`], without holding a read permit while it waits.
 async fn process_of(
     runtime: &Runtime,
     permits: &Arc<Semaphore>,
@@ -267,20 +267,16 @@ async fn process_of(
             let _permit = Arc::clone(permits).acquire_owned().await;
             runtime.describe(id).await
         };
-        let described = match described {
+        let late = Instant::now() >= give_up;
+        match described {
             // Busy (a burst of pods starting), not gone: asked again.
-            Err(e) if e.timed_out() && Instant::now() < give_up => {
-                tokio::time::sleep(delay).await;
-                delay = delay.saturating_mul(2).min(PID_RETRY_MAX);
-                continue;
+            Err(e) if e.timed_out() && !late => {}
+            Err(e) => return Err(e),
+            Ok(None) => return Ok(None),
+            Ok(Some(d)) if d.pid.is_some() || d.info.state == RunState::Exited || late => {
+                return Ok(d.pid)
             }
-            other => other?,
-        };
-        let Some(d) = described else {
-            return Ok(None);
-        };
-        if d.pid.is_some() || d.info.state == RunState::Exited || Instant::now() >= give_up {
-            return Ok(d.pid);
+            Ok(Some(_)) => {}
         }
         tokio::time::sleep(delay).await;
         delay = delay.saturating_mul(2).min(PID_RETRY_MAX);

@@ -2,7 +2,6 @@
 
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
-use std::os::unix::ffi::OsStringExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -164,26 +163,7 @@ fn fs_type_of(path: &Path) -> Option<String> {
 }
 
 /// mountinfo escapes space, tab, newline and backslash as octal.
-pub(crate) fn unescape_mount_path(s: &str) -> PathBuf {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'\\'
-            && i + 3 < b.len()
-            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
-        {
-            let digit = |c: u8| u32::from(c - b'0');
-            let v = digit(b[i + 1]) * 64 + digit(b[i + 2]) * 8 + digit(b[i + 3]);
-            out.push(u8::try_from(v).unwrap_or(b'?'));
-            i += 4;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
-    }
-    PathBuf::from(std::ffi::OsString::from_vec(out))
-}
+pub(crate) use exitorder::podcgroup::unescape_mount_path;
 
 fn config_text(dir: &Path, snapshotter: &str) -> String {
     let d = dir.display();
@@ -527,15 +507,6 @@ pub(crate) fn log_tail(path: &Path, lines: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn mountinfo_escapes() {
-        assert_eq!(
-            unescape_mount_path(r"/mnt/with\040space\134x"),
-            PathBuf::from(r"/mnt/with space\x")
-        );
-        assert_eq!(unescape_mount_path(r"/a\04"), PathBuf::from(r"/a\04"));
-    }
 
     #[test]
     fn cri_load_failures_of_1_x_and_2_x() {

@@ -80,38 +80,17 @@ struct CpuTree {
 }
 
 impl CpuTree {
-    /// The mount point of the hierarchy that holds the cpu controller, from mountinfo.
+    /// The mount point of the hierarchy that holds the cpu controller, where it is mounted
+    /// from its top: cgroup v1's `cpu`, else cgroup v2's with `cpu` enabled.
     fn find() -> Option<CpuTree> {
-        let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-        let mut v2 = None;
-        for line in info.lines() {
-            let Some((left, right)) = line.split_once(" - ") else {
-                continue;
-            };
-            let mut r = right.split(' ');
-            let (Some(fs_type), Some(_source), Some(opts)) = (r.next(), r.next(), r.next()) else {
-                continue;
-            };
-            let mut l = left.split(' ');
-            let (Some(root), Some(mount)) = (l.nth(3), l.next()) else {
-                continue;
-            };
-            if root != "/" {
-                continue;
-            }
-            let mount = super::containerd::unescape_mount_path(mount);
-            match fs_type {
-                "cgroup" if opts.split(',').any(|o| o == "cpu") => {
-                    return Some(CpuTree { mount, v2: false })
-                }
-                "cgroup2" if v2.is_none() => v2 = Some(CpuTree { mount, v2: true }),
-                _ => {}
-            }
+        let mounts = exitorder::podcgroup::CgroupMounts::read();
+        if let Some(mount) = mounts.dir("cpu", "/") {
+            return Some(CpuTree { mount, v2: false });
         }
-        v2.filter(|t| {
-            std::fs::read_to_string(t.mount.join("cgroup.controllers"))
-                .is_ok_and(|c| c.split_whitespace().any(|w| w == "cpu"))
-        })
+        let mount = mounts.dir("", "/")?;
+        std::fs::read_to_string(mount.join("cgroup.controllers"))
+            .is_ok_and(|c| c.split_whitespace().any(|w| w == "cpu"))
+            .then_some(CpuTree { mount, v2: true })
     }
 
     /// Creates `rel` (and its parents) and sets its weight.
