@@ -1,6 +1,6 @@
 # Sourced by scripts/demo and scripts/test: installs, with apt-get, what a test node needs —
-# containerd, runc and a static busybox for the images, and the C toolchain with libc.a that
-# the static entrypoint links against.
+# containerd, runc, the CNI plugins and a static busybox for the images, and the C toolchain
+# with libc.a that the static entrypoint links against.
 
 # apt-get, retried while another dpkg/apt holds its lock (unattended upgrades on a fresh VM).
 apt_get() {
@@ -24,6 +24,8 @@ missing_node_packages() {
     dpkg -s busybox-static >/dev/null 2>&1 || missing+=(busybox-static)
     command -v cc >/dev/null 2>&1 || missing+=(gcc)
     dpkg -s libc6-dev >/dev/null 2>&1 || missing+=(libc6-dev)
+    # The pod network of user-namespaced pods (ptp, host-local).
+    [ -x /usr/lib/cni/ptp ] || [ -x /opt/cni/bin/ptp ] || missing+=(containernetworking-plugins)
     echo "${missing[*]}"
 }
 

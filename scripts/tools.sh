@@ -9,6 +9,10 @@
 #                    `containerd-shim-runc-v2` and `ctr` (1.7: Debian trixie's, 2.1: sid's),
 #                    unpacked once into target/tools/containerd-VERSION/; nothing is installed
 #                    system-wide (runc stays the machine's)
+#   ensure_runc_idmap
+#                    prints the path of a runc that makes idmapped mounts (1.2+, Debian sid's),
+#                    which containerd 2.x needs to run `hostUsers: false` pods, unpacked once
+#                    into target/tools/runc-sid/
 
 # shellcheck source=scripts/packages.sh
 . "$(dirname "${BASH_SOURCE[0]}")/packages.sh"
@@ -137,25 +141,21 @@ ensure_containerd() {
     echo "$dir/usr/bin"
 }
 
-# Downloads Debian SUITE's containerd .deb and unpacks it into DIR (a subshell: its temp dir
-# goes with it; DIR is replaced only by a complete, working unpack).
-_fetch_containerd() (
-    set -euo pipefail
-    version=$1 suite=$2 dir=$3
-    fail() {
-        echo "containerd $version could not be had: $*" >&2
-        exit 1
-    }
-    keyring=/usr/share/keyrings/debian-archive-keyring.gpg
-    command -v apt-get >/dev/null 2>&1 || fail "apt-get is needed to fetch Debian $suite's containerd"
-    command -v dpkg-deb >/dev/null 2>&1 || fail "dpkg-deb is needed to unpack Debian $suite's containerd"
-    [ -r "$keyring" ] || fail "$keyring is missing (install the Debian package debian-archive-keyring)"
+# Downloads Debian SUITE's package PKG into the directory TMP with apt-get on a private sources
+# list, state and cache under target/tools/apt/SUITE (the machine's apt state is only read,
+# never written) and unpacks it with dpkg-deb into TMP/root; a message on stderr and non-zero
+# when it cannot.
+_debian_unpack() {
+    local suite=$1 pkg=$2 tmp=$3 keyring=/usr/share/keyrings/debian-archive-keyring.gpg
+    local mirror apt_dir deb
+    command -v apt-get >/dev/null 2>&1 || { echo "apt-get is needed to fetch Debian $suite's $pkg" >&2; return 1; }
+    command -v dpkg-deb >/dev/null 2>&1 || { echo "dpkg-deb is needed to unpack Debian $suite's $pkg" >&2; return 1; }
+    [ -r "$keyring" ] || { echo "$keyring is missing (install the Debian package debian-archive-keyring)" >&2; return 1; }
     mirror=$(_debian_mirror)
     apt_dir="$EXITORDER_ROOT/target/tools/apt/$suite"
-    mkdir -p "$apt_dir/lists/partial" "$apt_dir/cache/archives/partial"
+    mkdir -p "$apt_dir/lists/partial" "$apt_dir/cache/archives/partial" "$tmp/$pkg"
     echo "deb [signed-by=$keyring] $mirror $suite main" >"$apt_dir/sources.list"
-    # Private sources, lists and caches: the machine's apt state is only read, never written.
-    apt_opts=(
+    local apt_opts=(
         -o "Dir::Etc::SourceList=$apt_dir/sources.list"
         -o Dir::Etc::SourceParts=/dev/null
         -o "Dir::State::Lists=$apt_dir/lists"
@@ -165,24 +165,91 @@ _fetch_containerd() (
         -o Dir::Cache::srcpkgcache=
         -o APT::Sandbox::User=root
     )
-    tmp=$(mktemp -d)
-    trap 'rm -rf "$tmp"' EXIT
-    echo "fetching containerd $version from Debian $suite ($mirror)" >&2
+    echo "fetching $pkg from Debian $suite ($mirror)" >&2
     # apt-get update only warns when the mirror cannot be reached or its Release not verified.
     if ! apt-get -q "${apt_opts[@]}" update >"$tmp/update.out" 2>&1 ||
         grep -qE '^(E:|W: Failed to fetch)|NO_PUBKEY|is not signed' "$tmp/update.out"; then
-        fail "apt-get update of $mirror $suite failed: $(grep -E '^(E|W):' "$tmp/update.out" | head -n 5)"
+        echo "apt-get update of $mirror $suite failed: $(grep -E '^(E|W):' "$tmp/update.out" | head -n 5)" >&2
+        return 1
     fi
-    (cd "$tmp" && apt-get -q "${apt_opts[@]}" download "containerd/$suite" >download.out 2>&1) ||
-        fail "apt-get download containerd/$suite failed: $(tail -n 5 "$tmp/download.out")"
-    deb=$(find "$tmp" -maxdepth 1 -name 'containerd_*.deb' | head -n 1)
-    [ -n "$deb" ] || fail "apt-get download containerd/$suite wrote no .deb"
-    dpkg-deb -x "$deb" "$tmp/root" || fail "dpkg-deb -x $(basename "$deb") failed"
+    if ! (cd "$tmp/$pkg" && apt-get -q "${apt_opts[@]}" download "$pkg/$suite" >download.out 2>&1); then
+        echo "apt-get download $pkg/$suite failed: $(tail -n 5 "$tmp/$pkg/download.out")" >&2
+        return 1
+    fi
+    deb=$(find "$tmp/$pkg" -maxdepth 1 -name "${pkg}_*.deb" | head -n 1)
+    [ -n "$deb" ] || { echo "apt-get download $pkg/$suite wrote no .deb" >&2; return 1; }
+    dpkg-deb -x "$deb" "$tmp/root" || { echo "dpkg-deb -x $(basename "$deb") failed" >&2; return 1; }
+}
+
+# Downloads Debian SUITE's containerd .deb and unpacks it into DIR (a subshell: its temp dir
+# goes with it; DIR is replaced only by a complete, working unpack).
+_fetch_containerd() (
+    set -euo pipefail
+    version=$1 suite=$2 dir=$3
+    fail() {
+        echo "containerd $version could not be had: $*" >&2
+        exit 1
+    }
+    tmp=$(mktemp -d)
+    trap 'rm -rf "$tmp"' EXIT
+    _debian_unpack "$suite" containerd "$tmp" || fail "see above"
     _containerd_usable "$tmp/root/usr/bin" "$version" ||
-        fail "$(basename "$deb") holds no containerd $version.x with containerd-shim-runc-v2 and ctr that runs here ($("$tmp/root/usr/bin/containerd" --version 2>&1 | head -n 1))"
+        fail "Debian $suite's package holds no containerd $version.x with containerd-shim-runc-v2 and ctr that runs here ($("$tmp/root/usr/bin/containerd" --version 2>&1 | head -n 1))"
     mkdir -p "$(dirname "$dir")"
     rm -rf "$dir.tmp.$$"
     mv "$tmp/root" "$dir.tmp.$$"
     rm -rf "$dir"
     mv "$dir.tmp.$$" "$dir"
+)
+
+# Whether BIN is a runc that runs here and makes idmapped mounts (`runc features`).
+_runc_idmap_usable() {
+    [ -x "$1" ] && "$1" features 2>/dev/null | tr -d ' \n' | grep -q '"idmap":{"enabled":true}'
+}
+
+# Prints the path of a runc with idmapped mounts. The machine's runc (1.1) has none, and
+# containerd 2.x runs a user-namespaced pod only with them (its volumes are idmapped, so files
+# keep their owners across the namespace). Debian sid's runc has them, but is built against a
+# newer glibc than the machine's: it is unpacked with sid's libc6 beside it, and patchelf points
+# its ELF interpreter and library path there, so it re-executes itself (runc init) as built.
+ensure_runc_idmap() {
+    local dir="$EXITORDER_ROOT/target/tools/runc-sid"
+    if _runc_idmap_usable "$dir/runc"; then
+        echo "$dir/runc"
+        return 0
+    fi
+    ensure_command patchelf || return 1
+    _fetch_runc "$dir" || return 1
+    echo "$("$dir/runc" --version | head -n 1) (Debian sid, with sid's libc6) unpacked in $dir" >&2
+    echo "$dir/runc"
+}
+
+# Unpacks Debian sid's runc and libc6 into DIR, the runc pointed at that libc (a subshell: its
+# temp dir goes with it; DIR is replaced only by a working runc).
+_fetch_runc() (
+    set -euo pipefail
+    dir=$1
+    fail() {
+        echo "a runc with idmapped mounts could not be had: $*" >&2
+        exit 1
+    }
+    tmp=$(mktemp -d)
+    trap 'rm -rf "$tmp"' EXIT
+    _debian_unpack sid runc "$tmp" || fail "see above"
+    _debian_unpack sid libc6 "$tmp" || fail "see above"
+    mkdir -p "$tmp/out/lib"
+    cp -a "$tmp/root/usr/lib/x86_64-linux-gnu/." "$tmp/out/lib/" 2>/dev/null ||
+        fail "Debian sid's libc6 has no usr/lib/x86_64-linux-gnu"
+    cp "$tmp/root/usr/sbin/runc" "$tmp/out/runc" || fail "Debian sid's runc has no usr/sbin/runc"
+    mkdir -p "$(dirname "$dir")"
+    rm -rf "$dir.tmp.$$"
+    mv "$tmp/out" "$dir.tmp.$$"
+    patchelf --set-interpreter "$dir/lib/ld-linux-x86-64.so.2" --set-rpath "$dir/lib" "$dir.tmp.$$/runc" ||
+        fail "patchelf could not point runc at sid's libc"
+    rm -rf "$dir"
+    mv "$dir.tmp.$$" "$dir"
+    _runc_idmap_usable "$dir/runc" || {
+        rm -rf "$dir"
+        fail "Debian sid's runc does not run here or makes no idmapped mounts: $("$dir/runc" --version 2>&1 | head -n 1)"
+    }
 )

@@ -33,6 +33,7 @@ fn args_without_binaries(pod: Option<&str>, without_agent: bool) -> DemoArgs {
         host_network: true,
         grace_period: None,
         ready_timeout: Duration::from_secs(60),
+        complete_timeout: Duration::from_secs(120),
         without_agent,
         json: true,
         binaries: Default::default(),
@@ -213,4 +214,89 @@ spec:
         "{text}"
     );
     assert!(!text.contains("Starting a private containerd"), "{text}");
+}
+
+/// A Job's pod runs until its work is done before anything is deleted: its app fails once
+/// with exit code 42, which its own rule restarts (KEP-5307), then succeeds; the proxy is shut
+/// down after the second attempt by the agent, which runs without an API server and reads the
+/// rule from the webhook's record. Each container's attempts are in the report, from the
+/// pod's start.
+#[tokio::test]
+async fn a_jobs_pod_runs_to_completion_with_every_attempt_reported() {
+    let Some(node) = support::node_or_skip().await else {
+        return;
+    };
+    node.shutdown().await.expect("probe node teardown");
+    let example = std::fs::read_to_string(
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("deploy/examples/job.yaml"),
+    )
+    .expect("the Job example");
+    // Its own port: the tests share the node's network.
+    let mut job = exitorder_testbed::manifest::documents(&example.replace("4191", "24202"))
+        .expect("YAML")
+        .remove(0);
+    let spec = &mut job["spec"]["template"]["spec"];
+    spec["volumes"] = serde_json::json!([{"name": "state", "emptyDir": {}}]);
+    let app = &mut spec["containers"][0];
+    app["restartPolicy"] = "Never".into();
+    app["restartPolicyRules"] = serde_json::json!([
+        {"action": "Restart", "exitCodes": {"operator": "In", "values": [42]}}]);
+    app["volumeMounts"] = serde_json::json!([{"name": "state", "mountPath": "/state"}]);
+    app["command"] =
+        serde_json::json!(["sh", "-c",
+        "if [ ! -e /state/tried ]; then touch /state/tried; echo failing; exit 42; fi; echo done"]);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("job.json");
+    std::fs::write(&path, job.to_string()).expect("write the Job");
+    let mut a = args(None, false);
+    a.pod = Some(path);
+    a.inject = Some(HandshakeVolume::HostPath);
+    let mut lines = Vec::new();
+    let report = demo(&a, &mut |l| lines.push(l.to_owned()))
+        .await
+        .unwrap_or_else(|e| panic!("demo failed: {e:#}\n{}", lines.join("\n")));
+    let text = lines.join("\n");
+    eprintln!("{text}");
+    let json = serde_json::to_value(&report).expect("the report serializes");
+    eprintln!("{json}");
+    assert_eq!(json["times_from"], "start", "{json}");
+    assert_eq!(
+        json["job"],
+        serde_json::json!({"completed": true, "phase": "Succeeded"}),
+        "{text}"
+    );
+    let codes = |name: &str| -> Vec<i64> {
+        json["containers"][name]["attempts"]
+            .as_array()
+            .unwrap_or_else(|| panic!("no attempts for {name}: {json}"))
+            .iter()
+            .map(|a| a["exit_code"].as_i64().expect("an exit code"))
+            .collect()
+    };
+    assert_eq!(codes("app"), [42, 0], "{text}");
+    assert_eq!(codes("proxy"), [0], "{text}");
+    let times = |name: &str| -> Vec<f64> {
+        json["containers"][name]["attempts"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|a| a["finished_ms"].as_f64().expect("a time"))
+            .collect()
+    };
+    let (app, proxy) = (times("app"), times("proxy"));
+    assert!(app[0] > 0.0 && app[0] < app[1], "{app:?}");
+    assert!(
+        proxy[0] > app[1],
+        "the proxy left before the app's last run: {text}"
+    );
+    assert_eq!(
+        report.containers["proxy"].verdict,
+        Verdict::Ordered,
+        "{text}"
+    );
+    assert!(text.contains("restartPolicy Never: a Job's pod"), "{text}");
+    assert!(
+        text.contains("The pod completed: phase Succeeded"),
+        "{text}"
+    );
 }

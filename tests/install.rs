@@ -974,6 +974,7 @@ async fn the_demo_installs_the_agent_from_the_chart() {
         host_network: true,
         grace_period: None,
         ready_timeout: Duration::from_secs(60),
+        complete_timeout: Duration::from_secs(120),
         without_agent: false,
         json: true,
         binaries: Default::default(),

@@ -22,26 +22,34 @@ fn secs(s: u64) -> Duration {
     Duration::from_secs(s)
 }
 
-/// A node, a fake API server, and the agent watching it.
+/// A node, a fake API server (unless the agent runs without one), and the agent.
 struct JobBed {
     bed: Bed,
-    api: ServedApi,
+    api: Option<ServedApi>,
     _dir: tempfile::TempDir,
 }
 
 impl JobBed {
     async fn start() -> Option<JobBed> {
+        JobBed::start_with(true).await
+    }
+
+    /// `with_api`: the agent watches the fake API server, fed every pod run; else it runs in
+    /// runtime-only mode and reads the pods from the runtime alone.
+    async fn start_with(with_api: bool) -> Option<JobBed> {
         let node = support::node_or_skip().await?;
         // The injected init container copies the entrypoint from the project's image.
         support::project_image(&node)?;
-        let api = FakeApi::default().serve();
         let dir = tempfile::tempdir().expect("tempdir");
-        let kubeconfig = api.write_kubeconfig(dir.path());
         let mut opts = AgentOptions::new(AGENT_BIN, &node, support::static_entrypoint());
-        opts.env = vec![
-            ("KUBECONFIG".to_owned(), kubeconfig.display().to_string()),
-            ("NODE_NAME".to_owned(), NODE.to_owned()),
-        ];
+        let api = with_api.then(|| FakeApi::default().serve());
+        if let Some(api) = &api {
+            let kubeconfig = api.write_kubeconfig(dir.path());
+            opts.env = vec![
+                ("KUBECONFIG".to_owned(), kubeconfig.display().to_string()),
+                ("NODE_NAME".to_owned(), NODE.to_owned()),
+            ];
+        }
         let agent = AgentProcess::start(&opts)
             .await
             .unwrap_or_else(|e| panic!("agent did not start: {e}"));
@@ -74,7 +82,9 @@ impl JobBed {
         api_pod["metadata"]["namespace"] = running.namespace().into();
         api_pod["spec"]["nodeName"] = NODE.into();
         api_pod["status"] = json!({"phase": "Running"});
-        self.api.api.apply(api_pod);
+        if let Some(api) = &self.api {
+            api.api.apply(api_pod);
+        }
         running
     }
 
@@ -102,7 +112,7 @@ impl JobBed {
 }
 
 /// The Job example's pod, injected by the webhook, its proxy on `port` (tests run at once on
-/// one network: each test its own port, 24191 to 24200).
+/// one network: each test its own port, 24191 to 24201).
 fn job_pod(port: u16, edit: impl FnOnce(&mut Value)) -> Value {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/examples/job.yaml");
     let text = std::fs::read_to_string(&path).expect("job example");
@@ -268,7 +278,13 @@ async fn a_sidecar_that_fails_its_shutdown_is_reported() {
     assert_eq!(status.phase, Phase::Failed);
     assert_eq!(exit_code(&running, "app"), Some(0));
     assert_eq!(exit_code(&running, "proxy"), Some(3));
-    let events = jb.api.api.wait_events(1, secs(10)).await;
+    let events = jb
+        .api
+        .as_ref()
+        .expect("an API server")
+        .api
+        .wait_events(1, secs(10))
+        .await;
     let ev = events
         .iter()
         .find(|e| e["reason"] == exitorder::recorder::REASON_SHUTDOWN_FAILED)
@@ -299,7 +315,18 @@ async fn a_retried_app_keeps_its_proxy(
     first_code: i32,
     restart: Value,
 ) {
-    let Some(jb) = JobBed::start().await else {
+    a_retried_app_keeps_its_proxy_with(true, port, pod_policy, first_code, restart).await;
+}
+
+/// [`a_retried_app_keeps_its_proxy`], with or without the API server.
+async fn a_retried_app_keeps_its_proxy_with(
+    with_api: bool,
+    port: u16,
+    pod_policy: &str,
+    first_code: i32,
+    restart: Value,
+) {
+    let Some(jb) = JobBed::start_with(with_api).await else {
         return;
     };
     let pod = job_pod(port, |p| {
@@ -353,6 +380,22 @@ async fn a_container_restart_policy_keeps_the_proxy_through_the_retry() {
 async fn a_restart_rule_keeps_the_proxy_through_the_retry() {
     a_retried_app_keeps_its_proxy(
         24200,
+        "Never",
+        42,
+        json!({"restartPolicy": "Never", "restartPolicyRules": [
+            {"action": "Restart", "exitCodes": {"operator": "In", "values": [42]}}]}),
+    )
+    .await;
+}
+
+/// Without an API server the agent reads the restart rules from the webhook's record on the
+/// pod (`exitorder.io/restart-policy`, copied to the sandbox by the kubelet): the same Job,
+/// the same order.
+#[tokio::test]
+async fn without_an_api_server_the_webhooks_record_keeps_the_proxy_through_the_retry() {
+    a_retried_app_keeps_its_proxy_with(
+        false,
+        24201,
         "Never",
         42,
         json!({"restartPolicy": "Never", "restartPolicyRules": [

@@ -36,6 +36,107 @@ async fn ordered_on_containerd_2_1() {
     ordered_on("2.1").await;
 }
 
+/// A pod with `hostUsers: false` (its own user namespace, KEP-127), opted in through the
+/// webhook with its handshake in its own `emptyDir` (what Pod Security `restricted` admits),
+/// is ordered on containerd 2.1: its containers' root is an unprivileged host uid, and the
+/// exit handshake goes through idmapped mounts of its volumes. containerd 2.x runs such a pod
+/// only with a runc that makes idmapped mounts: `EXITORDER_RUNC_IDMAP` (scripts/test sets it).
+#[tokio::test]
+async fn a_pod_in_its_own_user_namespace_is_ordered_on_containerd_2_1() {
+    let (Some(containerd_bin), Some(runc)) =
+        (runtime_from_env("2.1"), exitorder_testbed::runc_from_env())
+    else {
+        support::skip_or_fail(&format!(
+            "containerd 2.1 ({}) or a runc with idmapped mounts ({}) is not here (scripts/test \
+             sets both)",
+            runtime_env_var("2.1"),
+            exitorder_testbed::RUNC_IDMAP_ENV
+        ));
+        return;
+    };
+    let opts = NodeOptions {
+        containerd_bin: Some(containerd_bin),
+        runc: Some(runc),
+        ..NodeOptions::default()
+    };
+    let Some(node) = support::node_with_or_skip(opts).await else {
+        return;
+    };
+    if support::project_image(&node).is_none() {
+        let _ = node.shutdown().await;
+        return;
+    }
+    let agent_opts = AgentOptions::new(support::AGENT_BIN, &node, support::static_entrypoint());
+    let bed = Bed::with_agent(node, agent_opts).await;
+    let mut pod = example("injected");
+    pod["spec"]["hostUsers"] = false.into();
+    support::edit_script(&mut pod, "app", "trap ", "cat /proc/self/uid_map; trap ");
+    let pod = match exitorder::webhook::mutate(&pod, &exitorder::webhook::Settings::default()) {
+        exitorder::webhook::Admission::Allow { patch, .. } => {
+            let mut p = pod.clone();
+            json_patch::patch(&mut p, &patch).expect("the patch applies");
+            p
+        }
+        exitorder::webhook::Admission::Deny(m) => panic!("denied: {m}"),
+    };
+    let running = bed.run_ready(&pod).await;
+    let uid = running.uid().to_owned();
+    // "0 <host id> 65536": root in the container is a host uid above the node's own.
+    let map = running.container_log("app");
+    let mapped = map.lines().any(|l| {
+        let f: Vec<u64> = l
+            .split_whitespace()
+            .filter_map(|w| w.parse().ok())
+            .collect();
+        f.len() == 3 && f[0] == 0 && f[1] >= 65_536 && f[2] == 65_536
+    });
+    assert!(
+        mapped,
+        "the app is not in a user namespace of its own:\n{map}"
+    );
+    let d = running.delete().await.expect("delete pod");
+    bed.show("hostUsers: false on containerd 2.1", &d);
+    let order: Vec<&str> = d
+        .exit_order()
+        .into_iter()
+        .filter(|n| *n != "exitorder-install")
+        .collect();
+    assert_eq!(order, ["app", "proxy"], "{}", bed.context(&d));
+    bed.assert_ordered(&d, &uid, "proxy", "app").await;
+    bed.finish().await;
+}
+
+/// A runtime that does not say it supports user namespaces (the machine's containerd 1.6,
+/// which would run the pod on the node's users without a word) gets no `hostUsers: false`
+/// pod: the test bed refuses it, as the kubelet does.
+#[tokio::test]
+async fn a_runtime_without_user_namespaces_is_not_given_such_a_pod() {
+    let Some(node) = support::node_or_skip().await else {
+        return;
+    };
+    let mut pod = example("two-level");
+    pod["spec"]["hostUsers"] = false.into();
+    let opts = exitorder_testbed::kubelet::RunOptions {
+        force_host_network: true,
+        ..Default::default()
+    };
+    let err = match node.run_pod(&pod, &opts).await {
+        Ok(running) => {
+            let _ = running.delete().await;
+            panic!(
+                "containerd {} ran a hostUsers: false pod",
+                node.version().runtime_version
+            )
+        }
+        Err(e) => e.to_string(),
+    };
+    assert!(
+        err.contains("hostUsers: false needs a runtime with user namespaces"),
+        "{err}"
+    );
+    node.shutdown().await.expect("teardown");
+}
+
 /// Whether `reported` (a CRI Version's `runtime_version`, `1.7.24~ds1` or `v2.1.9`) is of
 /// `version` (major.minor).
 fn is_version(reported: &str, version: &str) -> bool {

@@ -175,6 +175,8 @@ impl Agent {
             audit: crate::breach::Audit::new(own_pod_uid),
             kernel,
         };
+        // Without an API server, Jobs complete from the webhook's record on their sandboxes.
+        agent.start_jobs(None);
         let mut dirty = BTreeSet::new();
         agent.waits.starting = true;
         agent.sync().rescan(&mut dirty);
@@ -190,16 +192,22 @@ impl Agent {
     pub fn with_cluster(mut self, cluster: Cluster) -> Self {
         self.api = Some(cluster.view);
         self.pod_signals = Some(cluster.signals);
+        self.start_jobs(Some(cluster.events.clone()));
+        self.pod_events = Some(cluster.events);
+        self
+    }
+
+    /// The Job task, posting Events through `events` when there is an API server; its
+    /// predecessor, not run yet, is dropped.
+    fn start_jobs(&mut self, events: Option<crate::recorder::EventSink>) {
         let (link, task) = crate::jobs::start(
             self.runtime.clone(),
             &self.cfg.share_dir,
-            Some(cluster.events.clone()),
+            events,
             self.stats.clone(),
         );
-        self.pod_events = Some(cluster.events);
         self.jobs = Some(link);
         self.jobs_task = Some(task);
-        self
     }
 
     /// [`job_check`](Self::job_check) of every pod the node view has.

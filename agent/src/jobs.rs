@@ -542,8 +542,9 @@ fn snapshot_members(
 
 impl Agent {
     /// Hands the Job task the latest state of pod `uid`, when it is a completing pod that
-    /// opted in. Needs the API server: the restart policy and which containers are main
-    /// containers are in the pod's spec only.
+    /// opted in. The restart policy and which containers are main containers are in the
+    /// pod's spec only: read from the API server, or without one from the webhook's record
+    /// on the sandbox.
     pub(crate) fn job_check(&mut self, uid: &str) {
         if self.jobs.is_none() {
             return;
@@ -551,7 +552,7 @@ impl Agent {
         let Ok(pod) = PodUid::parse(uid) else {
             return;
         };
-        let Some(api) = self.api_pod(&pod) else {
+        let Some(api) = self.job_pod(&pod) else {
             return;
         };
         let (policy, opted_out) =
@@ -618,6 +619,27 @@ impl Agent {
         debug!(pod = %snap.uid, members = ?snap.members, "completing pod: snapshot");
         if let Some(link) = &self.jobs {
             let _ = link.tx.send(JobMsg::Snapshot(snap));
+        }
+    }
+}
+
+impl Agent {
+    /// The pod's spec as Job completion needs it: the API server's when the agent has one,
+    /// else the webhook's record ([`ApiPod::from_record`]), once warned about when it cannot
+    /// be read.
+    fn job_pod(&mut self, pod: &PodUid) -> Option<ApiPod> {
+        if self.api.is_some() {
+            return self.api_pod(pod);
+        }
+        let v = self.view.pod(pod.as_str())?;
+        match ApiPod::from_record(v.sandbox.as_ref()?, v.grace())? {
+            Ok(api) => Some(api),
+            Err(e) => {
+                if self.first_warning(pod, "job: restart record".to_owned()) {
+                    warn!(pod = %pod, error = %e, "cannot read the webhook's record of the pod's restart policies; the Job's sidecars are not shut down");
+                }
+                None
+            }
         }
     }
 }

@@ -22,8 +22,11 @@ use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
 use crate::backoff::Backoff;
-use crate::restart::{Policy, Restart, RestartError};
+use crate::restart::{Policy, RecordError, Restart, RestartError, RestartRecord};
 use crate::stats::Stats;
+use crate::stoporder::StopOrder;
+use crate::view::SandboxInfo;
+use exitorder_contract::annotation;
 
 /// Server-side timeout of one watch request; kube's watcher also gives up on a stream that
 /// stays silent a little longer than this, so a connection that died without a FIN is
@@ -92,6 +95,7 @@ impl ApiPod {
     pub fn from_pod(pod: &Pod) -> Option<ApiPod> {
         let meta = &pod.metadata;
         let spec = pod.spec.as_ref();
+        let record = spec.map(RestartRecord::of_spec);
         Some(ApiPod {
             uid: meta.uid.clone()?,
             namespace: meta.namespace.clone().unwrap_or_default(),
@@ -113,20 +117,50 @@ impl ApiPod {
                 .filter(|c| c.restart_policy.as_deref() == Some("Always"))
                 .map(|c| c.name.clone())
                 .collect(),
-            containers: spec
-                .into_iter()
-                .flat_map(|s| s.containers.iter())
-                .map(|c| c.name.clone())
-                .collect(),
-            restarts: spec
-                .into_iter()
-                .flat_map(|s| s.containers.iter())
-                .map(|c| {
-                    let pod_policy = spec.and_then(|s| s.restart_policy.as_deref());
-                    (c.name.clone(), Restart::of(pod_policy, c))
-                })
-                .collect(),
+            containers: record.as_ref().map(|r| r.names()).unwrap_or_default(),
+            restarts: record.as_ref().map(|r| r.restarts()).unwrap_or_default(),
         })
+    }
+
+    /// A pod as an agent without the API server knows it: from its sandbox (identity and
+    /// annotations, as the kubelet copied them) and the webhook's [`RestartRecord`] among
+    /// them. `None` when the pod carries no record. Never `deleting`: a deletion stops every
+    /// container at once, and a Job shutdown then asks for what the kubelet already does.
+    pub fn from_record(
+        sandbox: &SandboxInfo,
+        grace: Option<Duration>,
+    ) -> Option<Result<ApiPod, RecordError>> {
+        let value = sandbox.annotations.get(annotation::RESTARTS)?;
+        let record = match RestartRecord::parse(value) {
+            Ok(r) => r,
+            Err(e) => return Some(Err(e)),
+        };
+        let native_sidecars = match sandbox.annotations.get(annotation::NATIVE_SIDECARS) {
+            Some(v) => match StopOrder::from_annotation(v) {
+                Ok(order) => order.native().to_vec(),
+                Err(e) => return Some(Err(RecordError::Json(e.to_string()))),
+            },
+            None => Vec::new(),
+        };
+        Some(Ok(ApiPod {
+            uid: sandbox.pod_uid.clone(),
+            namespace: sandbox.namespace.clone(),
+            name: sandbox.name.clone(),
+            deleting: false,
+            deletion_grace: None,
+            deletion_requested: None,
+            phase: None,
+            grace,
+            restart_policy: record.restart_policy.clone(),
+            annotations: sandbox
+                .annotations
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+            native_sidecars,
+            containers: record.names(),
+            restarts: record.restarts(),
+        }))
     }
 
     /// Whether the pod is staying: not deleted, and not in a phase the kubelet kills a whole
@@ -540,6 +574,62 @@ mod tests {
         assert!(p
             .annotations
             .contains_key("exitorder.io/container-exit-priority"));
+    }
+
+    /// Runtime-only mode knows a completing pod as the API server would have told it.
+    #[test]
+    fn the_webhooks_record_tells_what_the_spec_does() {
+        let spec: k8s_openapi::api::core::v1::PodSpec = serde_json::from_value(serde_json::json!({
+            "restartPolicy": "Never",
+            "initContainers": [{"name": "mesh", "restartPolicy": "Always"}],
+            "containers": [{"name": "worker", "restartPolicy": "OnFailure"}, {"name": "logs"}]}))
+        .expect("a spec");
+        let mut from_api = pod(None, None);
+        from_api.spec = Some(spec.clone());
+        let from_api = ApiPod::from_pod(&from_api).expect("a uid");
+        let record = RestartRecord::of_spec(&spec)
+            .to_annotation()
+            .expect("small");
+        let mut sandbox = SandboxInfo {
+            id: "sb".into(),
+            pod_uid: "4f2c".into(),
+            namespace: "shop".into(),
+            name: "web-0".into(),
+            annotations: [
+                (annotation::RESTARTS.to_owned(), record),
+                (
+                    annotation::NATIVE_SIDECARS.to_owned(),
+                    r#"["mesh"]"#.to_owned(),
+                ),
+            ]
+            .into(),
+            created_at: 1,
+        };
+        let grace = Some(Duration::from_secs(45));
+        let known = ApiPod::from_record(&sandbox, grace)
+            .expect("a record")
+            .expect("readable");
+        assert_eq!(known.uid, from_api.uid);
+        assert_eq!(
+            (&known.namespace, &known.name),
+            (&from_api.namespace, &from_api.name)
+        );
+        assert_eq!(known.restart_policy, from_api.restart_policy);
+        assert_eq!(known.containers, from_api.containers);
+        assert_eq!(known.restarts, from_api.restarts);
+        assert_eq!(known.native_sidecars, from_api.native_sidecars);
+        assert_eq!(known.grace(), grace);
+        assert!(!known.deleting);
+        // Unreadable: an error to report, not a pod to act on.
+        sandbox
+            .annotations
+            .insert(annotation::RESTARTS.to_owned(), "{".to_owned());
+        assert!(matches!(
+            ApiPod::from_record(&sandbox, grace),
+            Some(Err(RecordError::Json(_)))
+        ));
+        sandbox.annotations.remove(annotation::RESTARTS);
+        assert!(ApiPod::from_record(&sandbox, grace).is_none());
     }
 
     #[test]

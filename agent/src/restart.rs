@@ -10,13 +10,19 @@
 //! bounded (the API server allows 20 rules of 255 values), and what this version does not
 //! know (an action, an operator) is an error, never a guess.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
-use k8s_openapi::api::core::v1::{Container, ContainerRestartRule};
+use exitorder_contract::annotation::RESTARTS;
+use k8s_openapi::api::core::v1::{Container, ContainerRestartRule, PodSpec};
+use serde::{Deserialize, Serialize};
 
 /// The API server's own limits, kept here for a spec from elsewhere.
 const MAX_RULES: usize = 20;
 const MAX_VALUES: usize = 255;
+/// The largest [`RestartRecord`] the agent reads: a handful of containers with a few rules
+/// each take well under 1 KiB, and the agent reads the record again on every change of a
+/// completing pod. The webhook writes none larger (and says so).
+pub const MAX_RECORD_BYTES: usize = 16 * 1024;
 
 /// A restart policy, of a pod or a container.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -89,14 +95,25 @@ pub enum RestartError {
 impl Restart {
     /// A regular container's rules in a pod whose `restartPolicy` is `pod_policy`.
     pub fn of(pod_policy: Option<&str>, container: &Container) -> Result<Restart, RestartError> {
-        let policy = match container.restart_policy.as_deref() {
+        Restart::from_fields(
+            pod_policy,
+            container.restart_policy.as_deref(),
+            container.restart_policy_rules.as_deref(),
+        )
+    }
+
+    /// From the pod's policy and the container's own policy and rules, wherever they were
+    /// read (a spec, or the webhook's [`RestartRecord`]).
+    fn from_fields(
+        pod_policy: Option<&str>,
+        own_policy: Option<&str>,
+        rules: Option<&[ContainerRestartRule]>,
+    ) -> Result<Restart, RestartError> {
+        let policy = match own_policy {
             Some(own) => Policy::parse(Some(own))?,
             None => Policy::parse(pod_policy)?,
         };
-        let rules = container
-            .restart_policy_rules
-            .as_deref()
-            .unwrap_or_default();
+        let rules = rules.unwrap_or_default();
         if rules.len() > MAX_RULES {
             return Err(RestartError::TooManyRules);
         }
@@ -127,6 +144,92 @@ impl Restart {
     /// Whether the answer depends on the exit code (else any code will do).
     pub fn needs_exit_code(&self) -> bool {
         !self.rules.is_empty() || self.policy == Policy::OnFailure
+    }
+}
+
+/// What Job completion needs from a pod's spec, which the runtime does not carry: the pod's
+/// `restartPolicy` and, for each main container in declaration order, its own policy and
+/// rules. The webhook records it on a completing pod as the annotation
+/// [`RESTARTS`]; the kubelet copies pod annotations to the sandbox, so an agent
+/// without the API server decides as one with it. The fields are the spec's own (immutable
+/// once the pod exists); everything in it is as hostile as the spec it came from.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RestartRecord {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restart_policy: Option<String>,
+    pub containers: Vec<RecordedContainer>,
+}
+
+/// One main container's restart fields, as in its spec.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RecordedContainer {
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restart_policy: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restart_policy_rules: Option<Vec<ContainerRestartRule>>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RecordError {
+    #[error("annotation {RESTARTS} is larger than {MAX_RECORD_BYTES} bytes")]
+    TooLarge,
+    #[error("annotation {RESTARTS}: {0}")]
+    Json(String),
+}
+
+impl RestartRecord {
+    /// The record of a pod spec.
+    pub fn of_spec(spec: &PodSpec) -> RestartRecord {
+        RestartRecord {
+            restart_policy: spec.restart_policy.clone(),
+            containers: spec
+                .containers
+                .iter()
+                .map(|c| RecordedContainer {
+                    name: c.name.clone(),
+                    restart_policy: c.restart_policy.clone(),
+                    restart_policy_rules: c.restart_policy_rules.clone(),
+                })
+                .collect(),
+        }
+    }
+
+    /// The annotation's value; `None` when it would be larger than the agent reads.
+    pub fn to_annotation(&self) -> Option<String> {
+        serde_json::to_string(self)
+            .ok()
+            .filter(|s| s.len() <= MAX_RECORD_BYTES)
+    }
+
+    /// Reads the annotation's value, bounded before it is parsed.
+    pub fn parse(value: &str) -> Result<RestartRecord, RecordError> {
+        if value.len() > MAX_RECORD_BYTES {
+            return Err(RecordError::TooLarge);
+        }
+        serde_json::from_str(value).map_err(|e| RecordError::Json(e.to_string()))
+    }
+
+    /// The main containers' names, in declaration order.
+    pub fn names(&self) -> Vec<String> {
+        self.containers.iter().map(|c| c.name.clone()).collect()
+    }
+
+    /// Whether the kubelet restarts each main container, or why that cannot be told.
+    pub fn restarts(&self) -> BTreeMap<String, Result<Restart, RestartError>> {
+        self.containers
+            .iter()
+            .map(|c| {
+                let r = Restart::from_fields(
+                    self.restart_policy.as_deref(),
+                    c.restart_policy.as_deref(),
+                    c.restart_policy_rules.as_deref(),
+                );
+                (c.name.clone(), r)
+            })
+            .collect()
     }
 }
 
@@ -210,6 +313,59 @@ mod tests {
         )
         .expect("rules");
         assert!(r.needs_exit_code());
+    }
+
+    #[test]
+    fn the_record_answers_as_the_spec_does() {
+        use serde_json::json;
+        let spec: PodSpec = serde_json::from_value(json!({"restartPolicy": "OnFailure",
+            "containers": [
+                {"name": "worker", "restartPolicy": "Never", "restartPolicyRules": [
+                    {"action": "Restart", "exitCodes": {"operator": "NotIn", "values": [0, 3]}}]},
+                {"name": "tests"},
+                {"name": "linkerd-proxy", "restartPolicy": "Always"}]}))
+        .expect("a spec");
+        let value = RestartRecord::of_spec(&spec)
+            .to_annotation()
+            .expect("small");
+        let record = RestartRecord::parse(&value).expect("reads back");
+        assert_eq!(record.names(), ["worker", "tests", "linkerd-proxy"]);
+        let restarts = record.restarts();
+        for c in &spec.containers {
+            let from_spec = Restart::of(spec.restart_policy.as_deref(), c);
+            assert_eq!(restarts[&c.name], from_spec, "{}", c.name);
+        }
+    }
+
+    #[test]
+    fn a_hostile_record_is_refused_before_it_is_read() {
+        let big = format!(
+            r#"{{"containers": [{{"name": "{}"}}]}}"#,
+            "a".repeat(MAX_RECORD_BYTES)
+        );
+        assert_eq!(RestartRecord::parse(&big), Err(RecordError::TooLarge));
+        for bad in [
+            "",
+            "[]",
+            r#"{"containers": 1}"#,
+            r#"{"containers": [], "restartPolicy": 7}"#,
+            r#"{"containers": [{"name": "a", "image": "x"}]}"#,
+            r#"{"restartPolicy": "Never"}"#,
+        ] {
+            assert!(
+                matches!(RestartRecord::parse(bad), Err(RecordError::Json(_))),
+                "{bad}"
+            );
+        }
+        // Readable, but a policy no kubelet has: an error for that container, not a guess.
+        let r = RestartRecord::parse(
+            r#"{"restartPolicy": "Sometimes", "containers": [{"name": "a"}]}"#,
+        )
+        .expect("well-formed");
+        assert_eq!(
+            r.restarts()["a"],
+            Err(RestartError::Policy("Sometimes".into()))
+        );
     }
 
     #[test]

@@ -83,6 +83,12 @@ pub mod annotation {
     /// annotations to the sandbox, so the agent knows the kubelet's stop order without the
     /// API server.
     pub const NATIVE_SIDECARS: &str = "exitorder.io/native-sidecars";
+    /// `{"restartPolicy": "Never", "containers": [{"name": "worker", "restartPolicy":
+    /// "OnFailure", "restartPolicyRules": [...]}, ...]}`: a completing pod's restart policy
+    /// and its main containers' own, in declaration order, written by the webhook. With
+    /// [`NATIVE_SIDECARS`], all Job completion needs from the spec, so an agent without the
+    /// API server completes the pod's Job as one with it.
+    pub const RESTARTS: &str = "exitorder.io/restart-policy";
 }
 
 /// Container env.

@@ -311,6 +311,10 @@ fn unimplemented<T>() -> Result<Response<T>, Status> {
 
 #[tonic::async_trait]
 impl RuntimeService for FakeCri {
+    async fn status(&self, _: Request<StatusRequest>) -> Result<Response<StatusResponse>, Status> {
+        unimplemented()
+    }
+
     async fn version(
         &self,
         _: Request<VersionRequest>,

@@ -14,6 +14,7 @@ use serde_json::Value;
 
 use super::inject::{self, Sidecar};
 use crate::priority::{self, PodPriorities};
+use crate::restart::{RestartRecord, MAX_RECORD_BYTES};
 use crate::stoporder::StopOrder;
 
 /// Where an injected sidecar's exit directory lives.
@@ -348,11 +349,39 @@ fn inject_into(
                 order.to_annotation(),
             );
     }
+    record_restarts(pod, &mut warnings);
     Ok(Injected {
         warnings,
         first,
         install_at,
     })
+}
+
+/// Records what Job completion needs from the spec on a pod that completes (restartPolicy
+/// Never or OnFailure), for an agent without the API server; a pod that never completes
+/// carries no record, whatever it was sent with.
+fn record_restarts(pod: &mut Pod, warnings: &mut Vec<String>) {
+    let Some(spec) = &pod.spec else { return };
+    let completes = matches!(spec.restart_policy.as_deref(), Some("Never" | "OnFailure"));
+    let record = completes.then(|| RestartRecord::of_spec(spec).to_annotation());
+    let annotations = pod.metadata.annotations.get_or_insert_with(BTreeMap::new);
+    match record {
+        Some(Some(value)) => {
+            annotations.insert(annotation::RESTARTS.to_owned(), value);
+        }
+        Some(None) => {
+            annotations.remove(annotation::RESTARTS);
+            warnings.push(format!(
+                "the main containers' restart rules take more than {MAX_RECORD_BYTES} bytes: \
+                 {} is not recorded, and an agent without the API server does not shut this \
+                 Job's sidecars down",
+                annotation::RESTARTS
+            ));
+        }
+        None => {
+            annotations.remove(annotation::RESTARTS);
+        }
+    }
 }
 
 fn all_names(pod: &Pod) -> Vec<&str> {
@@ -534,6 +563,62 @@ mod tests {
         assert_eq!(
             out["metadata"]["annotations"]["exitorder.io/native-sidecars"],
             json!(r#"["istio-proxy","logs"]"#)
+        );
+    }
+
+    #[test]
+    fn a_completing_pod_carries_its_restart_record_and_no_other_pod_does() {
+        let record = |out: &Value| -> Option<RestartRecord> {
+            let v = out["metadata"]["annotations"][annotation::RESTARTS].as_str()?;
+            Some(RestartRecord::parse(v).expect("the webhook's record reads back"))
+        };
+        let spec = json!({"restartPolicy": "Never", "containers": [
+            {"name": "worker", "image": "w", "restartPolicy": "OnFailure",
+             "restartPolicyRules": [
+                 {"action": "Restart", "exitCodes": {"operator": "In", "values": [42]}}]},
+            {"name": "linkerd-proxy", "image": "p"}]});
+        // A value the pod was sent with is never kept: the webhook writes its own.
+        let p = pod(
+            json!({"exitorder.io/inject": "true", annotation::RESTARTS: "forged"}),
+            spec.clone(),
+        );
+        let out = apply(&p, &mutate(&p, &Settings::default()));
+        let got = record(&out).expect("a record");
+        let spec: k8s_openapi::api::core::v1::PodSpec =
+            serde_json::from_value(spec).expect("a spec");
+        assert_eq!(got, RestartRecord::of_spec(&spec));
+        assert_eq!(got.names(), ["worker", "linkerd-proxy"]);
+        let restarts = got.restarts();
+        let worker = restarts["worker"].as_ref().expect("readable");
+        assert!(worker.restarts(1) && worker.restarts(42) && !worker.restarts(0));
+        let proxy = restarts["linkerd-proxy"].as_ref().expect("readable");
+        assert!(!proxy.restarts(1));
+        // A pod that never completes carries none, forged or not.
+        let p = pod(
+            json!({"exitorder.io/inject": "true", annotation::RESTARTS: "forged"}),
+            json!({"containers": [{"name": "app", "image": "a"},
+                                  {"name": "linkerd-proxy", "image": "p"}]}),
+        );
+        assert_eq!(record(&apply(&p, &mutate(&p, &Settings::default()))), None);
+        // Rules too large for the agent to read: none, and the webhook says why.
+        let rules: Vec<Value> = (0..20)
+            .map(|_| json!({"action": "Restart",
+                            "exitCodes": {"operator": "In", "values": (0..255).collect::<Vec<i32>>()}}))
+            .collect();
+        let p = pod(
+            json!({"exitorder.io/inject": "true"}),
+            json!({"restartPolicy": "Never", "containers": [
+                {"name": "worker", "image": "w", "restartPolicyRules": rules},
+                {"name": "linkerd-proxy", "image": "p"}]}),
+        );
+        let admission = mutate(&p, &Settings::default());
+        assert_eq!(record(&apply(&p, &admission)), None);
+        let Admission::Allow { warnings, .. } = &admission else {
+            panic!("denied: {admission:?}");
+        };
+        assert!(
+            warnings.iter().any(|w| w.contains(annotation::RESTARTS)),
+            "{warnings:?}"
         );
     }
 

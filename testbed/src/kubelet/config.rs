@@ -5,10 +5,10 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use exitorder::cri::{
-    security_profile::ProfileType, Capability, ContainerConfig, ContainerMetadata, ImageSpec,
-    Int64Value, KeyValue, LinuxContainerConfig, LinuxContainerSecurityContext,
+    security_profile::ProfileType, Capability, ContainerConfig, ContainerMetadata, IdMapping,
+    ImageSpec, Int64Value, KeyValue, LinuxContainerConfig, LinuxContainerSecurityContext,
     LinuxPodSandboxConfig, LinuxSandboxSecurityContext, Mount, MountPropagation, NamespaceMode,
-    NamespaceOption, PodSandboxConfig, PodSandboxMetadata, SecurityProfile,
+    NamespaceOption, PodSandboxConfig, PodSandboxMetadata, SecurityProfile, UserNamespace,
 };
 use exitorder::runtime::{ANNOTATION_GRACE, LABEL_CONTAINER_NAME, LABEL_POD_UID};
 
@@ -43,10 +43,16 @@ const READONLY_PATHS: &[&str] = &[
 ];
 
 fn namespaces(plan: &PodPlan) -> NamespaceOption {
-    // Every pod runs on the node's network: the test bed has no CNI. The hostname must then
-    // stay empty, or runc refuses to set it without a private UTS namespace.
+    // A pod runs on the node's network (the test bed gives no pod a network of its own but a
+    // user-namespaced one); the hostname must then stay empty, or runc refuses to set it
+    // without a private UTS namespace.
     NamespaceOption {
-        network: NamespaceMode::Node as i32,
+        // A user-namespaced pod has a network namespace of its own (see `PodPlan::host_users`).
+        network: if plan.userns_host_id.is_some() {
+            NamespaceMode::Pod
+        } else {
+            NamespaceMode::Node
+        } as i32,
         pid: if plan.host_pid {
             NamespaceMode::Node
         } else if plan.share_process_namespace {
@@ -60,7 +66,25 @@ fn namespaces(plan: &PodPlan) -> NamespaceOption {
             NamespaceMode::Pod
         } as i32,
         target_id: String::new(),
+        userns_options: plan.userns_host_id.map(|host_id| UserNamespace {
+            mode: NamespaceMode::Pod as i32,
+            uids: id_mappings(host_id),
+            gids: id_mappings(host_id),
+        }),
     }
+}
+
+/// How many IDs a user-namespaced pod gets, as the kubelet gives them (its default).
+pub const USERNS_LENGTH: u32 = 65_536;
+
+/// The pod's ID mapping: the container's 0..65535 from `host_id` on. The kubelet gives the
+/// same to the user namespace and to each volume's idmapped mount.
+fn id_mappings(host_id: u32) -> Vec<IdMapping> {
+    vec![IdMapping {
+        host_id,
+        container_id: 0,
+        length: USERNS_LENGTH,
+    }]
 }
 
 fn profile(s: Option<&Seccomp>) -> SecurityProfile {
@@ -95,7 +119,13 @@ pub fn sandbox(plan: &PodPlan, log_directory: &Path, cgroup_parent: &str) -> Pod
             namespace: plan.namespace.clone(),
             attempt: 0,
         }),
-        hostname: String::new(),
+        // The kubelet names the host after the pod where the pod has its own network (and
+        // with it its own UTS namespace).
+        hostname: if plan.userns_host_id.is_some() {
+            plan.name.clone()
+        } else {
+            String::new()
+        },
         log_directory: log_directory.to_string_lossy().into_owned(),
         dns_config: None,
         labels: labels.into_iter().collect(),
@@ -180,6 +210,8 @@ pub fn container(
                 Some("Bidirectional") => MountPropagation::PropagationBidirectional,
                 _ => MountPropagation::PropagationPrivate,
             } as i32,
+            uid_mappings: plan.userns_host_id.map(id_mappings).unwrap_or_default(),
+            gid_mappings: plan.userns_host_id.map(id_mappings).unwrap_or_default(),
         })
         .collect();
     ContainerConfig {

@@ -152,6 +152,9 @@ const POD: &[(&str, Rule)] = &[
     ("spec.hostPID", Rule::Honoured),
     ("spec.hostIPC", Rule::Honoured),
     ("spec.shareProcessNamespace", Rule::Honoured),
+    // Where the runtime says it supports user namespaces (containerd 2.x with a runc that
+    // makes idmapped mounts); elsewhere the pod is refused, as the kubelet refuses it.
+    ("spec.hostUsers", Rule::Honoured),
     ("spec.nodeName", Rule::Honoured),
     ("spec.securityContext.runAsUser", Rule::Honoured),
     ("spec.securityContext.runAsGroup", Rule::Honoured),

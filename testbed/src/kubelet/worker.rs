@@ -4,7 +4,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use exitorder::cri::{ImageSpec, ImageStatusRequest, RunPodSandboxRequest};
+use exitorder::cri::{ImageSpec, ImageStatusRequest, RunPodSandboxRequest, StatusRequest};
 use serde_json::Value;
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
@@ -21,6 +21,59 @@ use super::{
 use crate::node::{NodeShared, TestbedError, Tier};
 
 const SETUP_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Refuses a `hostUsers: false` pod unless the runtime's default handler says it supports user
+/// namespaces (CRI `Status`), as the kubelet does: containerd 1.6 would run it on the node's
+/// users without a word, and containerd 2.x runs it only with a runc that makes idmapped
+/// mounts.
+async fn check_user_namespaces(node: &NodeShared) -> Result<(), TestbedError> {
+    const NEEDS: &str = "hostUsers: false needs a runtime with user namespaces (containerd \
+                         2.0+ with runc 1.2+, whose idmapped mounts the pod's volumes use; \
+                         scripts/test gives the containerd 2.1 tests one)";
+    let status = node
+        .client()
+        .status(request(StatusRequest { verbose: false }, SETUP_TIMEOUT))
+        .await;
+    let supported = match status {
+        Ok(s) => s
+            .into_inner()
+            .runtime_handlers
+            .iter()
+            .find(|h| h.name.is_empty())
+            .and_then(|h| h.features.as_ref())
+            .is_some_and(|f| f.user_namespaces),
+        Err(e) if e.code() == tonic::Code::Unimplemented => false,
+        Err(e) => return Err(TestbedError::cri("Status")(e)),
+    };
+    if !supported {
+        return Err(TestbedError::BadSpec(format!(
+            "{NEEDS}; this runtime's Status says it has none"
+        )));
+    }
+    if !crate::node::has_pod_network(&node.dir) {
+        return Err(TestbedError::BadSpec(
+            "hostUsers: false needs the pod's own network namespace, and this node has no pod \
+             network: install Debian's containernetworking-plugins (ptp, host-local)"
+                .to_owned(),
+        ));
+    }
+    Ok(())
+}
+
+/// A range of host IDs for a user-namespaced pod: 65536 of them from a multiple of 65536 above
+/// the node's own (the kubelet's default layout). Tests run nodes side by side in one
+/// process, so the ranges follow one counter, offset by the process id.
+fn userns_host_id() -> u32 {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    // 2^32 / 65536 slots, less the node's own first one.
+    const SLOTS: u32 = u32::MAX / config::USERNS_LENGTH - 1;
+    let slot = std::process::id()
+        .wrapping_mul(97)
+        .wrapping_add(NEXT.fetch_add(1, Ordering::Relaxed))
+        % SLOTS;
+    (slot + 1) * config::USERNS_LENGTH
+}
 /// How long the containers' supervisors may take to stop when the pod is deleted.
 const SUPERVISORS_STOP: Duration = Duration::from_secs(10);
 
@@ -38,7 +91,11 @@ pub(crate) async fn start(
         force_host_network: opts.force_host_network,
         name_suffix: crate::node::random_suffix(),
     };
-    let plan = plan::plan(pod, &place).map_err(|e| TestbedError::BadSpec(e.to_string()))?;
+    let mut plan = plan::plan(pod, &place).map_err(|e| TestbedError::BadSpec(e.to_string()))?;
+    if !plan.host_users {
+        check_user_namespaces(&node).await?;
+        plan.userns_host_id = Some(userns_host_id());
+    }
     check_images(&node, &plan).await?;
     let pod_dir = node
         .dir

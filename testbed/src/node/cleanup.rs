@@ -40,6 +40,11 @@ pub(crate) fn make_temp_dir(prefix: &str) -> Result<PathBuf, TestbedError> {
 /// The node's directory and its id (the directory's random suffix).
 pub(crate) fn make_node_dir() -> Result<(PathBuf, String), TestbedError> {
     let dir = make_temp_dir("eo")?;
+    // Others may pass through, not list, as through containerd's own /run/containerd: a
+    // user-namespaced container's root is an unprivileged host uid, and runc reaches its
+    // rootfs under the node's state directory as that uid.
+    std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o711))
+        .map_err(|e| TestbedError::io("chmod", &dir, e))?;
     let id = dir
         .file_name()
         .and_then(|n| n.to_str())

@@ -57,12 +57,26 @@ pub fn runtime_from_env(version: &str) -> Option<PathBuf> {
         .map(PathBuf::from)
 }
 
+/// The variable naming a runc with idmapped mounts, as `scripts/test` exports it.
+pub const RUNC_IDMAP_ENV: &str = "EXITORDER_RUNC_IDMAP";
+
+/// A runc with idmapped mounts (`ensure_runc_idmap` of `scripts/tools.sh`), from
+/// [`RUNC_IDMAP_ENV`]; `None` when it is unset or empty. Give it to
+/// [`NodeOptions::runc`](super::NodeOptions::runc).
+pub fn runc_from_env() -> Option<PathBuf> {
+    std::env::var_os(RUNC_IDMAP_ENV)
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+}
+
 #[derive(Debug, Clone)]
 pub(crate) struct Binaries {
     pub containerd: PathBuf,
     pub ctr: PathBuf,
     /// PATH for containerd: it finds the shim, and the shim finds runc, through it.
     pub path_env: String,
+    /// The runc the shim runs instead of PATH's.
+    pub runc: Option<PathBuf>,
 }
 
 fn find(name: &'static str, hint: &'static str) -> Result<PathBuf, TestbedError> {
@@ -78,9 +92,20 @@ fn find(name: &'static str, hint: &'static str) -> Result<PathBuf, TestbedError>
 impl Binaries {
     /// containerd, its runc shim and ctr from `bin_dir` (`None`: from PATH, the machine's);
     /// runc from PATH either way.
-    pub(crate) fn find(bin_dir: Option<&Path>) -> Result<Self, TestbedError> {
+    pub(crate) fn find(bin_dir: Option<&Path>, runc: Option<&Path>) -> Result<Self, TestbedError> {
         const APT: &str = "install it with `apt-get install -y containerd runc busybox-static`";
-        find("runc", APT)?;
+        let runc = match runc {
+            None => {
+                find("runc", APT)?;
+                None
+            }
+            Some(r) => Some(
+                std::fs::canonicalize(r).map_err(|e| TestbedError::BadBinary {
+                    path: r.to_owned(),
+                    problem: format!("the runc given: {e}"),
+                })?,
+            ),
+        };
         let mut path_env = std::env::var("PATH").unwrap_or_default();
         for d in FALLBACK_DIRS {
             if !path_env.split(':').any(|p| p == *d) {
@@ -98,6 +123,7 @@ impl Binaries {
                 containerd,
                 ctr,
                 path_env,
+                runc,
             });
         };
         let bad = |problem: String| TestbedError::BadBinary {
@@ -127,6 +153,7 @@ impl Binaries {
             containerd: dir.join("containerd"),
             ctr: dir.join("ctr"),
             path_env,
+            runc,
         })
     }
 }
@@ -165,13 +192,69 @@ fn fs_type_of(path: &Path) -> Option<String> {
 /// mountinfo escapes space, tab, newline and backslash as octal.
 pub(crate) use exitorder::podcgroup::unescape_mount_path;
 
-fn config_text(dir: &Path, snapshotter: &str) -> String {
+/// Where Debian's `containernetworking-plugins` puts the CNI plugins.
+const CNI_PLUGINS: &[&str] = &["/usr/lib/cni", "/opt/cni/bin"];
+/// The plugins the pod network needs (containerd sets up every pod's loopback itself).
+const CNI_NEEDED: [&str; 3] = ["ptp", "host-local", "loopback"];
+/// The node's one CNI network, in its `cni/conf`.
+const CNI_CONF: &str = "10-exitorder-testbed.conflist";
+/// Host-local IPAM's leases, shared by every node on the machine so that nodes running side
+/// by side never hand out one address twice.
+const CNI_IPAM_DIR: &str = "/run/exitorder-testbed/ipam";
+
+/// Gives the node a pod network, for the pods that need a network namespace of their own
+/// (a user-namespaced pod: containerd pins its user namespace there): a veth pair per pod to
+/// the host (`ptp`), addresses from 10.249.0.0/16, no NAT and no iptables rule. Whether it
+/// could (the CNI plugins are installed).
+fn pod_network(dir: &Path) -> Result<bool, TestbedError> {
+    let Some(plugins) = CNI_PLUGINS
+        .iter()
+        .map(Path::new)
+        .find(|d| CNI_NEEDED.iter().all(|p| d.join(p).is_file()))
+    else {
+        return Ok(false);
+    };
+    let bin = dir.join("cni/bin");
+    for p in CNI_NEEDED {
+        let link = bin.join(p);
+        if !link.exists() {
+            std::os::unix::fs::symlink(plugins.join(p), &link)
+                .map_err(|e| TestbedError::io("link", &link, e))?;
+        }
+    }
+    let conf = serde_json::json!({
+        "cniVersion": "1.0.0",
+        "name": "exitorder-testbed",
+        "plugins": [{
+            "type": "ptp",
+            "ipMasq": false,
+            "ipam": {
+                "type": "host-local",
+                "ranges": [[{"subnet": "10.249.0.0/16"}]],
+                "dataDir": CNI_IPAM_DIR,
+            },
+        }],
+    });
+    let path = dir.join("cni/conf").join(CNI_CONF);
+    std::fs::write(&path, conf.to_string()).map_err(|e| TestbedError::io("write", &path, e))?;
+    Ok(true)
+}
+
+/// Whether the node in `dir` has a pod network (see [`pod_network`]).
+pub(crate) fn has_pod_network(dir: &Path) -> bool {
+    dir.join("cni/conf").join(CNI_CONF).is_file()
+}
+
+fn config_text(dir: &Path, snapshotter: &str, runc: Option<&Path>) -> String {
     let d = dir.display();
+    let binary_name = runc
+        .map(|r| format!("\n        BinaryName = {:?}", r.display().to_string()))
+        .unwrap_or_default();
     // restrict_oom_score_adj: without CAP_SYS_RESOURCE (VMs, nested containers) runc cannot
     // lower the sandbox's oom_score_adj and every RunPodSandbox fails with "can't get final
     // child's PID from pipe: EOF". Private runc root, opt dir and CNI dirs keep this
-    // containerd's state apart from any other on the machine; empty CNI dirs are fine for
-    // host-network pods ("no network config found" in the log is expected). Stream port 0
+    // containerd's state apart from any other on the machine; host-network pods need no CNI,
+    // and the one network there (see `pod_network`) is for user-namespaced pods. Stream port 0
     // lets several nodes run at once.
     format!(
         r#"version = 2
@@ -221,7 +304,7 @@ disabled_plugins = [
 
       [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
         SystemdCgroup = false
-        Root = "{d}/runc"
+        Root = "{d}/runc"{binary_name}
 
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "{d}/cni/bin"
@@ -249,8 +332,9 @@ impl Containerd {
             let p = dir.join(sub);
             std::fs::create_dir_all(&p).map_err(|e| TestbedError::io("create", &p, e))?;
         }
+        pod_network(dir)?;
         let config = dir.join(CONFIG_FILE);
-        std::fs::write(&config, config_text(dir, snapshotter))
+        std::fs::write(&config, config_text(dir, snapshotter, bins.runc.as_deref()))
             .map_err(|e| TestbedError::io("write", &config, e))?;
         let log_path = dir.join(LOG_FILE);
         let log = File::create(&log_path).map_err(|e| TestbedError::io("create", &log_path, e))?;
@@ -563,7 +647,7 @@ time="t" level=fatal msg="failed to create listener" error="address in use""#
         }
         let dir = std::env::temp_dir().join(format!("eo-bins-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        match Binaries::find(Some(&dir)) {
+        match Binaries::find(Some(&dir), None) {
             Err(TestbedError::BadBinary { problem, .. }) => {
                 assert!(problem.contains("holds no containerd"), "{problem}")
             }
@@ -575,7 +659,7 @@ time="t" level=fatal msg="failed to create listener" error="address in use""#
         for name in ["containerd", "containerd-shim-runc-v2", "ctr"] {
             std::fs::write(dir.join(name), b"").unwrap();
         }
-        let b = Binaries::find(Some(&dir)).unwrap();
+        let b = Binaries::find(Some(&dir), None).unwrap();
         let first = b.path_env.split(':').next().unwrap_or_default();
         assert_eq!(Path::new(first), dir.canonicalize().unwrap());
         assert_eq!(b.containerd, dir.canonicalize().unwrap().join("containerd"));
@@ -584,7 +668,14 @@ time="t" level=fatal msg="failed to create listener" error="address in use""#
 
     #[test]
     fn config_keeps_state_private() {
-        let text = config_text(Path::new("/tmp/eo-x"), "overlayfs");
+        let text = config_text(Path::new("/tmp/eo-x"), "overlayfs", None);
+        assert!(!text.contains("BinaryName"));
+        let text = config_text(
+            Path::new("/tmp/eo-x"),
+            "overlayfs",
+            Some(Path::new("/r/runc")),
+        );
+        assert!(text.contains(r#"BinaryName = "/r/runc""#), "{text}");
         assert!(text.contains("restrict_oom_score_adj = true"));
         assert!(text.contains(r#"Root = "/tmp/eo-x/runc""#));
         assert!(text.contains(r#"address = "/tmp/eo-x/c.sock""#));

@@ -25,7 +25,8 @@ use exitorder::cri::runtime_service_client::RuntimeServiceClient;
 use exitorder::cri::VersionResponse;
 
 pub use agent::{AgentCpu, AgentOptions, AgentProcess, LogLine};
-pub use containerd::{runtime_env_var, runtime_from_env, RUNTIMES};
+pub(crate) use containerd::has_pod_network;
+pub use containerd::{runc_from_env, runtime_env_var, runtime_from_env, RUNC_IDMAP_ENV, RUNTIMES};
 pub(crate) use cpu::CpuLayout;
 pub use cpu::{Tier, AGENT_CPU_REQUEST_MILLI};
 pub use exitfiles::{ExitFileEvents, ExitFileProbe};
@@ -176,6 +177,9 @@ pub struct NodeOptions {
     /// (another containerd version than the machine's, see [`runtime_from_env`]); it goes
     /// first in containerd's PATH, and runc still comes from the machine. `None`: PATH.
     pub containerd_bin: Option<PathBuf>,
+    /// The runc the shim runs (containerd's `BinaryName`), such as one with idmapped mounts
+    /// for `hostUsers: false` pods (see [`runc_from_env`]); `None`: the machine's, from PATH.
+    pub runc: Option<PathBuf>,
 }
 
 impl Default for NodeOptions {
@@ -186,6 +190,7 @@ impl Default for NodeOptions {
             share_dir: None,
             relist_period: Duration::from_secs(1),
             containerd_bin: None,
+            runc: None,
         }
     }
 }
@@ -231,6 +236,7 @@ pub struct Node {
     containerd: Mutex<Option<containerd::Containerd>>,
     snapshotter: String,
     containerd_bin: Option<PathBuf>,
+    runc: Option<PathBuf>,
     version: VersionResponse,
     /// Removes the node's directory when dropped, after everything else is torn down.
     _dir_guard: cleanup::DirGuard,
@@ -249,7 +255,8 @@ impl Node {
         if uid != 0 {
             return Err(TestbedError::NotRoot { uid });
         }
-        let bins = containerd::Binaries::find(opts.containerd_bin.as_deref())?;
+        let bins =
+            containerd::Binaries::find(opts.containerd_bin.as_deref(), opts.runc.as_deref())?;
         let archive = image::archive()?;
         let (dir, id) = cleanup::make_node_dir()?;
         let dir_guard = cleanup::DirGuard::new(dir.clone());
@@ -330,6 +337,7 @@ impl Node {
             containerd: Mutex::new(Some(cd)),
             snapshotter,
             containerd_bin: opts.containerd_bin,
+            runc: opts.runc,
             version,
             _dir_guard: dir_guard,
         })
@@ -396,7 +404,8 @@ impl Node {
         let Some(cd) = cd.as_ref() else {
             return Err(TestbedError::Task("the node is shut down".into()));
         };
-        let bins = containerd::Binaries::find(self.containerd_bin.as_deref())?;
+        let bins =
+            containerd::Binaries::find(self.containerd_bin.as_deref(), self.runc.as_deref())?;
         cd.import(&bins, archive, &self.snapshotter)
     }
 
@@ -480,7 +489,8 @@ impl Node {
     /// Starts containerd again on the same root and state, as systemd restarts it: it finds
     /// its shims and the containers' exits that happened while it was gone.
     pub async fn restart_containerd(&self, timeout: Duration) -> Result<(), TestbedError> {
-        let bins = containerd::Binaries::find(self.containerd_bin.as_deref())?;
+        let bins =
+            containerd::Binaries::find(self.containerd_bin.as_deref(), self.runc.as_deref())?;
         let mut cd = containerd::Containerd::spawn(&bins, &self.shared.dir, &self.snapshotter)?;
         let ready = cd.wait_ready(timeout).await;
         let mut guard = match self.containerd.lock() {

@@ -207,6 +207,11 @@ pub struct PodPlan {
     /// The pod's CPU request in millicores as the kubelet sums it (its cgroup's weight);
     /// `None` for a BestEffort pod (no container requests or limits anything).
     pub cpu_request_milli: Option<u64>,
+    /// `spec.hostUsers` (default true): false asks for a user namespace of the pod's own.
+    pub host_users: bool,
+    /// The first host ID of the pod's user namespace, once the runner gave it one
+    /// (`hostUsers: false`); its 65536 IDs map the container's 0..65535.
+    pub userns_host_id: Option<u32>,
     /// Fields accepted without effect here, with why.
     pub notes: Vec<Note>,
 }
@@ -360,7 +365,18 @@ impl<E: Fn(&str, String) -> PlanError> Planner<'_, E> {
         let spec = pod
             .spec
             .ok_or_else(|| err("spec", "a pod needs a spec".into()))?;
-        if !spec.host_network.unwrap_or(false) {
+        let host_users = spec.host_users.unwrap_or(true);
+        if !host_users && spec.host_network.unwrap_or(false) {
+            // As the API server: a user namespace needs the pod's own network namespace.
+            return Err(err(
+                "spec.hostUsers",
+                "hostUsers: false is not allowed with hostNetwork: true".into(),
+            ));
+        }
+        if !host_users {
+            // containerd pins a pod's user namespace to its network namespace: the pod gets
+            // one of its own, on the test bed's point-to-point pod network.
+        } else if !spec.host_network.unwrap_or(false) {
             if self.place.force_host_network {
                 self.notes.push(Note {
                     field: "spec.hostNetwork".into(),
@@ -534,6 +550,8 @@ impl<E: Fn(&str, String) -> PlanError> Planner<'_, E> {
             containers,
             volumes,
             cpu_request_milli,
+            host_users,
+            userns_host_id: None,
             notes: self.notes,
         })
         .map(|mut p| {

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context};
-use exitorder::webhook::{Admission, HandshakeVolume, Settings};
+use exitorder::webhook::HandshakeVolume;
 use serde::Serialize;
 use serde_json::Value;
 
@@ -19,16 +19,21 @@ use crate::kubelet::{DeleteOptions, Kind, RunOptions, RunningPod, What};
 use crate::node::{AgentOptions, AgentProcess, LogLine, Node, NodeOptions, TestbedError};
 use crate::verdict::{self, Allowed, ContainerVerdict, Verdict};
 
+mod job;
+mod mutation;
+
+pub use job::JobRun;
+
 pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s).map_err(|e| format!("{e} (examples: 500ms, 2s)"))
 }
 
 /// The demo's own pod: the two-level example users start from.
-pub const EXAMPLE_POD: &str = include_str!("../../deploy/examples/two-level.yaml");
+pub const EXAMPLE_POD: &str = include_str!("../../../deploy/examples/two-level.yaml");
 
 /// The demo's pod with `--inject`: the same app and proxy with no hand-written opt-in, only
 /// `exitorder.io/inject: "true"` and the proxy's exit priority.
-pub const INJECTED_EXAMPLE_POD: &str = include_str!("../../deploy/examples/injected.yaml");
+pub const INJECTED_EXAMPLE_POD: &str = include_str!("../../../deploy/examples/injected.yaml");
 
 /// The project's image, as the webhook's `exitorder-install` and the chart name it by default
 /// (`scripts/image` tags its archive so).
@@ -36,8 +41,10 @@ pub const PROJECT_IMAGE: &str = exitorder::webhook::DEFAULT_INSTALL_IMAGE;
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct DemoArgs {
-    /// A Pod (YAML or JSON) to run instead of the two-level example: opt your pod in the way
-    /// the README says and see its exits on a real runtime before deploying it.
+    /// A Pod (YAML or JSON), or a workload whose pod template is run (Job, Deployment...),
+    /// instead of the two-level example: opt your pod in the way the README says and see its
+    /// exits on a real runtime before deploying it. A Job's pod (restartPolicy Never or
+    /// OnFailure) runs until it completes before it is deleted.
     #[arg(long, value_name = "FILE")]
     pub pod: Option<PathBuf>,
     /// Pass the pod through the admission webhook's own mutation first, as a cluster with
@@ -62,6 +69,10 @@ pub struct DemoArgs {
     /// How long the pod may take to become ready.
     #[arg(long, default_value = "60s", value_parser = parse_duration)]
     pub ready_timeout: Duration,
+    /// How long a Job's pod (restartPolicy Never or OnFailure) may take to complete before it
+    /// is deleted anyway.
+    #[arg(long, default_value = "120s", value_parser = parse_duration)]
+    pub complete_timeout: Duration,
     /// Run the same pod without the agent (and without the entrypoint in the share): what a
     /// node without exitorder does.
     #[arg(long)]
@@ -99,11 +110,35 @@ pub struct BinaryArgs {
 #[derive(Debug, Clone, Serialize)]
 pub struct DemoReport {
     pub pod: String,
+    /// What the containers' times count from.
+    pub times_from: TimesFrom,
+    /// A Job's pod (restartPolicy Never or OnFailure): how it ended before the deletion.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub job: Option<JobRun>,
     pub containers: BTreeMap<String, ContainerVerdict>,
     /// The init containers that ran to completion before the pod was ready (`exitorder-install`
     /// with `--inject emptyDir`); not in the JSON when there are none.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub init_containers: BTreeMap<String, InitRun>,
+}
+
+/// The origin of a report's times.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TimesFrom {
+    /// The deletion began.
+    Deletion,
+    /// The pod's sandbox ran: a Job's pod that completed before it was deleted.
+    Start,
+}
+
+impl TimesFrom {
+    fn words(self) -> &'static str {
+        match self {
+            TimesFrom::Deletion => "the deletion",
+            TimesFrom::Start => "the pod's start",
+        }
+    }
 }
 
 /// An init container as it ran: its image and exit code (`None`: it never exited).
@@ -139,6 +174,12 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     if !args.without_agent && !late.is_empty() {
         bail!("not every sidecar left in order: {}", late.join("; "));
     }
+    if !args.without_agent && report.job.as_ref().is_some_and(|j| !j.completed) {
+        bail!(
+            "the Job's pod did not complete within {}",
+            humantime::format_duration(args.complete_timeout)
+        );
+    }
     Ok(())
 }
 
@@ -146,7 +187,15 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
 pub async fn demo(args: &DemoArgs, out: &mut dyn FnMut(&str)) -> anyhow::Result<DemoReport> {
     let (mut pod, force_host_network) = load_pod(args)?;
     if let Some(mode) = args.inject {
-        inject(&mut pod, mode, out)?;
+        mutation::inject(&mut pod, mode, out)?;
+    }
+    if !args.without_agent && job::add_restart_record(&mut pod)? {
+        out(&format!(
+            "A Job's pod that did not pass through the webhook: added the record of its restart \
+             policies the webhook writes ({}), from which the agent, here without an API \
+             server, knows when the work is done.",
+            exitorder_contract::annotation::RESTARTS
+        ));
     }
     let binaries = if args.without_agent || args.chart.is_some() {
         None
@@ -190,183 +239,18 @@ fn load_pod(args: &DemoArgs) -> anyhow::Result<(Value, bool)> {
     };
     let text =
         std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
-    Ok((crate::kubelet::pod_from_yaml(&text)?, args.host_network))
-}
-
-/// Passes `pod` through the webhook's own mutation with the handshake in `mode`, as the API
-/// server admits it: refused with the webhook's message, or patched with its JSONPatch.
-fn inject(pod: &mut Value, mode: HandshakeVolume, out: &mut dyn FnMut(&str)) -> anyhow::Result<()> {
-    if ensure_opted_in(pod)? {
-        out(&format!(
-            "The pod did not carry `{}: \"true\"`, which the webhook acts on: set it.",
-            exitorder_contract::annotation::INJECT
-        ));
-    }
-    let settings = Settings {
-        handshake_volume: mode,
-        install_image: PROJECT_IMAGE.to_owned(),
-        ..Settings::default()
-    };
-    let before = pod.clone();
-    let warnings = match exitorder::webhook::mutate(pod, &settings) {
-        Admission::Deny(message) => bail!("the webhook refuses the pod: {message}"),
-        Admission::Allow { patch, warnings } => {
-            json_patch::patch(pod, &patch).context("applying the webhook's patch")?;
-            warnings
-        }
-    };
-    let mode = clap::ValueEnum::to_possible_value(&mode)
-        .map(|v| v.get_name().to_owned())
-        .unwrap_or_default();
-    out(&format!(
-        "The webhook ({mode} handshake) added {}.",
-        added(&before, pod)
-    ));
-    for w in warnings {
-        out(&format!("  webhook warning: {w}"));
-    }
-    Ok(())
-}
-
-/// Sets `exitorder.io/inject: "true"` unless the pod opted in already; whether it did.
-fn ensure_opted_in(pod: &mut Value) -> anyhow::Result<bool> {
-    let current = exitorder::webhook::mutate::annotations_of(pod);
-    if exitorder::webhook::mutate::opted_in(&current) {
-        return Ok(false);
-    }
-    let metadata = pod
-        .get_mut("metadata")
-        .and_then(Value::as_object_mut)
-        .context("the pod has no metadata")?;
-    let annotations = metadata
-        .entry("annotations")
-        .or_insert_with(|| Value::Object(serde_json::Map::new()));
-    if annotations.is_null() {
-        *annotations = Value::Object(serde_json::Map::new());
-    }
-    let annotations = annotations
-        .as_object_mut()
-        .context("the pod's metadata.annotations is not a map")?;
-    annotations.insert(
-        exitorder_contract::annotation::INJECT.to_owned(),
-        Value::String("true".to_owned()),
-    );
-    Ok(true)
-}
-
-/// What the mutation added to `before`, in words on one line.
-fn added(before: &Value, after: &Value) -> String {
-    let mut parts = Vec::new();
-    let volumes = new_named(before, after, "volumes", describe_volume);
-    if !volumes.is_empty() {
-        parts.push(format!("volumes {}", volumes.join(", ")));
-    }
-    let inits = new_named(before, after, "initContainers", describe_init);
-    if !inits.is_empty() {
-        parts.push(format!("init container {}", inits.join(", ")));
-    }
-    for list in ["initContainers", "containers"] {
-        for c in named_list(after, list) {
-            let old = named_list(before, list).find(|o| o["name"] == c["name"]);
-            if let Some(more) = old.and_then(|old| container_additions(old, c)) {
-                parts.push(more);
-            }
-        }
-    }
-    if parts.is_empty() {
-        "nothing (no container has an exit priority above 0)".to_owned()
-    } else {
-        parts.join("; ")
-    }
-}
-
-/// The items of the pod's `spec.<list>`.
-fn named_list<'a>(pod: &'a Value, list: &str) -> impl Iterator<Item = &'a Value> {
-    pod["spec"][list].as_array().into_iter().flatten()
-}
-
-/// The items of `spec.<list>` in `after` whose name `before` does not have, described.
-fn new_named(
-    before: &Value,
-    after: &Value,
-    list: &str,
-    describe: fn(&Value) -> String,
-) -> Vec<String> {
-    named_list(after, list)
-        .filter(|v| !named_list(before, list).any(|o| o["name"] == v["name"]))
-        .map(describe)
-        .collect()
-}
-
-fn describe_volume(v: &Value) -> String {
-    let name = v["name"].as_str().unwrap_or("?");
-    match v["hostPath"]["path"].as_str() {
-        Some(path) => format!("{name} (hostPath {path})"),
-        None if v.get("emptyDir").is_some() => format!("{name} (emptyDir)"),
-        None => name.to_owned(),
-    }
-}
-
-fn describe_init(c: &Value) -> String {
-    format!(
-        "{} (image {}, runs `{}`)",
-        c["name"].as_str().unwrap_or("?"),
-        c["image"].as_str().unwrap_or("?"),
-        words(&c["command"])
-    )
-}
-
-/// A JSON array of strings as a command line.
-fn words(v: &Value) -> String {
-    let words: Vec<&str> = v
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(Value::as_str)
-        .collect();
-    words.join(" ")
-}
-
-/// The mounts, env and preStop hook `new` has and `old` had not: "NAME: ...", or `None`.
-fn container_additions(old: &Value, new: &Value) -> Option<String> {
-    let added = |field: &str, key: &str| -> Vec<&Value> {
-        named_items(new, field)
-            .filter(|n| !named_items(old, field).any(|o| o[key] == n[key]))
-            .collect()
-    };
-    let mut parts = Vec::new();
-    let mounts: Vec<String> = added("volumeMounts", "mountPath")
-        .into_iter()
-        .map(|m| {
-            let ro = if m["readOnly"] == true {
-                " read-only"
-            } else {
-                ""
-            };
-            format!("{}{ro}", m["mountPath"].as_str().unwrap_or("?"))
-        })
-        .collect();
-    if !mounts.is_empty() {
-        parts.push(format!("mounts {}", mounts.join(", ")));
-    }
-    let env: Vec<&str> = added("env", "name")
-        .into_iter()
-        .filter_map(|e| e["name"].as_str())
-        .collect();
-    if !env.is_empty() {
-        parts.push(format!("env {}", env.join(", ")));
-    }
-    let hook = &new["lifecycle"]["preStop"]["exec"]["command"];
-    if old["lifecycle"]["preStop"].is_null() && !hook.is_null() {
-        parts.push(format!("preStop `{}`", words(hook)));
-    }
-    let name = new["name"].as_str().unwrap_or("?");
-    (!parts.is_empty()).then(|| format!("{name}: {}", parts.join(" and ")))
-}
-
-/// The items of a container's array `field` (volumeMounts, env).
-fn named_items<'a>(c: &'a Value, field: &str) -> impl Iterator<Item = &'a Value> {
-    c[field].as_array().into_iter().flatten()
+    let docs = crate::manifest::documents(&text)?;
+    let pod = docs
+        .iter()
+        .find_map(|d| crate::manifest::pod_of(d).ok())
+        .with_context(|| {
+            format!(
+                "{}: no Pod, and no workload with a pod template (Job, CronJob, Deployment, \
+                 StatefulSet, DaemonSet, ReplicaSet)",
+                path.display()
+            )
+        })?;
+    Ok((pod, args.host_network))
 }
 
 /// Imports the project's image archive (`scripts/image` writes it, at
@@ -508,10 +392,16 @@ async fn scenario(
     for note in running.notes() {
         out(&format!("  note: {note}"));
     }
-    running
-        .wait_ready(args.ready_timeout)
-        .await
-        .context("waiting for the pod to be ready")?;
+    out("");
+    let job = if job::completes(pod) {
+        Some(job::run_to_completion(&running, args.complete_timeout, agent.is_some(), out).await)
+    } else {
+        running
+            .wait_ready(args.ready_timeout)
+            .await
+            .context("waiting for the pod to be ready")?;
+        None
+    };
     let init_containers = init_runs(&running);
     for (name, run) in &init_containers {
         let code = run.exit_code.map_or("none".to_owned(), |c| c.to_string());
@@ -522,7 +412,11 @@ async fn scenario(
     }
     let plan = running.plan().clone();
     out("");
-    out("Deleting the pod the kubelet's way: preStop hooks at once, then TERM, KILL at the end of the grace period...");
+    if job.as_ref().is_some_and(|j| j.completed) {
+        out("Deleting the completed pod: its sandbox is removed.");
+    } else {
+        out("Deleting the pod the kubelet's way: preStop hooks at once, then TERM, KILL at the end of the grace period...");
+    }
     let d = running
         .delete_with(DeleteOptions {
             grace_period: args.grace_period,
@@ -573,11 +467,17 @@ async fn scenario(
         }
     }
     out("");
-    out("Timeline (ms from the deletion):");
-    for line in timeline.render(d.started_ns).lines() {
+    let (containers, times_from, origin) = if job.as_ref().is_some_and(|j| j.completed) {
+        let c = verdict::judge_completed(&plan, &d);
+        (c, TimesFrom::Start, verdict::pod_start(&d.timeline))
+    } else {
+        let c = verdict::judge(&plan, &d, &allows);
+        (c, TimesFrom::Deletion, d.started_ns)
+    };
+    out(&format!("Timeline (ms from {}):", times_from.words()));
+    for line in timeline.render(origin).lines() {
         out(line);
     }
-    let containers = verdict::judge(&plan, &d, &allows);
     out("");
     out("Verdict:");
     for (name, c) in &containers {
@@ -588,6 +488,8 @@ async fn scenario(
     }
     Ok(DemoReport {
         pod: d.pod_name.clone(),
+        times_from,
+        job,
         containers,
         init_containers,
     })
