@@ -306,3 +306,73 @@ pub fn describe(h: &Handler) -> String {
         Handler::Sleep(s) => format!("sleep {s}s"),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn planned(host_users: bool) -> PodPlan {
+        let pod = json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "web"},
+            "spec": {"hostUsers": host_users, "hostNetwork": host_users,
+                     "containers": [{"name": "a", "image": "x",
+                        "volumeMounts": [{"name": "v", "mountPath": "/v"}]}],
+                     "volumes": [{"name": "v", "emptyDir": {}}]}});
+        let place = super::super::plan::Placement {
+            uid: "7b0e6c9e-4c1e-4d63-9a43-2f6f3c1d9b10".into(),
+            node_name: "node-1".into(),
+            host_ip: "10.0.0.7".into(),
+            force_host_network: false,
+            name_suffix: "abcde".into(),
+        };
+        super::super::plan::plan(&pod, &place).expect("a plan")
+    }
+
+    /// As the kubelet asks for it: the pod's own user and network namespaces, and every
+    /// volume an idmapped mount with the user namespace's mapping.
+    #[test]
+    fn a_user_namespaced_pod_is_asked_for_as_the_kubelet_asks() {
+        let mut plan = planned(false);
+        plan.userns_host_id = Some(3 * USERNS_LENGTH);
+        let sb = sandbox(&plan, Path::new("/logs"), "/kubepods/pod1");
+        let ns = sb
+            .linux
+            .and_then(|l| l.security_context)
+            .and_then(|s| s.namespace_options)
+            .expect("namespace options");
+        assert_eq!(ns.network, NamespaceMode::Pod as i32);
+        let userns = ns.userns_options.expect("a user namespace");
+        assert_eq!(userns.mode, NamespaceMode::Pod as i32);
+        let want = vec![IdMapping {
+            host_id: 196_608,
+            container_id: 0,
+            length: 65_536,
+        }];
+        assert_eq!((&userns.uids, &userns.gids), (&want, &want));
+        assert_eq!(sb.hostname, "web");
+        let c = container(&plan, &plan.containers[0], 0, &["/host/v".to_owned()]);
+        assert_eq!(c.mounts[0].uid_mappings, want);
+        assert_eq!(c.mounts[0].gid_mappings, want);
+        let own = c
+            .linux
+            .and_then(|l| l.security_context)
+            .and_then(|s| s.namespace_options)
+            .and_then(|n| n.userns_options);
+        assert_eq!(own, Some(userns));
+        // The node's users: none of it.
+        let plan = planned(true);
+        let sb = sandbox(&plan, Path::new("/logs"), "/kubepods/pod1");
+        let ns = sb
+            .linux
+            .and_then(|l| l.security_context)
+            .and_then(|s| s.namespace_options);
+        assert!(
+            ns.is_some_and(
+                |n| n.userns_options.is_none() && n.network == NamespaceMode::Node as i32
+            )
+        );
+        let c = container(&plan, &plan.containers[0], 0, &["/host/v".to_owned()]);
+        assert!(c.mounts[0].uid_mappings.is_empty());
+    }
+}

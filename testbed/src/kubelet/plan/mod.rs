@@ -751,6 +751,28 @@ mod tests {
         }
     }
 
+    /// A user-namespaced pod gets a network of its own (containerd pins its user namespace
+    /// there), and one on the node's network is refused, as the API server refuses it.
+    #[test]
+    fn a_user_namespaced_pod_has_its_own_network_and_never_the_nodes() {
+        let mut v = pod(json!([{"name": "a", "image": "x"}]));
+        v["spec"]["hostUsers"] = json!(false);
+        v["spec"]["hostNetwork"] = json!(false);
+        let p = plan(&v, &place()).expect("planned without --host-network");
+        assert!(!p.host_users);
+        assert_eq!(p.userns_host_id, None, "given by the runner, not the plan");
+        v["spec"]["hostNetwork"] = json!(true);
+        let e = plan(&v, &place()).unwrap_err();
+        assert_eq!(e.field, "spec.hostUsers", "{e}");
+        assert!(pod_plan_default_host_users());
+    }
+
+    fn pod_plan_default_host_users() -> bool {
+        plan(&pod(json!([{"name": "a", "image": "x"}])), &place())
+            .expect("a plan")
+            .host_users
+    }
+
     #[test]
     fn pods_off_the_host_network_are_refused_unless_forced() {
         let mut v = pod(json!([{"name": "a", "image": "x"}]));
