@@ -134,6 +134,17 @@ async fn bench_reports_every_figure() {
                 "{key}: {d}"
             );
         }
+        if source != "kruise_daemon" {
+            // Every ordered allow says which source told the agent of the app's exit.
+            let told = d["exit_told_by"].as_object().expect("exit_told_by");
+            assert!(
+                told.keys()
+                    .all(|k| ["kernel", "runtime", "none"].contains(&k.as_str())),
+                "{key}: {d}"
+            );
+            let sum: f64 = told.values().filter_map(serde_json::Value::as_f64).sum();
+            assert_eq!(sum, num(d, "samples"), "{key}: {d}");
+        }
     }
 
     for key in ["entrypoint", "sh_poll"] {

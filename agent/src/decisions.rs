@@ -404,11 +404,19 @@ impl Agent {
         let waited = since.elapsed();
         // The agent's own share of the delay: from the later of the exit file and the last
         // exit the runtime reported in the pod, to the answer.
-        let last_exit = self
-            .view
-            .pod(key.pod.as_str())
-            .and_then(|p| p.containers.values().filter_map(|c| c.exit_seen).max());
-        let decided = last_exit.map_or(since, |e| e.max(since)).elapsed();
+        let last = self.view.pod(key.pod.as_str()).and_then(|p| {
+            p.containers
+                .values()
+                .filter_map(|c| c.exit_seen.map(|at| (at, c.exit_by_kernel)))
+                .max_by_key(|(at, _)| *at)
+        });
+        let decided = last.map_or(since, |(e, _)| e.max(since)).elapsed();
+        // Which source told the view of that exit first.
+        let told_by = match last {
+            None => "none",
+            Some((_, true)) => "kernel",
+            Some((_, false)) => "runtime",
+        };
         let written = match self.place(key.place) {
             Some(share) => share.write_allow(key),
             // The place is no longer served (the kubelet's root went): nothing to answer in.
@@ -425,6 +433,7 @@ impl Agent {
                     waited_ms = waited.as_millis() as u64,
                     waited_us = waited.as_micros() as u64,
                     decided_us = decided.as_micros() as u64,
+                    exit_told_by = told_by,
                     "exit allowed"
                 );
                 if let (Some(still_running), Some(names)) = (tell, names) {

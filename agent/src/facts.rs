@@ -269,6 +269,7 @@ pub(crate) mod tests {
         ContainerEntry {
             exit_seen: None,
             kernel_exit: None,
+            exit_by_kernel: false,
             info: ContainerInfo {
                 id: id.into(),
                 pod_uid: "u".into(),

@@ -79,6 +79,9 @@ pub struct ContainerEntry {
     /// When the kernel told that the container's first process was gone (the kernel exit
     /// source), as its waiting thread woke.
     pub kernel_exit: Option<Instant>,
+    /// The kernel source was the first to tell the view of the exit (else the runtime, by an
+    /// event or a listing).
+    pub exit_by_kernel: bool,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -287,10 +290,16 @@ impl NodeView {
             Change::Started { id } => self.event(id, RunState::Running, now, &mut touched),
             Change::Exited { id } => self.event(id, RunState::Exited, now, &mut touched),
             Change::ProcessGone { id, at } => {
-                if let Some(c) = self.container_mut(&id) {
+                let first = self.container_mut(&id).map(|c| {
                     c.kernel_exit.get_or_insert(at);
+                    c.exit_seen.is_none()
+                });
+                self.event(id.clone(), RunState::Exited, now, &mut touched);
+                if first == Some(true) {
+                    if let Some(c) = self.container_mut(&id) {
+                        c.exit_by_kernel = c.exit_seen.is_some();
+                    }
                 }
-                self.event(id, RunState::Exited, now, &mut touched);
             }
             Change::Removed { id } => {
                 self.remove(&id, &mut touched);
@@ -497,6 +506,7 @@ impl NodeView {
                     env: EnvPriority::Unread,
                     exit_seen: None,
                     kernel_exit: None,
+                    exit_by_kernel: false,
                 };
                 c.note_exit(now);
                 pod.containers.insert(c.info.id.clone(), c);
@@ -648,6 +658,17 @@ mod tests {
         })
     }
 
+    /// A view that has listed these running containers (id, name, created at) of one pod.
+    fn running(containers: &[(&str, &str, i64)], now: Instant) -> NodeView {
+        let mut v = NodeView::new();
+        let listed = containers
+            .iter()
+            .map(|(id, name, at)| c(id, name, RunState::Running, *at))
+            .collect();
+        v.apply(listing(10, listed), now);
+        v
+    }
+
     fn state(v: &NodeView, id: &str) -> Option<RunState> {
         v.pod(UID)?.containers.get(id).map(|c| c.info.state)
     }
@@ -670,6 +691,36 @@ mod tests {
             .removed
             .contains_key(&format!("c{}", MAX_TOMBSTONES + 999)));
         assert!(!v.removed.contains_key("c0"));
+    }
+
+    /// The view remembers which source told it of an exit first: what the benchmark
+    /// reports for each allow.
+    #[test]
+    fn the_first_teller_of_an_exit_is_remembered() {
+        let now = Instant::now();
+        let mut v = running(&[("app", "app", 5), ("logs", "logs", 5)], now);
+        let by_kernel =
+            |v: &NodeView, id: &str| v.pod(UID).map(|p| p.containers[id].exit_by_kernel);
+        // The kernel first, the runtime after: the kernel told.
+        v.apply(
+            Change::ProcessGone {
+                id: "app".into(),
+                at: now,
+            },
+            now,
+        );
+        v.apply(Change::Exited { id: "app".into() }, now);
+        assert_eq!(by_kernel(&v, "app"), Some(true));
+        // The runtime first, the kernel after: the runtime told.
+        v.apply(Change::Exited { id: "logs".into() }, now);
+        v.apply(
+            Change::ProcessGone {
+                id: "logs".into(),
+                at: now,
+            },
+            now,
+        );
+        assert_eq!(by_kernel(&v, "logs"), Some(false));
     }
 
     #[test]
@@ -798,17 +849,7 @@ mod tests {
     #[test]
     fn removed_containers_stay_removed_and_listings_drop_the_gone() {
         let now = Instant::now();
-        let mut v = NodeView::new();
-        v.apply(
-            listing(
-                10,
-                vec![
-                    c("a", "app", RunState::Running, 5),
-                    c("b", "proxy", RunState::Running, 6),
-                ],
-            ),
-            now,
-        );
+        let mut v = running(&[("a", "app", 5), ("b", "proxy", 6)], now);
         v.apply(Change::Removed { id: "a".into() }, now);
         v.apply(Change::Exited { id: "a".into() }, now);
         assert_eq!(state(&v, "a"), None);

@@ -46,6 +46,9 @@ pub struct AgentAllow {
     /// The agent's own part: from the later of the exit file and the pod's last exit as the
     /// runtime reported it, to the stamp (`decided_us`).
     pub decided_ns: Option<i64>,
+    /// Which source first told the agent of the pod's last exit (`exit_told_by`: `kernel`,
+    /// `runtime`, or `none` when no container had exited).
+    pub exit_told_by: Option<String>,
 }
 
 /// Unix nanoseconds of an RFC 3339 UTC timestamp with at least microsecond precision.
@@ -112,6 +115,11 @@ pub fn parse_allow(line: &serde_json::Value) -> Result<Option<AgentAllow>, LogEr
             .and_then(|f| f.get("decided_us"))
             .and_then(serde_json::Value::as_i64)
             .map(|us| us * 1000),
+        exit_told_by: line
+            .get("fields")
+            .and_then(|f| f.get("exit_told_by"))
+            .and_then(serde_json::Value::as_str)
+            .map(str::to_owned),
     }))
 }
 

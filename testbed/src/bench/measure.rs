@@ -26,6 +26,8 @@ pub struct Allow {
     /// How much of the delay was the writer's own (after it learnt of the trigger), when
     /// it says.
     pub decided_ns: Option<i64>,
+    /// Which source told the writer of the exit, when it says (`kernel`, `runtime`).
+    pub told_by: Option<String>,
 }
 
 /// What the sidecar's preStop hook did.
@@ -107,6 +109,8 @@ pub struct Outcome {
     /// stamped it: the agent heard the kernel first (both hear it; the test bed's stamp comes
     /// when its thread runs). Counted as 0 ms.
     pub ahead_of_clock: usize,
+    /// Of the ordered allows, how many were answered on each source's word of the exit.
+    pub told_by: BTreeMap<String, usize>,
 }
 
 /// How far an allow may precede the test bed's stamp of the exit and still be the agent
@@ -168,6 +172,9 @@ pub fn assess(trials: &[Trial]) -> Outcome {
         if let Some(d) = allow.decided_ns {
             out.decided_ms.push(d as f64 / 1e6);
         }
+        if let Some(by) = &allow.told_by {
+            *out.told_by.entry(by.clone()).or_default() += 1;
+        }
     }
     out
 }
@@ -205,6 +212,7 @@ mod tests {
                 reason: reason.to_owned(),
                 wait_since_ns,
                 decided_ns: None,
+                told_by: Some("kernel".to_owned()),
             }),
             prestop: PreStop::Waited,
             deletion_failed: false,

@@ -560,6 +560,7 @@ fn agent_trials(
                     reason: a.reason.clone(),
                     wait_since_ns: a.wait_since_ns,
                     decided_ns: a.decided_ns,
+                    told_by: a.exit_told_by.clone(),
                 }),
                 prestop: prestop_of(res),
                 deletion_failed: res.is_err(),
@@ -675,6 +676,7 @@ async fn detect_with_kruise(
                     // the exit file's mtime.
                     wait_since_ns: a.wait_since_ns,
                     decided_ns: None,
+                    told_by: None,
                 }),
                 prestop: prestop_of(res),
                 deletion_failed: res.is_err(),

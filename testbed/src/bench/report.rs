@@ -1,5 +1,6 @@
 //! The benchmark's result: a table for people, one JSON object for tools.
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use serde::Serialize;
@@ -71,6 +72,9 @@ pub struct DetectRow {
     pub late_waits: usize,
     /// Ordered allows a little ahead of the test bed's stamp of the exit (counted 0 ms).
     pub ahead_of_clock: usize,
+    /// Of the ordered allows, how many were answered on each source's word of the exit, as
+    /// the agent logged it (`kernel`, `runtime`); empty for the baseline daemon.
+    pub exit_told_by: BTreeMap<String, usize>,
     /// Where every deletion counted, exactly once.
     pub tally: Tally,
 }
@@ -90,6 +94,7 @@ impl DetectRow {
             agent_part_p99_ms: agent.p99,
             late_waits: outcome.late_waits,
             ahead_of_clock: outcome.ahead_of_clock,
+            exit_told_by: outcome.told_by.clone(),
             tally: outcome.tally.clone(),
         }
     }
@@ -393,6 +398,25 @@ impl Report {
                     r.samples,
                     r.late_waits,
                     with_ahead(anomalies(&r.tally), r.ahead_of_clock)
+                );
+            }
+            for (label, r) in [
+                ("containerd events", &d.containerd_events),
+                ("polling", &d.poll),
+            ] {
+                let told: Vec<String> = r
+                    .exit_told_by
+                    .iter()
+                    .map(|(by, n)| format!("{by} {n}"))
+                    .collect();
+                let _ = writeln!(
+                    t,
+                    "  exit told first by ({label}): {}",
+                    if told.is_empty() {
+                        "-".to_owned()
+                    } else {
+                        told.join(", ")
+                    }
                 );
             }
             let _ = writeln!(
