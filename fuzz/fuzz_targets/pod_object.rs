@@ -102,6 +102,7 @@ fuzz_target!(|data: &[u8]| {
             )),
             exit_seen: None,
             kernel_exit: None,
+            exit_by_kernel: false,
         })
         .collect();
     let sandbox = SandboxInfo {
