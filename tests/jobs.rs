@@ -112,7 +112,7 @@ impl JobBed {
 }
 
 /// The Job example's pod, injected by the webhook, its proxy on `port` (tests run at once on
-/// one network: each test its own port, 24191 to 24201).
+/// one network: each test its own port, 24191 to 24204 but 24202, which tests/demo.rs has).
 fn job_pod(port: u16, edit: impl FnOnce(&mut Value)) -> Value {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/examples/job.yaml");
     let text = std::fs::read_to_string(&path).expect("job example");
@@ -402,6 +402,133 @@ async fn without_an_api_server_the_webhooks_record_keeps_the_proxy_through_the_r
             {"action": "Restart", "exitCodes": {"operator": "In", "values": [42]}}]}),
     )
     .await;
+}
+
+/// When `container`'s attempt `attempt` exited, from the pod's timeline.
+fn exited_at(status: &exitorder_testbed::PodStatus, container: &str, attempt: u32) -> i64 {
+    status
+        .timeline
+        .events
+        .iter()
+        .find(|e| {
+            e.container.as_deref() == Some(container)
+                && matches!(e.what, What::Exited { attempt: a, .. } if a == attempt)
+        })
+        .map(|e| e.at_ns)
+        .unwrap_or_else(|| panic!("{container} attempt {attempt} did not exit"))
+}
+
+/// Runs `pod` (restarted in place once by a `RestartAllContainers` rule) to completion: it
+/// succeeds, every container ran twice, and the proxy was shut down once, after the app's
+/// last run. The pod's status and the running pod.
+async fn completes_after_one_restart_in_place(
+    jb: &JobBed,
+    pod: &Value,
+) -> (RunningPod, exitorder_testbed::PodStatus) {
+    let (running, status) = jb.complete(pod).await;
+    assert_eq!(
+        status.phase,
+        Phase::Succeeded,
+        "{}",
+        jb.bed.agent.log_tail(30)
+    );
+    assert_eq!(status.restarts_all, 1, "{}", show(&status.timeline));
+    for (name, c) in &status.containers {
+        assert_eq!(c.attempt, 1, "{name} did not run again: {c:?}");
+    }
+    assert_eq!(exit_code(&running, "app"), Some(0));
+    let shutdowns: Vec<i64> = jb
+        .bed
+        .agent
+        .lines()
+        .iter()
+        .filter(|l| l.is("job_shutdown", &[("container", "proxy")]))
+        .filter_map(|l| l.at_ns())
+        .collect();
+    assert_eq!(
+        shutdowns.len(),
+        1,
+        "the proxy was not shut down exactly once\n{}",
+        jb.bed.agent.log_tail(40)
+    );
+    assert!(
+        shutdowns[0] >= exited_at(&status, "app", 1),
+        "the proxy was shut down before the app's last run ended\n{}",
+        jb.bed.agent.log_tail(30)
+    );
+    assert_eq!(log_count(&running, "proxy", "shutdown requested"), 1);
+    (running, status)
+}
+
+/// KEP-5532: the app's exit 88 matches its `RestartAllContainers` rule, so the kubelet kills
+/// every other container at once (no preStop, no grace) and runs the pod again from its init
+/// containers, the webhook's among them. That exit is not the end of the Job: the proxy
+/// serves until the app has exited, runs again beside the app's next attempt, and is shut
+/// down once, after the app's success.
+#[tokio::test]
+async fn a_restart_of_every_container_keeps_the_proxy_until_the_app_exited() {
+    let Some(jb) = JobBed::start().await else {
+        return;
+    };
+    let pod = job_pod(24203, |p| {
+        p["spec"]["volumes"] = json!([{"name": "state", "emptyDir": {}}]);
+        let app = &mut p["spec"]["containers"][0];
+        app["restartPolicyRules"] = json!([
+            {"action": "RestartAllContainers", "exitCodes": {"operator": "In", "values": [88]}}]);
+        app["volumeMounts"] = json!([{"name": "state", "mountPath": "/state"}]);
+        app["command"] = json!([
+            "sh",
+            "-c",
+            "if [ ! -e /state/tried ]; then touch /state/tried; echo again; exit 88; fi; echo done"
+        ]);
+    });
+    let (running, status) = completes_after_one_restart_in_place(&jb, &pod).await;
+    assert!(
+        exited_at(&status, "proxy", 0) >= exited_at(&status, "app", 0),
+        "the proxy's first run ended before the app's\n{}",
+        show(&status.timeline)
+    );
+    let _ = running.delete().await;
+    jb.finish().await;
+}
+
+/// The same restart, asked for by a native sidecar that watches the app (the KEP's own
+/// example), and an agent without an API server, which reads the watcher's rule from the
+/// webhook's record. The app is killed mid-work by the restart (exit 137, a failure its own
+/// policy never retries): that is not the end of the Job either. (Whether the app's death
+/// reaches the agent before the proxy's is up to the kill here; tests/restart_in_place.rs
+/// makes it so.)
+#[tokio::test]
+async fn a_watchers_restart_of_every_container_is_not_the_end_of_the_job() {
+    let Some(jb) = JobBed::start_with(false).await else {
+        return;
+    };
+    let pod = job_pod(24204, |p| {
+        p["spec"]["volumes"] = json!([{"name": "state", "emptyDir": {}}]);
+        let state = json!([{"name": "state", "mountPath": "/state"}]);
+        let watcher = json!({
+            "name": "watcher",
+            "image": "busybox:1.36",
+            "restartPolicy": "Always",
+            "restartPolicyRules": [
+                {"action": "RestartAllContainers", "exitCodes": {"operator": "In", "values": [88]}}],
+            "volumeMounts": state.clone(),
+            "command": ["sh", "-c", concat!(
+                "if [ ! -e /state/watched ]; then sleep 1; touch /state/watched; exit 88; fi; ",
+                "trap 'exit 0' TERM; while :; do sleep 3600 & wait $!; done")],
+        });
+        p["spec"]["initContainers"] = json!([watcher]);
+        let app = &mut p["spec"]["containers"][0];
+        app["volumeMounts"] = state;
+        app["command"] = json!([
+            "sh",
+            "-c",
+            "if [ -e /state/watched ]; then echo done; else echo working; sleep 60; fi"
+        ]);
+    });
+    let (running, _) = completes_after_one_restart_in_place(&jb, &pod).await;
+    let _ = running.delete().await;
+    jb.finish().await;
 }
 
 #[tokio::test]

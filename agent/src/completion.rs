@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use exitorder_contract::annotation;
 
 use crate::decide::RunState;
-use crate::restart::{Policy, Restart};
+use crate::restart::{Outcome, Policy, Restart};
 
 /// The restart policies of pods that complete.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -183,11 +183,51 @@ pub fn next_step(members: &[Member], asked: &BTreeSet<String>) -> Step {
     }
 }
 
+/// Whether the pod is being restarted in place (KEP-5532).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum InPlace {
+    /// No container's exit asks for it.
+    No,
+    /// These containers exited, and their exit codes tell.
+    ReadExitCodes(Vec<String>),
+    /// `by` exited with a code its `RestartAllContainers` rule matches: the kubelet kills
+    /// every other container, whatever its own policy says, and runs the pod again. None of
+    /// those exits is the end of the work.
+    RestartingAll { by: String, exit_code: i32 },
+}
+
+/// Whether the pod is being restarted in place, from the containers whose rules can ask for
+/// it (`triggers`: each one's newest attempt).
+pub fn restarting_all(triggers: &[Member]) -> InPlace {
+    let exited: Vec<&Member> = triggers
+        .iter()
+        .filter(|t| t.state == RunState::Exited)
+        .collect();
+    let unread: Vec<String> = exited
+        .iter()
+        .filter(|t| t.exit_code.is_none())
+        .map(|t| t.name.clone())
+        .collect();
+    if !unread.is_empty() {
+        return InPlace::ReadExitCodes(unread);
+    }
+    exited
+        .iter()
+        .find_map(|t| {
+            let code = t.exit_code?;
+            (t.restart.on_exit(code) == Outcome::RestartAll).then(|| InPlace::RestartingAll {
+                by: t.name.clone(),
+                exit_code: code,
+            })
+        })
+        .unwrap_or(InPlace::No)
+}
+
 #[cfg(test)]
 mod tests {
     use super::RunState::{Created, Exited, Running};
     use super::*;
-    use crate::restart::ExitCodes;
+    use crate::restart::{Action, ExitCodes, Rule};
 
     fn m(name: &str, priority: u8, state: RunState, exit_code: Option<i32>) -> Member {
         Member {
@@ -276,12 +316,46 @@ mod tests {
     }
 
     #[test]
+    fn no_exit_is_the_end_while_the_pod_restarts_in_place() {
+        let watcher = |state: RunState, code: Option<i32>| Member {
+            restart: Restart {
+                policy: Policy::Always,
+                rules: vec![Rule {
+                    action: Action::RestartAllContainers,
+                    codes: ExitCodes::In([88].into()),
+                }],
+            },
+            ..m("watcher", 0, state, code)
+        };
+        let by_88 = InPlace::RestartingAll {
+            by: "watcher".into(),
+            exit_code: 88,
+        };
+        #[rustfmt::skip]
+        let table: [(&str, Vec<Member>, InPlace); 6] = [
+            ("no trigger in the pod", vec![], InPlace::No),
+            ("the watcher runs", vec![watcher(Running, None)], InPlace::No),
+            ("the watcher exited, its code unread", vec![watcher(Exited, None)],
+             InPlace::ReadExitCodes(vec!["watcher".into()])),
+            ("exit 88: every container restarts", vec![watcher(Exited, Some(88))], by_88),
+            ("exit 1: only the watcher restarts", vec![watcher(Exited, Some(1))], InPlace::No),
+            ("its next attempt has not started yet", vec![watcher(Created, None)], InPlace::No),
+        ];
+        for (what, triggers, want) in table {
+            assert_eq!(restarting_all(&triggers), want, "{what}");
+        }
+    }
+
+    #[test]
     fn a_main_container_the_kubelet_starts_again_is_not_done() {
         use Completes::Never;
         let on_failure = Restart::pod(Policy::OnFailure);
         let on_42 = Restart {
             policy: Policy::Never,
-            rules: vec![ExitCodes::In([42].into())],
+            rules: vec![Rule {
+                action: Action::Restart,
+                codes: ExitCodes::In([42].into()),
+            }],
         };
         let always = Restart::pod(Policy::Always);
         let two = |code: Option<i32>| vec![m("app", 0, Exited, code), m("proxy", 1, Running, None)];

@@ -22,7 +22,7 @@ use tracing::{debug, info, warn, Instrument};
 
 use crate::agent::Agent;
 use crate::bounds::Later as _;
-use crate::completion::{self, Completes, Member, Participation, Step};
+use crate::completion::{self, Completes, InPlace, Member, Participation, Step};
 use crate::decide::{self, RunState};
 use crate::facts;
 use crate::podwatch::ApiPod;
@@ -64,6 +64,8 @@ pub struct JobSnapshot {
     /// The pod's grace period: StopContainer's.
     pub grace: Duration,
     pub members: Vec<SnapMember>,
+    /// The containers whose exits can restart every container in place (KEP-5532).
+    pub triggers: Vec<SnapMember>,
     pub urls: BTreeMap<String, String>,
 }
 
@@ -119,6 +121,10 @@ struct PodJob {
     codes: HashMap<String, i32>,
     /// Container ids whose exit after a shutdown was reported.
     reported: BTreeSet<String>,
+    /// Container ids whose exit restarts every container in place, said.
+    restarts_seen: BTreeSet<String>,
+    /// Container ids of the current attempts that the runtime no longer has.
+    gone: BTreeSet<String>,
 }
 
 pub struct JobsTask {
@@ -176,17 +182,21 @@ impl JobsTask {
         let current: BTreeSet<&str> = snap
             .members
             .iter()
+            .chain(&snap.triggers)
             .filter_map(|m| m.id.as_deref())
             .collect();
         job.codes.retain(|id, _| current.contains(id.as_str()));
+        job.gone.retain(|id| current.contains(id.as_str()));
         let asked =
             |m: &SnapMember, job: &PodJob| m.id.as_ref().is_some_and(|id| job.asked.contains(id));
         // Exit codes: of sidecars that were shut down (to report a failure), and of main
         // containers when only a success finishes the pod.
-        for m in &snap.members {
+        let triggers: BTreeSet<&str> = snap.triggers.iter().map(|t| t.name.as_str()).collect();
+        for m in snap.members.iter().chain(&snap.triggers) {
             let Some(id) = m.id.as_deref() else { continue };
             let wanted = (asked(m, job) && !job.reported.contains(id))
-                || (m.priority == 0 && m.restart.needs_exit_code());
+                || (m.priority == 0 && m.restart.needs_exit_code())
+                || triggers.contains(m.name.as_str());
             if m.state == RunState::Exited && wanted && !job.codes.contains_key(id) {
                 match exit_code(&self.runtime, id).await {
                     Ok(ExitStatus::Exited(code)) => {
@@ -196,9 +206,10 @@ impl JobsTask {
                         warn!(pod = %snap.uid, container = %m.name, "the runtime has no exit code for an exited container yet; asking again at the next change");
                     }
                     Ok(ExitStatus::Gone) => {
-                        // Removed with its pod, most likely: what the task keeps of the pod
-                        // goes with it.
+                        // Removed with its pod, most likely (what the task keeps of the pod
+                        // goes with it), or by an in-place restart of the whole pod.
                         debug!(pod = %snap.uid, container = %m.name, "the container is gone from the runtime; its exit code is not known");
+                        job.gone.insert(id.to_owned());
                     }
                     Err(e) => {
                         self.stats.runtime_error(e.kind());
@@ -233,17 +244,48 @@ impl JobsTask {
                 });
             }
         }
-        let members: Vec<Member> = snap
-            .members
-            .iter()
-            .map(|m| Member {
-                name: m.name.clone(),
-                priority: m.priority,
-                state: m.state,
-                exit_code: m.id.as_ref().and_then(|id| job.codes.get(id).copied()),
-                restart: m.restart.clone(),
-            })
-            .collect();
+        let member = |m: &SnapMember| Member {
+            name: m.name.clone(),
+            priority: m.priority,
+            state: m.state,
+            exit_code: m.id.as_ref().and_then(|id| job.codes.get(id).copied()),
+            restart: m.restart.clone(),
+        };
+        let restarting: Vec<Member> = snap.triggers.iter().map(member).collect();
+        let trigger_id = |name: &str| {
+            snap.triggers
+                .iter()
+                .find(|t| t.name == name)
+                .and_then(|t| t.id.clone())
+                .unwrap_or_default()
+        };
+        let (by, exit_code) = match completion::restarting_all(&restarting) {
+            InPlace::No => (None, None),
+            InPlace::RestartingAll { by, exit_code } => (Some(by), Some(exit_code)),
+            // The newest attempt of a live pod's container leaves the runtime only when the
+            // kubelet restarts the whole pod in place (its garbage collection keeps it): gone
+            // before its code was read, it is taken for one.
+            InPlace::ReadExitCodes(names) => match names
+                .into_iter()
+                .find(|n| job.gone.contains(&trigger_id(n)))
+            {
+                Some(gone) => (Some(gone), None),
+                None => {
+                    debug!(pod = %snap.uid, "completing pod: exit codes needed to tell whether every container restarts");
+                    return;
+                }
+            },
+        };
+        if let Some(by) = by {
+            // The kubelet kills every container and runs the pod again: the exits this
+            // brings are not the end of the work. Said once per exit.
+            if job.restarts_seen.insert(trigger_id(&by)) {
+                self.stats.job_restarted_in_place();
+                info!(event = "job_restarting_all", pod = %snap.uid, container = %by, exit_code, "every container of the pod restarts in place (RestartAllContainers): not the end of the Job");
+            }
+            return;
+        }
+        let members: Vec<Member> = snap.members.iter().map(member).collect();
         let asked_names: BTreeSet<String> = snap
             .members
             .iter()
@@ -511,6 +553,29 @@ pub fn stale_records(share_dir: &Path, live: impl Fn(&str) -> bool) -> Vec<PathB
         .collect()
 }
 
+/// The containers whose exits can restart the whole pod, as the runtime shows them: each
+/// one's newest attempt; or the container whose rules cannot be read, and why.
+fn snapshot_triggers(
+    pod: &PodEntry,
+    api: &ApiPod,
+) -> Result<Vec<SnapMember>, (String, RestartError)> {
+    let newest = facts::newest(pod);
+    api.restart_all
+        .iter()
+        .map(|(name, restart)| {
+            let restart = restart.clone().map_err(|e| (name.clone(), e))?;
+            let c = newest.get(name.as_str());
+            Ok(SnapMember {
+                name: name.clone(),
+                id: c.map(|c| c.info.id.clone()),
+                priority: 0,
+                state: c.map_or(RunState::Created, |c| c.info.state),
+                restart,
+            })
+        })
+        .collect()
+}
+
 /// The spec's main containers as the runtime shows them: each one's newest attempt, with
 /// the priority resolved for that attempt (an older one has no env read), and whether the
 /// kubelet starts it again; or the container whose restart rules cannot be read, and why.
@@ -576,7 +641,9 @@ impl Agent {
             debug!(pod = %pod, unknown = ?ordered.unknown, "completing pod: priorities not known yet");
             return;
         }
-        let members = match snapshot_members(v, &api, &ordered) {
+        let (members, triggers) = match snapshot_members(v, &api, &ordered)
+            .and_then(|m| Ok((m, snapshot_triggers(v, &api)?)))
+        {
             Ok(m) => m,
             Err((container, e)) => {
                 // A rule this version cannot read: whether the work is over cannot be told,
@@ -614,6 +681,7 @@ impl Agent {
             policy,
             grace: api.grace().unwrap_or(facts::DEFAULT_GRACE),
             members,
+            triggers,
             urls,
         };
         debug!(pod = %snap.uid, members = ?snap.members, "completing pod: snapshot");

@@ -74,6 +74,9 @@ pub struct ApiPod {
     /// Whether the kubelet starts each main container again after an exit (the pod's
     /// restartPolicy, or the container's own and its rules), or why that cannot be told.
     pub restarts: BTreeMap<String, Result<Restart, RestartError>>,
+    /// The containers whose exits can restart every container in place (KEP-5532), with
+    /// their rules.
+    pub restart_all: BTreeMap<String, Result<Restart, RestartError>>,
 }
 
 /// A grace field of the pod, bounded: the API server accepts any int64 here.
@@ -119,6 +122,7 @@ impl ApiPod {
                 .collect(),
             containers: record.as_ref().map(|r| r.names()).unwrap_or_default(),
             restarts: record.as_ref().map(|r| r.restarts()).unwrap_or_default(),
+            restart_all: record.as_ref().map(|r| r.restart_all()).unwrap_or_default(),
         })
     }
 
@@ -160,6 +164,7 @@ impl ApiPod {
             native_sidecars,
             containers: record.names(),
             restarts: record.restarts(),
+            restart_all: record.restart_all(),
         }))
     }
 

@@ -2,9 +2,9 @@
 //! `restartPolicy`, the container's own (KEP-5307, Kubernetes 1.34+: it overrides the pod's)
 //! and its `restartPolicyRules` (the first rule whose exit codes match decides; without a
 //! match, the container's policy does). A rule's action is `Restart` (this container) or
-//! `RestartAllContainers` (KEP-5532, 1.35+: every container of the pod, in place): either
-//! way this container starts again. Pure: one answer for Job completion and the test bed's
-//! kubelet.
+//! `RestartAllContainers` (KEP-5532, 1.35+: every container of the pod, in place, whatever
+//! their own policies say): either way this container starts again. Pure: one answer for Job
+//! completion and the test bed's kubelet.
 //!
 //! Everything here comes from a pod spec, which any tenant writes: rules and values are
 //! bounded (the API server allows 20 rules of 255 values), and what this version does not
@@ -68,12 +68,41 @@ impl ExitCodes {
     }
 }
 
-/// How the kubelet treats one regular container's exits.
+/// What a matching rule makes the kubelet do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    /// `Restart`: this container starts again.
+    Restart,
+    /// `RestartAllContainers` (KEP-5532): the kubelet kills every container of the pod at
+    /// once (no preStop hook, no grace period), removes them all and runs the pod again from
+    /// its first init container, in the same sandbox with the same volumes.
+    RestartAllContainers,
+}
+
+/// One of a container's `restartPolicyRules`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rule {
+    pub action: Action,
+    pub codes: ExitCodes,
+}
+
+/// What follows one exit of a container.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// The container is done for good.
+    Done,
+    /// The container starts again (its policy, or a `Restart` rule).
+    Restart,
+    /// Every container of the pod starts again, in place (a `RestartAllContainers` rule).
+    RestartAll,
+}
+
+/// How the kubelet treats one container's exits.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Restart {
     pub policy: Policy,
-    /// The exit codes of each rule, in order (every known action starts the container again).
-    pub rules: Vec<ExitCodes>,
+    /// The container's rules, in order: the first whose exit codes match decides.
+    pub rules: Vec<Rule>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -133,12 +162,33 @@ impl Restart {
         }
     }
 
-    /// Whether the kubelet starts the container again after it exited with `exit_code`.
-    pub fn restarts(&self, exit_code: i32) -> bool {
-        match self.rules.iter().find(|r| r.matches(exit_code)) {
-            Some(_) => true,
-            None => self.policy.restarts(exit_code),
+    /// What the kubelet does after the container exited with `exit_code`.
+    pub fn on_exit(&self, exit_code: i32) -> Outcome {
+        match self.rules.iter().find(|r| r.codes.matches(exit_code)) {
+            Some(Rule {
+                action: Action::Restart,
+                ..
+            }) => Outcome::Restart,
+            Some(Rule {
+                action: Action::RestartAllContainers,
+                ..
+            }) => Outcome::RestartAll,
+            None if self.policy.restarts(exit_code) => Outcome::Restart,
+            None => Outcome::Done,
         }
+    }
+
+    /// Whether the kubelet starts the container again after it exited with `exit_code`
+    /// (alone, or with every other container of the pod).
+    pub fn restarts(&self, exit_code: i32) -> bool {
+        self.on_exit(exit_code) != Outcome::Done
+    }
+
+    /// Whether some exit of this container restarts the whole pod in place.
+    pub fn can_restart_all(&self) -> bool {
+        self.rules
+            .iter()
+            .any(|r| r.action == Action::RestartAllContainers)
     }
 
     /// Whether the answer depends on the exit code (else any code will do).
@@ -159,6 +209,10 @@ pub struct RestartRecord {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restart_policy: Option<String>,
     pub containers: Vec<RecordedContainer>,
+    /// Init containers and native sidecars with rules of their own: their exits can restart
+    /// every container of the pod (KEP-5532).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub init_containers: Vec<RecordedContainer>,
 }
 
 /// One main container's restart fields, as in its spec.
@@ -183,16 +237,24 @@ pub enum RecordError {
 impl RestartRecord {
     /// The record of a pod spec.
     pub fn of_spec(spec: &PodSpec) -> RestartRecord {
+        let recorded = |c: &Container| RecordedContainer {
+            name: c.name.clone(),
+            restart_policy: c.restart_policy.clone(),
+            restart_policy_rules: c.restart_policy_rules.clone(),
+        };
         RestartRecord {
             restart_policy: spec.restart_policy.clone(),
-            containers: spec
-                .containers
+            containers: spec.containers.iter().map(recorded).collect(),
+            init_containers: spec
+                .init_containers
                 .iter()
-                .map(|c| RecordedContainer {
-                    name: c.name.clone(),
-                    restart_policy: c.restart_policy.clone(),
-                    restart_policy_rules: c.restart_policy_rules.clone(),
+                .flatten()
+                .filter(|c| {
+                    c.restart_policy_rules
+                        .as_ref()
+                        .is_some_and(|r| !r.is_empty())
                 })
+                .map(recorded)
                 .collect(),
         }
     }
@@ -219,35 +281,54 @@ impl RestartRecord {
 
     /// Whether the kubelet restarts each main container, or why that cannot be told.
     pub fn restarts(&self) -> BTreeMap<String, Result<Restart, RestartError>> {
-        self.containers
+        self.containers.iter().map(|c| self.restart(c)).collect()
+    }
+
+    /// The containers (init, native sidecar or main) with a rule whose action is
+    /// `RestartAllContainers`: an exit of theirs can start the whole pod again in place.
+    /// Each with its rules, or why they cannot be read.
+    pub fn restart_all(&self) -> BTreeMap<String, Result<Restart, RestartError>> {
+        self.init_containers
             .iter()
-            .map(|c| {
-                let r = Restart::from_fields(
-                    self.restart_policy.as_deref(),
-                    c.restart_policy.as_deref(),
-                    c.restart_policy_rules.as_deref(),
-                );
-                (c.name.clone(), r)
+            .chain(&self.containers)
+            .filter(|c| {
+                c.restart_policy_rules
+                    .iter()
+                    .flatten()
+                    .any(|r| r.action == "RestartAllContainers")
             })
+            .map(|c| self.restart(c))
             .collect()
+    }
+
+    fn restart(&self, c: &RecordedContainer) -> (String, Result<Restart, RestartError>) {
+        let r = Restart::from_fields(
+            self.restart_policy.as_deref(),
+            c.restart_policy.as_deref(),
+            c.restart_policy_rules.as_deref(),
+        );
+        (c.name.clone(), r)
     }
 }
 
-fn rule(i: usize, r: &ContainerRestartRule) -> Result<ExitCodes, RestartError> {
-    if r.action != "Restart" && r.action != "RestartAllContainers" {
-        return Err(RestartError::Action(i, r.action.escape_debug().to_string()));
-    }
+fn rule(i: usize, r: &ContainerRestartRule) -> Result<Rule, RestartError> {
+    let action = match r.action.as_str() {
+        "Restart" => Action::Restart,
+        "RestartAllContainers" => Action::RestartAllContainers,
+        other => return Err(RestartError::Action(i, other.escape_debug().to_string())),
+    };
     let codes = r.exit_codes.as_ref().ok_or(RestartError::NoExitCodes(i))?;
     let values = codes.values.as_deref().unwrap_or_default();
     if values.len() > MAX_VALUES {
         return Err(RestartError::TooManyValues(i));
     }
     let values: BTreeSet<i32> = values.iter().copied().collect();
-    match codes.operator.as_str() {
-        "In" => Ok(ExitCodes::In(values)),
-        "NotIn" => Ok(ExitCodes::NotIn(values)),
-        other => Err(RestartError::Operator(i, other.escape_debug().to_string())),
-    }
+    let codes = match codes.operator.as_str() {
+        "In" => ExitCodes::In(values),
+        "NotIn" => ExitCodes::NotIn(values),
+        other => return Err(RestartError::Operator(i, other.escape_debug().to_string())),
+    };
+    Ok(Rule { action, codes })
 }
 
 #[cfg(test)]
@@ -338,6 +419,65 @@ mod tests {
     }
 
     #[test]
+    fn the_first_matching_rule_decides_between_the_two_restarts() {
+        use serde_json::json;
+        let r = Restart::of(
+            Some("Never"),
+            &container(json!({"restartPolicyRules": [
+                {"action": "Restart", "exitCodes": {"operator": "In", "values": [42]}},
+                {"action": "RestartAllContainers", "exitCodes": {"operator": "NotIn", "values": [0]}}]})),
+        )
+        .expect("rules");
+        assert_eq!(r.on_exit(42), Outcome::Restart);
+        assert_eq!(r.on_exit(88), Outcome::RestartAll);
+        assert_eq!(r.on_exit(0), Outcome::Done);
+        assert!(r.can_restart_all());
+        assert!(!Restart::pod(Policy::Always).can_restart_all());
+        // Its own policy restarts it alone; no rule of the pod's other containers counts.
+        assert_eq!(Restart::pod(Policy::Always).on_exit(88), Outcome::Restart);
+    }
+
+    #[test]
+    fn the_record_names_every_container_that_can_restart_the_pod() {
+        use serde_json::json;
+        let all_on_88 = json!([{"action": "RestartAllContainers", "exitCodes": {"operator": "In", "values": [88]}}]);
+        let spec: PodSpec = serde_json::from_value(json!({"restartPolicy": "Never",
+            "initContainers": [
+                {"name": "setup"},
+                {"name": "watcher", "restartPolicy": "Always", "restartPolicyRules": all_on_88},
+                {"name": "retried", "restartPolicyRules": [
+                    {"action": "Restart", "exitCodes": {"operator": "In", "values": [1]}}]}],
+            "containers": [
+                {"name": "worker", "restartPolicyRules": all_on_88},
+                {"name": "proxy"}]}))
+        .expect("a spec");
+        let value = RestartRecord::of_spec(&spec)
+            .to_annotation()
+            .expect("small");
+        let record = RestartRecord::parse(&value).expect("reads back");
+        // Init containers without rules are not recorded; the main containers all are.
+        let init: Vec<&str> = record
+            .init_containers
+            .iter()
+            .map(|c| c.name.as_str())
+            .collect();
+        assert_eq!(init, ["watcher", "retried"]);
+        assert_eq!(record.names(), ["worker", "proxy"]);
+        let all = record.restart_all();
+        assert_eq!(all.keys().collect::<Vec<_>>(), ["watcher", "worker"]);
+        for r in all.values() {
+            assert_eq!(r.as_ref().map(|r| r.on_exit(88)), Ok(Outcome::RestartAll));
+        }
+        // A pod without such rules writes no init containers: the record is as before.
+        let plain: PodSpec =
+            serde_json::from_value(json!({"containers": [{"name": "a"}]})).expect("a spec");
+        let value = RestartRecord::of_spec(&plain)
+            .to_annotation()
+            .expect("small");
+        assert_eq!(value, r#"{"containers":[{"name":"a"}]}"#);
+    }
+
+    #[test]
     fn a_hostile_record_is_refused_before_it_is_read() {
         let big = format!(
             r#"{{"containers": [{{"name": "{}"}}]}}"#,
@@ -384,7 +524,9 @@ mod tests {
         let all = rule(
             json!({"action": "RestartAllContainers", "exitCodes": {"operator": "In", "values": [1]}}),
         );
-        assert!(all.is_ok_and(|r| r.restarts(1) && !r.restarts(0)));
+        assert!(all.is_ok_and(|r| r.on_exit(1) == Outcome::RestartAll
+            && r.on_exit(0) == Outcome::Done
+            && r.can_restart_all()));
         assert_eq!(
             rule(json!({"action": "Restart", "exitCodes": {"operator": "Gt", "values": [1]}})),
             Err(RestartError::Operator(0, "Gt".into()))

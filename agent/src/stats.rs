@@ -78,6 +78,7 @@ pub struct Stats {
     pub http: std::sync::Arc<crate::serve::ConnStats>,
     /// Completing pods the Jobs task keeps state for.
     job_pods: AtomicU64,
+    job_restarts_in_place: AtomicU64,
     kept: [AtomicU64; Kept::ALL.len()],
 }
 
@@ -147,6 +148,15 @@ impl Stats {
 
     pub fn job_pods(&self) -> u64 {
         self.job_pods.load(Ordering::Relaxed)
+    }
+
+    /// A completing pod's containers all restart in place (KEP-5532): not the Job's end.
+    pub fn job_restarted_in_place(&self) {
+        self.job_restarts_in_place.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn job_restarts_in_place(&self) -> u64 {
+        self.job_restarts_in_place.load(Ordering::Relaxed)
     }
 
     pub fn set_kept(&self, what: Kept, n: usize) {

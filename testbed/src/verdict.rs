@@ -6,7 +6,9 @@ use std::collections::{BTreeMap, HashMap};
 
 use serde::Serialize;
 
-use crate::kubelet::{ContainerRecord, Deletion, PodPlan, Timeline, What};
+use exitorder::stoporder::StopOrder;
+
+use crate::kubelet::{ContainerRecord, Deletion, Kind, PodPlan, Timeline, What};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -78,12 +80,13 @@ pub fn pod_start(timeline: &Timeline) -> i64 {
 /// the pod's start.
 pub fn judge_completed(plan: &PodPlan, d: &Deletion) -> BTreeMap<String, ContainerVerdict> {
     let prio = priorities(plan);
+    let order = stop_order(plan);
     let origin = pod_start(&d.timeline);
     let mut runs = attempts(&d.timeline, origin);
     let mut out = BTreeMap::new();
     for c in &d.containers {
         let p = prio.get(&c.name).copied().unwrap_or(0);
-        let (lower, still_ran) = below(d, &prio, c, p);
+        let (lower, still_ran) = below(d, &prio, &order, c, p);
         let (verdict, why) = if p == 0 {
             (
                 Verdict::Unheld,
@@ -148,6 +151,7 @@ pub fn judge(
     allows: &HashMap<String, Allowed>,
 ) -> BTreeMap<String, ContainerVerdict> {
     let prio = priorities(plan);
+    let order = stop_order(plan);
     let mut runs = attempts(&d.timeline, d.started_ns);
     let mut out = BTreeMap::new();
     for c in &d.containers {
@@ -158,7 +162,7 @@ pub fn judge(
             .and_then(|f| f.get(&c.name))
             .is_some_and(|e| e.created.is_some())
             || allows.contains_key(&c.name);
-        let (lower, still_ran) = below(d, &prio, c, p);
+        let (lower, still_ran) = below(d, &prio, &order, c, p);
         let (verdict, why) = if p == 0 {
             (
                 Verdict::Unheld,
@@ -199,11 +203,24 @@ pub fn judge(
     out
 }
 
-/// The containers of lower priority than `c` (priority `p`), and the names of those of them
-/// that exited no earlier than it.
+/// The kubelet's stop order of the pod's native sidecars (KEP-753), as the agent knows it.
+fn stop_order(plan: &PodPlan) -> StopOrder {
+    StopOrder::new(
+        plan.init
+            .iter()
+            .filter(|c| c.kind == Kind::Sidecar)
+            .map(|c| c.name.clone())
+            .collect(),
+    )
+}
+
+/// The containers of lower priority than `c` (priority `p`) that it can leave after, and the
+/// names of those of them that exited no earlier than it. A native sidecar the kubelet stops
+/// only after `c` is not one: the agent does not hold `c` for it (and says so).
 fn below<'a>(
     d: &'a Deletion,
     prio: &BTreeMap<String, u8>,
+    order: &StopOrder,
     c: &ContainerRecord,
     p: u8,
 ) -> (Vec<&'a ContainerRecord>, Vec<&'a str>) {
@@ -211,6 +228,7 @@ fn below<'a>(
         .containers
         .iter()
         .filter(|o| prio.get(&o.name).copied().unwrap_or(0) < p)
+        .filter(|o| !order.stops_after(&c.name, &o.name))
         .collect();
     let still_ran = lower
         .iter()
@@ -242,4 +260,77 @@ fn order_kept(
         None => kept.to_owned(),
     };
     (Verdict::Ordered, why)
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::kubelet::plan::{plan, Placement};
+
+    fn record(name: &str, kind: Kind, finished_at_ns: i64) -> ContainerRecord {
+        ContainerRecord {
+            name: name.into(),
+            id: format!("id-{name}"),
+            kind,
+            prestop: None,
+            term_ns: None,
+            stop_timeout_secs: 0,
+            stop_returned_ns: None,
+            stop_error: None,
+            finished_at_ns,
+            exit_code: 0,
+            reason: String::new(),
+        }
+    }
+
+    /// A Job whose proxy (priority 1, a regular container) is shut down after the app, while
+    /// a native sidecar of priority 0 runs on: the kubelet stops that sidecar only after every
+    /// regular container, so the proxy cannot leave after it, and is not judged by it. It is
+    /// judged by the app.
+    #[test]
+    fn a_native_sidecar_the_kubelet_stops_later_does_not_count_against_a_container() {
+        let pod = json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "job", "annotations": {
+                "exitorder.io/container-exit-priority": "{\"proxy\": 1}"}},
+            "spec": {"hostNetwork": true, "restartPolicy": "Never",
+                "initContainers": [{"name": "watcher", "image": "x", "restartPolicy": "Always"}],
+                "containers": [{"name": "app", "image": "x"}, {"name": "proxy", "image": "x"}]}});
+        let place = Placement {
+            uid: "7b0e6c9e-4c1e-4d63-9a43-2f6f3c1d9b10".into(),
+            node_name: "node-1".into(),
+            host_ip: "10.0.0.7".into(),
+            force_host_network: false,
+            name_suffix: "abcde".into(),
+        };
+        let plan = plan(&pod, &place).expect("a plan");
+        let mut d = Deletion {
+            pod_uid: place.uid.clone(),
+            pod_name: "job".into(),
+            grace_seconds: 30,
+            started_ns: 0,
+            containers: vec![
+                record("watcher", Kind::Sidecar, 3_000_000),
+                record("app", Kind::Main, 1_000_000),
+                record("proxy", Kind::Main, 2_000_000),
+            ],
+            sandbox_removed_ns: 4_000_000,
+            exit_files: None,
+            pod_dir_created_ns: None,
+            timeline: Timeline::default(),
+        };
+        let v = judge_completed(&plan, &d);
+        assert_eq!(v["proxy"].verdict, Verdict::Ordered, "{}", v["proxy"].why);
+        assert!(v["proxy"].why.contains("after app"), "{}", v["proxy"].why);
+        // Before the app, it is not.
+        d.containers[1].finished_at_ns = 2_500_000;
+        let v = judge_completed(&plan, &d);
+        assert_eq!(
+            v["proxy"].verdict,
+            Verdict::NotOrdered,
+            "{}",
+            v["proxy"].why
+        );
+    }
 }

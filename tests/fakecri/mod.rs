@@ -30,6 +30,8 @@ pub struct FakeContainer {
     pub created_at: i64,
     pub envs: Vec<(String, String)>,
     pub annotations: HashMap<String, String>,
+    /// What ContainerStatus says once the container has exited.
+    pub exit_code: i32,
 }
 
 #[derive(Clone, Debug)]
@@ -139,8 +141,26 @@ impl FakeCri {
             created_at: n,
             envs: Vec::new(),
             annotations: [(ANNOTATION_GRACE.to_owned(), grace_secs.to_string())].into(),
+            exit_code: 0,
         });
         id
+    }
+
+    /// Changes container `id` (which must exist).
+    fn change(&self, id: &str, f: impl FnOnce(&mut FakeContainer)) {
+        let mut s = self.state.lock().unwrap();
+        let c = s
+            .containers
+            .iter_mut()
+            .find(|c| c.id == id)
+            .expect("no such fake container");
+        f(c);
+    }
+
+    /// The container exits with `code` (an event is sent when events are on).
+    pub fn exit(&self, id: &str, code: i32) {
+        self.change(id, |c| c.exit_code = code);
+        self.set_state(id, ContainerState::ContainerExited);
     }
 
     pub fn set_env(&self, id: &str, key: &str, value: &str) {
@@ -185,13 +205,7 @@ impl FakeCri {
 
     /// Changes a container's state without telling event subscribers (an event lost).
     pub fn set_state_silently(&self, id: &str, state: ContainerState) {
-        let mut s = self.state.lock().unwrap();
-        let c = s
-            .containers
-            .iter_mut()
-            .find(|c| c.id == id)
-            .expect("no such fake container");
-        c.state = state;
+        self.change(id, |c| c.state = state);
     }
 
     pub fn subscriptions(&self) -> u64 {
@@ -427,6 +441,7 @@ impl RuntimeService for FakeCri {
                 created_at: c.created_at,
                 labels: listed.labels,
                 annotations: listed.annotations,
+                exit_code: c.exit_code,
                 ..Default::default()
             }),
             info: [("info".to_owned(), info)].into(),

@@ -372,7 +372,7 @@ fn record_restarts(pod: &mut Pod, warnings: &mut Vec<String>) {
         Some(None) => {
             annotations.remove(annotation::RESTARTS);
             warnings.push(format!(
-                "the main containers' restart rules take more than {MAX_RECORD_BYTES} bytes: \
+                "the containers' restart rules take more than {MAX_RECORD_BYTES} bytes: \
                  {} is not recorded, and an agent without the API server does not shut this \
                  Job's sidecars down",
                 annotation::RESTARTS

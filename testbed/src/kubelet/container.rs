@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use exitorder::cri::{CreateContainerRequest, StartContainerRequest, StopContainerRequest};
+use exitorder::restart::Outcome;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
@@ -52,7 +53,14 @@ enum ProbeNews {
 /// Runs `c` until the pod is deleted (`cancel`) or the container finishes for good.
 pub(crate) async fn supervise(ctx: Arc<PodCtx>, c: ContainerPlan, cancel: CancellationToken) {
     let name = c.name.as_str();
-    let mut attempt = 0u32;
+    // After an in-place restart of the whole pod, every container goes on from its last
+    // attempt: the kubelet counts its restarts on.
+    let mut attempt = ctx
+        .lock()
+        .containers
+        .get(name)
+        .filter(|s| s.id.is_some())
+        .map_or(0, |s| s.attempt.saturating_add(1));
     loop {
         let id = tokio::select! {
             () = cancel.cancelled() => return,
@@ -146,17 +154,35 @@ pub(crate) async fn supervise(ctx: Arc<PodCtx>, c: ContainerPlan, cancel: Cancel
             finished_at_ns: super::now_ns(),
             reason: "lost".into(),
         });
-        let restarts = match c.kind {
-            Kind::Sidecar => true,
+        let outcome = match (c.kind, c.restart.on_exit(exit.exit_code)) {
+            (_, Outcome::RestartAll) => Outcome::RestartAll,
+            (Kind::Main, outcome) => outcome,
+            (Kind::Sidecar, _) => Outcome::Restart,
             // An init container is retried on failure unless the pod never restarts.
-            Kind::Init => {
-                exit.exit_code != 0 && ctx.plan.restart_policy != super::RestartPolicy::Never
+            (Kind::Init, _)
+                if exit.exit_code != 0
+                    && ctx.plan.restart_policy != super::RestartPolicy::Never =>
+            {
+                Outcome::Restart
             }
-            Kind::Main => c.restart.restarts(exit.exit_code),
+            (Kind::Init, _) => Outcome::Done,
         };
-        ctx.exited(name, attempt, &exit, !restarts);
-        if !restarts {
-            return;
+        ctx.exited(name, attempt, &exit, outcome == Outcome::Done);
+        match outcome {
+            Outcome::Done => return,
+            Outcome::RestartAll => {
+                // The pod worker takes it from here (KEP-5532): this container is not
+                // restarted alone.
+                ctx.record(
+                    Some(name),
+                    What::RestartingAll {
+                        exit_code: exit.exit_code,
+                    },
+                );
+                ctx.update(|s| s.restarting_all = Some(name.to_owned()));
+                return;
+            }
+            Outcome::Restart => {}
         }
         let wait = backoff(attempt, ctx.crash_backoff);
         ctx.record(

@@ -1,5 +1,6 @@
 //! The Pod runner: Kubernetes Pod specs run on the test bed's containerd the way the kubelet
-//! runs them (KEP-753 native sidecars included), and deleted the way the kubelet deletes them.
+//! runs them (KEP-753 native sidecars, KEP-5307 container restart rules and KEP-5532 in-place
+//! restarts of the whole pod included), and deleted the way the kubelet deletes them.
 //!
 //! A [`RunningPod`] has one worker task (the kubelet's pod worker: start order, completion,
 //! deletion) and one supervisor task per container (create, start, postStart, probes, exit,
@@ -10,6 +11,7 @@ pub mod config;
 mod container;
 pub mod exits;
 pub mod fields;
+mod inplace;
 pub mod plan;
 mod termination;
 pub mod timeline;
@@ -115,6 +117,11 @@ pub struct PodStatus {
     pub containers: BTreeMap<String, ContainerStatus>,
     /// Why the pod failed or could not run, when it did.
     pub message: Option<String>,
+    /// The container whose exit restarts every container in place, while that goes on (the
+    /// kubelet's `AllContainersRestarting` condition, KEP-5532).
+    pub restarting_all: Option<String>,
+    /// In-place restarts of the whole pod so far.
+    pub restarts_all: u32,
     pub timeline: Timeline,
 }
 
@@ -157,8 +164,14 @@ impl PodCtx {
 
     /// Changes the status and wakes whoever waits on it.
     fn update(&self, f: impl FnOnce(&mut PodStatus)) {
-        f(&mut self.lock());
+        self.update_with(f);
+    }
+
+    /// [`update`](Self::update), with what `f` returns.
+    fn update_with<R>(&self, f: impl FnOnce(&mut PodStatus) -> R) -> R {
+        let r = f(&mut self.lock());
         self.changed.send_modify(|n| *n = n.wrapping_add(1));
+        r
     }
 
     fn record_at(&self, at_ns: i64, container: Option<&str>, what: What) {

@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use exitorder::cri::{
-    ContainerFilter, ContainerState, ListContainersRequest, RemovePodSandboxRequest,
+    Container, ContainerFilter, ContainerState, ListContainersRequest, RemovePodSandboxRequest,
     StopContainerRequest, StopPodSandboxRequest,
 };
 use tokio::sync::watch;
@@ -169,12 +169,10 @@ impl Ordering {
     }
 }
 
-/// The kubelet's killPod: every running container at once, each with its preStop hook, then
-/// (native sidecars: once their turn came) StopContainer with what is left of the grace
-/// period, at least 2 s. Returns what happened to each.
-pub(super) async fn kill_all(ctx: &PodCtx, grace: i64) -> Vec<ContainerRecord> {
-    let mut client = ctx.node.client();
-    let listed = client
+/// Every container of the pod the runtime has, in any state (none when it cannot say).
+pub(super) async fn pod_containers(ctx: &PodCtx) -> Vec<Container> {
+    ctx.node
+        .client()
         .list_containers(request(
             ListContainersRequest {
                 filter: Some(ContainerFilter {
@@ -186,7 +184,27 @@ pub(super) async fn kill_all(ctx: &PodCtx, grace: i64) -> Vec<ContainerRecord> {
         ))
         .await
         .map(|r| r.into_inner().containers)
-        .unwrap_or_default();
+        .unwrap_or_default()
+}
+
+/// How the containers are stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Stop {
+    /// The pod is deleted or completed: preStop hooks, native sidecars' turns, this grace
+    /// period (at least 2 s).
+    Graceful(i64),
+    /// A `RestartAllContainers` rule matched (KEP-5532, as Kubernetes 1.35/1.36 document it):
+    /// no ordering, no preStop hook, no grace period (StopContainer with timeout 0: KILL).
+    /// The containers run again.
+    Immediate,
+}
+
+/// The kubelet's killPod: every running container at once, each with its preStop hook, then
+/// (native sidecars: once their turn came) StopContainer with what is left of the grace
+/// period, at least 2 s; or all of them killed at once ([`Stop::Immediate`]). Returns what
+/// happened to each.
+pub(super) async fn kill_all(ctx: &PodCtx, stop: Stop) -> Vec<ContainerRecord> {
+    let listed = pod_containers(ctx).await;
     let mut running: Vec<(String, String)> = listed
         .iter()
         .filter(|c| {
@@ -197,13 +215,11 @@ pub(super) async fn kill_all(ctx: &PodCtx, grace: i64) -> Vec<ContainerRecord> {
         .collect();
     running.sort();
     let names: Vec<String> = running.iter().map(|(n, _)| n.clone()).collect();
-    let ordering = ctx
-        .plan
-        .has_sidecars()
+    let ordering = (ctx.plan.has_sidecars() && stop != Stop::Immediate)
         .then(|| Ordering::new(&ctx.plan, &names));
     let kills = running
         .iter()
-        .map(|(name, id)| kill_one(ctx, name, id, grace, ordering.as_ref()));
+        .map(|(name, id)| kill_one(ctx, name, id, stop, ordering.as_ref()));
     futures_util::future::join_all(kills).await
 }
 
@@ -211,11 +227,14 @@ async fn kill_one(
     ctx: &PodCtx,
     name: &str,
     id: &str,
-    grace_seconds: i64,
+    stop: Stop,
     ordering: Option<&Ordering>,
 ) -> ContainerRecord {
     let spec = ctx.plan.container(name);
-    let mut grace = grace_seconds;
+    let mut grace = match stop {
+        Stop::Graceful(g) => g,
+        Stop::Immediate => 0,
+    };
     let mut prestop = None;
     if let (Some(h), true) = (spec.and_then(|c| c.pre_stop.as_ref()), grace > 0) {
         let handler = config::describe(h);
@@ -266,7 +285,10 @@ async fn kill_one(
         }
         grace -= i64::try_from(t0.elapsed().as_secs()).unwrap_or(0);
     }
-    let grace = grace.max(MIN_GRACE_SECONDS);
+    let grace = match stop {
+        Stop::Graceful(_) => grace.max(MIN_GRACE_SECONDS),
+        Stop::Immediate => 0,
+    };
     let term_ns = super::now_ns();
     ctx.record_at(
         term_ns,
@@ -276,7 +298,7 @@ async fn kill_one(
         },
     );
     let mut client = ctx.node.client();
-    let stop = while_runtime_away(|| {
+    let stopped = while_runtime_away(|| {
         let mut client = client.clone();
         async move {
             client
@@ -299,7 +321,7 @@ async fn kill_one(
     }
     let exit = super::exits::status(&mut client, id).await;
     let attempt = ctx.lock().containers.get(name).map_or(0, |c| c.attempt);
-    ctx.exited(name, attempt, &exit, true);
+    ctx.exited(name, attempt, &exit, stop != Stop::Immediate);
     ContainerRecord {
         name: name.to_owned(),
         id: id.to_owned(),
@@ -308,7 +330,7 @@ async fn kill_one(
         term_ns: Some(term_ns),
         stop_timeout_secs: grace,
         stop_returned_ns: Some(stop_returned_ns),
-        stop_error: stop.err().map(|s| s.message().to_owned()),
+        stop_error: stopped.err().map(|s| s.message().to_owned()),
         finished_at_ns: exit.finished_at_ns,
         exit_code: exit.exit_code,
         reason: exit.reason,
@@ -366,7 +388,7 @@ pub(super) async fn delete(ctx: &PodCtx, opts: &DeleteOptions) -> Result<Deletio
             grace_seconds: grace,
         },
     );
-    let killed = kill_all(ctx, grace).await;
+    let killed = kill_all(ctx, Stop::Graceful(grace)).await;
     let (exit_files, pod_dir_created_ns) = match probe {
         Some(p) => {
             let (files, dir) = p.finish();

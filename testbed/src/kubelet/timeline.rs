@@ -48,6 +48,13 @@ pub enum What {
         attempt: u32,
         after_ms: u64,
     },
+    /// A `RestartAllContainers` rule matched this container's exit (KEP-5532): every
+    /// container is killed and removed, and the pod runs again in the same sandbox.
+    RestartingAll {
+        exit_code: i32,
+    },
+    /// Every container of the pod is gone from the runtime: the pod starts again.
+    AllContainersRemoved,
     DeletionStarted {
         grace_seconds: i64,
     },
@@ -133,6 +140,13 @@ impl fmt::Display for What {
             What::Killing { reason } => write!(f, "killing: {reason}"),
             What::Restarting { attempt, after_ms } => {
                 write!(f, "restarting as attempt {attempt} after {after_ms} ms")
+            }
+            What::RestartingAll { exit_code } => write!(
+                f,
+                "exit {exit_code} matches a RestartAllContainers rule: every container restarts"
+            ),
+            What::AllContainersRemoved => {
+                write!(f, "every container removed; the pod starts again")
             }
             What::DeletionStarted { grace_seconds } => {
                 write!(f, "deletion started (grace period {grace_seconds} s)")

@@ -12,8 +12,9 @@ use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
 use super::container::{request, supervise};
+use super::inplace::restart_all;
 use super::plan::{self, Kind, PodPlan};
-use super::termination::{delete, kill_all};
+use super::termination::{delete, kill_all, Stop};
 use super::{
     config, volumes, Command, ContainerStatus, PathMap, Phase, PodCtx, PodStatus, RunOptions,
     RunningPod, Timeline, What,
@@ -160,6 +161,8 @@ pub(crate) async fn start(
             phase: Phase::Pending,
             containers,
             message: None,
+            restarting_all: None,
+            restarts_all: 0,
             timeline: Timeline::default(),
         }),
         changed,
@@ -247,28 +250,47 @@ async fn work(ctx: Arc<PodCtx>, mut commands: mpsc::Receiver<Command>) {
     }
 }
 
+/// The pod's runs: each until it completes, or until a container's exit restarts every
+/// container in place (KEP-5532), after which the pod runs again in the same sandbox.
+async fn live(ctx: &Arc<PodCtx>, cancel: &CancellationToken, tracker: &TaskTracker) {
+    loop {
+        let this_run = cancel.child_token();
+        let supervisors = TaskTracker::new();
+        tokio::select! {
+            () = run(ctx, &this_run, tracker, &supervisors) => return,
+            () = ctx.wait_until(|s| s.restarting_all.is_some()) => {
+                // This run's supervisors are gone before anything is killed: none sees its
+                // container's exit and restarts it alone.
+                this_run.cancel();
+                supervisors.close();
+                let _ = tokio::time::timeout(SUPERVISORS_STOP, supervisors.wait()).await;
+                restart_all(ctx).await;
+            }
+        }
+    }
+}
+
 /// Start order, then completion: init containers one after the other (each to completion;
 /// a native sidecar until it has started), then the main containers in order, each after the
 /// previous one's postStart returned. When the main containers are done for good (Never /
 /// OnFailure), the native sidecars are stopped and the phase says how it went.
-async fn live(ctx: &Arc<PodCtx>, cancel: &CancellationToken, tracker: &TaskTracker) {
-    let supervisors = Mutex::new(Vec::<CancellationToken>::new());
+async fn run(
+    ctx: &Arc<PodCtx>,
+    cancel: &CancellationToken,
+    tracker: &TaskTracker,
+    supervisors: &TaskTracker,
+) {
     let spawn = |c: &plan::ContainerPlan| {
         let span =
             tracing::info_span!("testbed_container", pod = %ctx.plan.name, container = %c.name);
-        let token = cancel.child_token();
-        if let Ok(mut all) = supervisors.lock() {
-            all.push(token.clone());
-        }
-        tracker.spawn(supervise(Arc::clone(ctx), c.clone(), token).instrument(span));
+        let task = supervise(Arc::clone(ctx), c.clone(), cancel.child_token()).instrument(span);
+        tracker.spawn(supervisors.track_future(task));
     };
     // The supervisors stop before the pod's last containers are stopped: nothing restarts.
     let complete = |phase: Phase| {
-        if let Ok(all) = supervisors.lock() {
-            all.iter().for_each(CancellationToken::cancel);
-        }
+        cancel.cancel();
         async move {
-            let _ = kill_all(ctx, ctx.plan.grace_seconds).await;
+            let _ = kill_all(ctx, Stop::Graceful(ctx.plan.grace_seconds)).await;
             ctx.set_phase(phase);
         }
     };

@@ -178,7 +178,8 @@ pub struct ContainerPlan {
     /// the preStop annotation shows.
     pub spec: Container,
     /// Whether a main container starts again after an exit (the pod's policy, or its own
-    /// and its rules).
+    /// and its rules). Of an init container or native sidecar, only its
+    /// `RestartAllContainers` rules are played.
     pub restart: Restart,
 }
 
@@ -297,6 +298,22 @@ pub fn millicores(q: &str) -> Result<u64, String> {
         milli += 1;
     }
     Ok(milli)
+}
+
+/// A container's restart rules, or the field that cannot be read.
+fn restart_of(
+    pod_policy: Option<&str>,
+    c: &k8s_openapi::api::core::v1::Container,
+    field: &str,
+    err: &impl Fn(&str, String) -> PlanError,
+) -> Result<Restart, PlanError> {
+    Restart::of(pod_policy, c).map_err(|e| {
+        let which = match e {
+            RestartError::Policy(_) => "restartPolicy",
+            _ => "restartPolicyRules",
+        };
+        err(&format!("{field}.{which}"), e.to_string())
+    })
 }
 
 /// Checks and resolves `pod` (as written: the JSON of the YAML, before typing).
@@ -489,27 +506,20 @@ impl<E: Fn(&str, String) -> PlanError> Planner<'_, E> {
                     ))
                 }
             };
-            init.push(self.container(c, kind, &field, &base, &volumes)?);
+            // Only a rule's RestartAllContainers action is played for init containers and
+            // native sidecars: a sidecar restarts anyway, and an init container's own
+            // restarts follow the pod's policy.
+            let restart = restart_of(spec.restart_policy.as_deref(), &c, &field, &err)?;
+            let mut plan = self.container(c, kind, &field, &base, &volumes)?;
+            plan.restart = restart;
+            init.push(plan);
         }
         let mut containers = Vec::new();
         for (i, c) in spec.containers.into_iter().enumerate() {
             let field = format!("spec.containers[{i}]");
             // Its own restartPolicy and restartPolicyRules (KEP-5307, Kubernetes 1.34+) over
             // the pod's, as the kubelet plays them.
-            let restart = Restart::of(spec.restart_policy.as_deref(), &c).map_err(|e| {
-                let which = match e {
-                    RestartError::Policy(_) => "restartPolicy",
-                    _ => "restartPolicyRules",
-                };
-                err(&format!("{field}.{which}"), e.to_string())
-            })?;
-            let all = c.restart_policy_rules.iter().flatten();
-            if all.into_iter().any(|r| r.action == "RestartAllContainers") {
-                return Err(err(
-                    &format!("{field}.restartPolicyRules"),
-                    "RestartAllContainers (KEP-5532) is not played by the test bed".into(),
-                ));
-            }
+            let restart = restart_of(spec.restart_policy.as_deref(), &c, &field, &err)?;
             let mut plan = self.container(c, Kind::Main, &field, &base, &volumes)?;
             plan.restart = restart;
             containers.push(plan);
@@ -749,6 +759,26 @@ mod tests {
             let e = plan(&pod(containers.clone()), &place()).unwrap_err();
             assert_eq!(e.field, field, "{containers}: {e}");
         }
+    }
+
+    /// Every container may restart the whole pod in place (KEP-5532): a native sidecar's and
+    /// a main container's rules are planned, and an init container's rule it cannot read is
+    /// named.
+    #[test]
+    fn restart_all_containers_rules_are_planned_for_every_kind() {
+        use exitorder::restart::Outcome;
+        let all_on_88 = json!([
+            {"action": "RestartAllContainers", "exitCodes": {"operator": "In", "values": [88]}}]);
+        let mut v = pod(json!([{"name": "app", "image": "x", "restartPolicyRules": all_on_88}]));
+        v["spec"]["initContainers"] = json!([{"name": "watcher", "image": "x",
+            "restartPolicy": "Always", "restartPolicyRules": all_on_88}]);
+        let p = plan(&v, &place()).expect("planned");
+        for c in p.init.iter().chain(&p.containers) {
+            assert_eq!(c.restart.on_exit(88), Outcome::RestartAll, "{}", c.name);
+        }
+        v["spec"]["initContainers"][0]["restartPolicyRules"][0]["action"] = json!("Recreate");
+        let e = plan(&v, &place()).unwrap_err();
+        assert_eq!(e.field, "spec.initContainers[0].restartPolicyRules", "{e}");
     }
 
     /// A user-namespaced pod gets a network of its own (containerd pins its user namespace
