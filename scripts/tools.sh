@@ -13,6 +13,12 @@
 #                    prints the path of a runc that makes idmapped mounts (1.2+, Debian sid's),
 #                    which containerd 2.x needs to run `hostUsers: false` pods, unpacked once
 #                    into target/tools/runc-sid/
+#   ensure_promtool  prints the path of promtool (Debian bookworm's prometheus package),
+#                    unpacked once into target/tools/prometheus/
+#   ensure_arm64_toolchain
+#                    what the arm64 binaries are built and run with: rustup's
+#                    aarch64-unknown-linux-gnu target, Debian's gcc-aarch64-linux-gnu and
+#                    libc6-dev-arm64-cross (the static glibc), qemu-user-static
 
 # shellcheck source=scripts/packages.sh
 . "$(dirname "${BASH_SOURCE[0]}")/packages.sh"
@@ -200,6 +206,56 @@ _fetch_containerd() (
     mv "$tmp/root" "$dir.tmp.$$"
     rm -rf "$dir"
     mv "$dir.tmp.$$" "$dir"
+)
+
+# The arm64 cross toolchain (see the header); non-zero with a message when it cannot be had.
+ensure_arm64_toolchain() {
+    if ! rustup target list --installed 2>/dev/null | grep -qx aarch64-unknown-linux-gnu; then
+        command -v rustup >/dev/null 2>&1 || {
+            echo "rustup is needed to add the aarch64-unknown-linux-gnu target" >&2
+            return 1
+        }
+        echo "adding the Rust target aarch64-unknown-linux-gnu" >&2
+        rustup target add aarch64-unknown-linux-gnu >&2 || return 1
+    fi
+    local missing=()
+    command -v aarch64-linux-gnu-gcc >/dev/null 2>&1 || missing+=(gcc-aarch64-linux-gnu)
+    dpkg -s libc6-dev-arm64-cross >/dev/null 2>&1 || missing+=(libc6-dev-arm64-cross)
+    command -v qemu-aarch64-static >/dev/null 2>&1 || missing+=(qemu-user-static)
+    [ ${#missing[@]} -eq 0 ] && return 0
+    if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null 2>&1; then
+        echo "missing: ${missing[*]} (install them as root with apt-get)" >&2
+        return 1
+    fi
+    echo "installing ${missing[*]}" >&2
+    { apt_get update -q && apt_get install -y -q --no-install-recommends "${missing[@]}"; } >&2
+}
+
+# Prints the path of promtool (Prometheus' rule checker), which validates the chart's
+# PrometheusRule; the first time, unpacks Debian bookworm's `prometheus` .deb (the machine's
+# own release; nothing is installed or started) into target/tools/prometheus/.
+ensure_promtool() {
+    local dir="$EXITORDER_ROOT/target/tools/prometheus"
+    if [ -x "$dir/usr/bin/promtool" ] && "$dir/usr/bin/promtool" --version >/dev/null 2>&1; then
+        echo "$dir/usr/bin/promtool"
+        return 0
+    fi
+    _fetch_promtool "$dir" || return 1
+    echo "$("$dir/usr/bin/promtool" --version 2>&1 | head -n 1) (Debian bookworm) unpacked in $dir" >&2
+    echo "$dir/usr/bin/promtool"
+}
+
+_fetch_promtool() (
+    set -euo pipefail
+    dir=$1
+    tmp=$(mktemp -d)
+    trap 'rm -rf "$tmp"' EXIT
+    _debian_unpack bookworm prometheus "$tmp" || { echo "promtool could not be had: see above" >&2; exit 1; }
+    "$tmp/root/usr/bin/promtool" --version >/dev/null 2>&1 ||
+        { echo "promtool could not be had: Debian's does not run here" >&2; exit 1; }
+    mkdir -p "$(dirname "$dir")"
+    rm -rf "$dir"
+    mv "$tmp/root" "$dir"
 )
 
 # Whether BIN is a runc that runs here and makes idmapped mounts (`runc features`).

@@ -352,6 +352,9 @@ fn the_schema_refuses_bad_values_by_name() {
             "ClusterIssuer",
             "issuerRef",
         ),
+        ("image.digest", "latest", "digest"),
+        ("prometheusRule.deadlineRatio", "2", "deadlineRatio"),
+        ("grafanaDashboard.notAKey", "1", "notAKey"),
     ] {
         let err = helm
             .template(&chart(), NAMESPACE, &set(&[(key, value)]))
@@ -359,6 +362,39 @@ fn the_schema_refuses_bad_values_by_name() {
             .to_string();
         assert!(err.contains(says), "{key}={value}: {err}");
     }
+}
+
+/// A pinned digest is what every image reference of the chart runs: the agent's, the
+/// webhook's and the init container the webhook injects.
+#[test]
+fn a_pinned_digest_is_what_runs() {
+    let Some(helm) = helm() else { return };
+    let digest = format!("sha256:{}", "ab".repeat(32));
+    let docs = render(
+        &helm,
+        &[
+            ("image.digest", digest.as_str()),
+            ("webhook.enabled", "true"),
+        ],
+    );
+    let pinned = format!("ghcr.io/exitorder/exitorder@{digest}");
+    assert_eq!(
+        container(kind(&docs, "DaemonSet"), "agent")["image"],
+        pinned.as_str()
+    );
+    let webhook = container(kind(&docs, "Deployment"), "webhook");
+    assert_eq!(webhook["image"], pinned.as_str());
+    let args: Vec<&str> = webhook["args"]
+        .as_array()
+        .expect("args")
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    let at = args
+        .iter()
+        .position(|a| *a == "--install-image")
+        .expect("--install-image");
+    assert_eq!(args.get(at + 1), Some(&pinned.as_str()), "{args:?}");
 }
 
 /// The container named `name` of a workload's pod template.

@@ -157,6 +157,12 @@ pub fn render(stats: &Stats) -> String {
     );
     let _ = writeln!(
         out,
+        "# HELP exitorder_ready Whether the agent is ready (1), as /readyz says: the entrypoint installed, the share watched, the runtime answering.\n\
+         # TYPE exitorder_ready gauge\nexitorder_ready {}",
+        u8::from(readiness(stats).is_ok())
+    );
+    let _ = writeln!(
+        out,
         "# HELP exitorder_job_pods Completing pods whose Job shutdown state the agent keeps.\n\
          # TYPE exitorder_job_pods gauge\nexitorder_job_pods {}\n\
          # HELP exitorder_job_restarts_in_place_total Completing pods whose containers all restarted in place (a RestartAllContainers rule matched an exit), none taken for the end of the Job.\n\
@@ -220,34 +226,39 @@ fn respond(stats: &Stats, req: &Request<Incoming>) -> Response<Full<Bytes>> {
             r
         }
         "/healthz" => text(StatusCode::OK, "ok\n".into()),
-        "/readyz" if stats.entrypoint_refused().is_some() => text(
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!(
-                "not ready: {}\n",
-                stats.entrypoint_refused().unwrap_or_default()
+        "/readyz" => match readiness(stats) {
+            Ok(()) => text(StatusCode::OK, "ready\n".into()),
+            Err(why) => text(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("not ready: {why}\n"),
             ),
-        ),
-        "/readyz" if stats.watching() && stats.runtime_ok() => {
-            text(StatusCode::OK, "ready\n".into())
-        }
-        "/readyz" => text(
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!(
-                "not ready: share watch {}, runtime {}\n",
-                if stats.watching() {
-                    "running"
-                } else {
-                    "stopped"
-                },
-                if stats.runtime_ok() {
-                    "reachable"
-                } else {
-                    "unreachable"
-                }
-            ),
-        ),
+        },
         _ => text(StatusCode::NOT_FOUND, "not found\n".into()),
     }
+}
+
+/// Whether the agent is ready (`/readyz`, `exitorder_ready`): the entrypoint was installed,
+/// the share is watched and the runtime answered its last call; else why not.
+pub fn readiness(stats: &Stats) -> Result<(), String> {
+    if let Some(refused) = stats.entrypoint_refused() {
+        return Err(refused);
+    }
+    if stats.watching() && stats.runtime_ok() {
+        return Ok(());
+    }
+    Err(format!(
+        "share watch {}, runtime {}",
+        if stats.watching() {
+            "running"
+        } else {
+            "stopped"
+        },
+        if stats.runtime_ok() {
+            "reachable"
+        } else {
+            "unreachable"
+        }
+    ))
 }
 
 /// Serves the endpoint on `listener` until `stop`, within [`Limits::METRICS`]: it is on the

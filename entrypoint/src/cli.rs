@@ -85,6 +85,7 @@ options:
   -entrypoint CMD      (with -wait-container-exit) command to run after the
                        wait; without it, the arguments after -- are the command
   -h, --help           show this help
+  -V, --version        show the version
 
 exit status: 0 done; 1 the HTTP request failed (or await timed out, or
 install failed);
@@ -99,6 +100,8 @@ waiting; otherwise CMD's own.
 pub enum Command {
     /// Print usage on stdout and exit 0.
     Help,
+    /// Print the name and version on stdout and exit 0 (`--version`, as the agent's).
+    Version,
     /// Wait for exit permission, then do what the hook did before.
     Wait(WaitArgs),
     /// POST to a shutdown endpoint.
@@ -208,11 +211,16 @@ where
     }
     let kind = Flag::split(&first).map(|flag| match flag.name {
         "h" | "help" if flag.value.is_none() => Leading::Help,
+        "V" | "version" if flag.value.is_none() => Leading::Version,
         "wait-container-exit" | "entrypoint" => Leading::Kruise,
         _ => Leading::Unknown,
     });
     match kind {
         Some(Leading::Help) => Ok(Command::Help),
+        Some(Leading::Version) => match args.next() {
+            None => Ok(Command::Version),
+            Some(extra) => Err(unexpected_argument(&extra)),
+        },
         Some(Leading::Kruise) => parse_kruise(core::iter::once(first).chain(args), env),
         Some(Leading::Unknown) => Err(unexpected(&first)),
         None => Err(usage_error(format!(
@@ -225,6 +233,7 @@ where
 /// What a flag-shaped first argument selects.
 enum Leading {
     Help,
+    Version,
     Kruise,
     Unknown,
 }
@@ -949,6 +958,19 @@ mod tests {
                 "{args:?}: {message:?} lacks {needle:?}"
             );
         }
+    }
+
+    #[test]
+    fn version_is_asked_alone() {
+        for args in [&["--version"][..], &["-V"], &["-version"]] {
+            assert_eq!(
+                parse_with(args, &Env::default()),
+                Ok(Command::Version),
+                "{args:?}"
+            );
+        }
+        assert!(error(&["--version", "wait"]).contains("unexpected argument"));
+        assert!(error(&["--version=1"]).contains("unknown flag"));
     }
 
     #[test]

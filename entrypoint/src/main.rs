@@ -32,6 +32,11 @@ extern "C" fn main(argc: c_int, argv: *const *const c_char) -> c_int {
             let _ = sys::write_all(sys::STDOUT, cli::USAGE.as_bytes());
             0
         }
+        Ok(Command::Version) => {
+            let line = concat!("exitorder-entrypoint ", env!("CARGO_PKG_VERSION"), "\n");
+            let _ = sys::write_all(sys::STDOUT, line.as_bytes());
+            0
+        }
         Ok(Command::Wait(args)) => prestop::run(&args),
         Ok(Command::Shutdown(args)) => endpoint::shutdown(&args),
         Ok(Command::Await(args)) => endpoint::await_ready(&args),

@@ -47,7 +47,7 @@ fuzz_target!(|data: &[u8]| {
         }
     };
     match &command {
-        Command::Help => return,
+        Command::Help | Command::Version => return,
         Command::Wait(wait) => check_wait(wait),
         Command::Shutdown(http) | Command::Await(http) => {
             check_duration(http.timeout);
@@ -106,6 +106,7 @@ fn flag(name: &str, value: &[u8]) -> CString {
 fn render(command: &Command) -> Vec<CString> {
     match command {
         Command::Help => vec![arg("--help")],
+        Command::Version => vec![arg("--version")],
         Command::Wait(wait) => {
             let mut out = vec![
                 arg("wait"),

@@ -83,7 +83,8 @@ impl WebhookStats {
         }
     }
 
-    fn render(&self) -> String {
+    /// Its `/metrics` text.
+    pub fn render(&self) -> String {
         let mut out = String::with_capacity(2048);
         let _ = writeln!(
             out,

@@ -65,9 +65,14 @@ Labels on every object: commonLabels, then the chart's own; the selector labels 
 {{- end }}
 {{- end }}
 
-{{/* `<repository>:<tag>`, the tag defaulting to the chart's appVersion. */}}
+{{/* `<repository>@<digest>` when a digest is pinned, else `<repository>:<tag>`, the tag
+defaulting to the chart's appVersion. */}}
 {{- define "exitorder.image" -}}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
 {{- end }}
 
 {{/* The CRI socket on the host: criSocket (without unix://), else the runtime's own path. */}}

@@ -1,0 +1,416 @@
+//! The chart's observability, rendered by a real helm: the Grafana dashboard, the alerting
+//! rules (checked by a real `promtool check rules`, from Debian's prometheus package) and the
+//! PodMonitors. Every metric the dashboard and the rules name is one the agent or the webhook
+//! exports, with the label values they match on; the rules find the agents and the webhook
+//! by the `job` labels the chart's PodMonitors give them.
+//!
+//! Needs helm and promtool (`scripts/test` fetches both); without them each test prints
+//! "SKIPPED: <reason>" and passes, except in CI (`CI` set), where they are mandatory.
+
+mod support;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use exitorder::stats::Stats;
+use exitorder::webhook::server::WebhookStats;
+use exitorder_testbed::install::{Helm, CHART_IN_TREE, NAMESPACE};
+use exitorder_testbed::manifest;
+use serde_json::Value;
+use support::skip_or_fail;
+
+/// What the rules may name besides the agent's and the webhook's metrics: Prometheus' own
+/// scrape health, and kube-state-metrics' DaemonSet status (an agent missing on a node
+/// exports nothing).
+const EXTERNAL: [&str; 3] = [
+    "up",
+    "kube_daemonset_status_desired_number_scheduled",
+    "kube_daemonset_status_number_available",
+];
+
+/// Labels that targets carry (the PodMonitors' and kube-state-metrics'), not the exporters.
+const TARGET_LABELS: [&str; 5] = ["job", "node", "namespace", "pod", "daemonset"];
+
+const EVERYTHING_ON: [(&str, &str); 5] = [
+    ("podMonitor.enabled", "true"),
+    ("grafanaDashboard.enabled", "true"),
+    ("prometheusRule.enabled", "true"),
+    ("webhook.enabled", "true"),
+    ("webhook.podMonitor.enabled", "true"),
+];
+
+fn root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The chart rendered (after `helm lint --strict`) with `values`.
+fn render(values: &[(&str, &str)]) -> Option<Vec<Value>> {
+    let helm = match Helm::find(root()) {
+        Ok(h) => h,
+        Err(e) => {
+            skip_or_fail(&format!("the chart tests need helm: {e}"));
+            return None;
+        }
+    };
+    let values: Vec<(String, String)> = values
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect();
+    let chart = root().join(CHART_IN_TREE);
+    helm.lint(&chart, &values)
+        .unwrap_or_else(|e| panic!("helm lint: {e}"));
+    let text = helm
+        .template(&chart, NAMESPACE, &values)
+        .unwrap_or_else(|e| panic!("{e}"));
+    Some(manifest::documents(&text).unwrap_or_else(|e| panic!("{e}")))
+}
+
+fn of_kind<'a>(docs: &'a [Value], kind: &str) -> Vec<&'a Value> {
+    docs.iter().filter(|d| d["kind"] == kind).collect()
+}
+
+/// `EXITORDER_PROMTOOL`, else `promtool` on PATH, else the one `scripts/test` unpacks.
+fn promtool() -> Option<PathBuf> {
+    let candidates = std::env::var_os("EXITORDER_PROMTOOL")
+        .map(PathBuf::from)
+        .into_iter()
+        .chain(std::env::var_os("PATH").into_iter().flat_map(|p| {
+            std::env::split_paths(&p)
+                .map(|d| d.join("promtool"))
+                .collect::<Vec<_>>()
+        }))
+        .chain([root().join("target/tools/prometheus/usr/bin/promtool")]);
+    for c in candidates {
+        let works = Command::new(&c)
+            .arg("--version")
+            .output()
+            .is_ok_and(|o| o.status.success());
+        if works {
+            return Some(c);
+        }
+    }
+    skip_or_fail("the rules need promtool: `. scripts/tools.sh && ensure_promtool`");
+    None
+}
+
+/// Every metric family the agent and the webhook export, with the `label="value"` pairs
+/// their samples carry (every closed set of series is exported from the start, zero or not).
+fn exported() -> (BTreeSet<String>, BTreeSet<String>) {
+    let text = exitorder::metrics::render(&Stats::default()) + &WebhookStats::default().render();
+    let mut names = BTreeSet::new();
+    let mut pairs = BTreeSet::new();
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let mut it = rest.split_whitespace();
+            let (Some(name), Some(kind)) = (it.next(), it.next()) else {
+                continue;
+            };
+            names.insert(name.to_owned());
+            if kind == "histogram" {
+                for suffix in ["_bucket", "_sum", "_count"] {
+                    names.insert(format!("{name}{suffix}"));
+                }
+            }
+        } else if let Some((_, labels)) = line.split_once('{') {
+            let labels = labels.split('}').next().unwrap_or_default();
+            for pair in labels.split(',').filter(|p| !p.is_empty()) {
+                pairs.insert(pair.to_owned());
+            }
+        }
+    }
+    (names, pairs)
+}
+
+/// One selector of a PromQL expression: the metric's name and its label matchers
+/// (`(label, op, value)`).
+#[derive(Debug)]
+struct Selector {
+    metric: String,
+    matchers: Vec<(String, String, String)>,
+}
+
+/// The selectors of `expr`: each name written right before `{`, and any bare name of ours
+/// (`exitorder_...`, which no label is called). Enough PromQL for the chart's own queries,
+/// not a parser.
+fn selectors(expr: &str) -> Vec<Selector> {
+    let mut out = braced(expr);
+    let ident = |c: char| c.is_ascii_alphanumeric() || c == '_' || c == ':';
+    for word in expr.split(|c: char| !ident(c)) {
+        if word.starts_with("exitorder_") && !out.iter().any(|s| s.metric == word) {
+            out.push(Selector {
+                metric: word.to_owned(),
+                matchers: Vec::new(),
+            });
+        }
+    }
+    out
+}
+
+fn braced(expr: &str) -> Vec<Selector> {
+    let bytes = expr.as_bytes();
+    let ident = |b: u8| b.is_ascii_alphanumeric() || b == b'_' || b == b':';
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] != b'{' {
+            i += 1;
+            continue;
+        }
+        let mut start = i;
+        while start > 0 && ident(bytes[start - 1]) {
+            start -= 1;
+        }
+        let metric = &expr[start..i];
+        let end = expr[i..].find('}').map_or(expr.len(), |e| i + e);
+        // `by (..) {` never happens; an empty name is a grouping brace of a template.
+        if !metric.is_empty() && !metric.starts_with(|c: char| c.is_ascii_digit()) {
+            let matchers = expr[i + 1..end]
+                .split(',')
+                .filter_map(|m| {
+                    let m = m.trim();
+                    let at = m.find(['=', '!'])?;
+                    let (label, rest) = m.split_at(at);
+                    let op_len = rest
+                        .chars()
+                        .take_while(|c| matches!(c, '=' | '!' | '~'))
+                        .count();
+                    let (op, value) = rest.split_at(op_len);
+                    Some((
+                        label.trim().to_owned(),
+                        op.to_owned(),
+                        value.trim().trim_matches('"').to_owned(),
+                    ))
+                })
+                .collect();
+            out.push(Selector {
+                metric: metric.to_owned(),
+                matchers,
+            });
+        }
+        i = end;
+    }
+    out
+}
+
+/// Every query of the dashboard (panels' targets and template variables).
+fn dashboard_queries(dashboard: &Value) -> Vec<String> {
+    let mut out = Vec::new();
+    for p in dashboard["panels"].as_array().expect("panels") {
+        for t in p["targets"].as_array().into_iter().flatten() {
+            out.push(t["expr"].as_str().expect("a target's expr").to_owned());
+        }
+    }
+    for v in dashboard["templating"]["list"]
+        .as_array()
+        .expect("variables")
+    {
+        if let Some(q) = v["query"]["query"].as_str() {
+            out.push(q.to_owned());
+        }
+    }
+    out
+}
+
+fn the_dashboard(docs: &[Value]) -> Value {
+    let maps: Vec<&Value> = of_kind(docs, "ConfigMap")
+        .into_iter()
+        .filter(|m| m["metadata"]["labels"]["grafana_dashboard"] == "1")
+        .collect();
+    assert_eq!(maps.len(), 1, "one ConfigMap for Grafana's sidecar");
+    let json = maps[0]["data"]["exitorder.json"]
+        .as_str()
+        .expect("the dashboard's JSON");
+    serde_json::from_str(json).unwrap_or_else(|e| panic!("the dashboard is not JSON: {e}"))
+}
+
+/// Every alerting rule: (alert name, expression).
+fn alerts(docs: &[Value]) -> Vec<(String, String)> {
+    let rules = of_kind(docs, "PrometheusRule");
+    assert_eq!(rules.len(), 1, "one PrometheusRule");
+    let mut out = Vec::new();
+    for g in rules[0]["spec"]["groups"].as_array().expect("groups") {
+        for r in g["rules"].as_array().expect("rules") {
+            out.push((
+                r["alert"].as_str().expect("an alert").to_owned(),
+                r["expr"].as_str().expect("an expr").to_owned(),
+            ));
+        }
+    }
+    out
+}
+
+#[test]
+fn nothing_of_it_is_rendered_by_default() {
+    let Some(docs) = render(&[("webhook.enabled", "true")]) else {
+        return;
+    };
+    for kind in ["PrometheusRule", "PodMonitor"] {
+        assert!(
+            of_kind(&docs, kind).is_empty(),
+            "{kind} rendered by default"
+        );
+    }
+    assert!(
+        of_kind(&docs, "ConfigMap")
+            .iter()
+            .all(|m| m["metadata"]["labels"]["grafana_dashboard"].is_null()),
+        "a dashboard rendered by default"
+    );
+}
+
+#[test]
+fn the_dashboard_and_the_rules_name_only_what_is_exported() {
+    let Some(docs) = render(&EVERYTHING_ON) else {
+        return;
+    };
+    let dashboard = the_dashboard(&docs);
+    assert_eq!(dashboard["uid"], "exitorder");
+    let mut queries = dashboard_queries(&dashboard);
+    assert!(queries.len() >= 10, "{queries:?}");
+    let rules = alerts(&docs);
+    queries.extend(rules.iter().map(|(_, e)| e.clone()));
+    let (names, pairs) = exported();
+    let mut used = BTreeSet::new();
+    for q in &queries {
+        let found = selectors(q);
+        assert!(!found.is_empty(), "no metric found in {q:?}");
+        for s in found {
+            used.insert(s.metric.clone());
+            if EXTERNAL.contains(&s.metric.as_str()) {
+                continue;
+            }
+            assert!(
+                names.contains(&s.metric),
+                "{} is not exported by the agent or the webhook (in {q:?})",
+                s.metric
+            );
+            for (label, op, value) in &s.matchers {
+                if TARGET_LABELS.contains(&label.as_str()) || op != "=" {
+                    continue;
+                }
+                assert!(
+                    pairs.contains(&format!("{label}=\"{value}\"")),
+                    "no exported series has {label}=\"{value}\" (in {q:?})"
+                );
+            }
+        }
+    }
+    // What the issue's dashboard asks for is there.
+    for metric in [
+        "exitorder_allow_latency_seconds_bucket",
+        "exitorder_allows_total",
+        "exitorder_pending_exits",
+        "exitorder_share_breaches_total",
+        "exitorder_event_source",
+        "exitorder_ready",
+        "exitorder_webhook_review_seconds_bucket",
+        "exitorder_webhook_reviews_total",
+    ] {
+        assert!(used.contains(metric), "nothing shows {metric}");
+    }
+}
+
+#[test]
+fn the_rules_find_what_the_pod_monitors_scrape() {
+    let Some(docs) = render(&EVERYTHING_ON) else {
+        return;
+    };
+    let jobs: BTreeSet<String> = of_kind(&docs, "PodMonitor")
+        .iter()
+        .map(|m| {
+            format!(
+                "{}/{}",
+                m["metadata"]["namespace"].as_str().expect("a namespace"),
+                m["metadata"]["name"].as_str().expect("a name")
+            )
+        })
+        .collect();
+    assert_eq!(jobs.len(), 2, "the agents' and the webhook's PodMonitors");
+    let mut by_alert: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for (alert, expr) in alerts(&docs) {
+        for s in selectors(&expr) {
+            for (label, _, value) in s.matchers {
+                if label == "job" {
+                    by_alert.entry(alert.clone()).or_default().insert(value);
+                }
+            }
+        }
+    }
+    for (alert, used) in &by_alert {
+        for job in used {
+            assert!(
+                jobs.contains(job),
+                "{alert} selects job {job:?}, not one of {jobs:?}"
+            );
+        }
+    }
+    // The agents' PodMonitor gives each agent's series its node, which the rules and the
+    // dashboard group by.
+    let agent = of_kind(&docs, "PodMonitor")
+        .into_iter()
+        .find(|m| m["spec"]["podMetricsEndpoints"][0]["port"] == "metrics")
+        .expect("the agents' PodMonitor");
+    let relabel = &agent["spec"]["podMetricsEndpoints"][0]["relabelings"][0];
+    assert_eq!(relabel["targetLabel"], "node");
+    // The webhook is scraped on its HTTPS port.
+    let webhook = of_kind(&docs, "PodMonitor")
+        .into_iter()
+        .find(|m| m["spec"]["podMetricsEndpoints"][0]["port"] == "https")
+        .expect("the webhook's PodMonitor");
+    assert_eq!(webhook["spec"]["podMetricsEndpoints"][0]["scheme"], "https");
+}
+
+#[test]
+fn promtool_accepts_the_rules() {
+    let Some(docs) = render(&EVERYTHING_ON) else {
+        return;
+    };
+    let Some(promtool) = promtool() else {
+        return;
+    };
+    let rules = of_kind(&docs, "PrometheusRule");
+    let spec = &rules.first().expect("a PrometheusRule")["spec"];
+    let alerts = alerts(&docs);
+    for (alert, _) in &alerts {
+        assert!(
+            alert.starts_with("Exitorder"),
+            "{alert}: every alert is named for exitorder"
+        );
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("rules.yaml");
+    // JSON is YAML: promtool reads the groups as the operator hands them to Prometheus.
+    std::fs::write(&file, serde_json::to_string_pretty(spec).expect("JSON")).expect("write");
+    let out = Command::new(&promtool)
+        .arg("check")
+        .arg("rules")
+        .arg(&file)
+        .output()
+        .expect("promtool runs");
+    let said =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "promtool check rules:\n{said}");
+    assert!(
+        said.contains(&format!("SUCCESS: {} rules found", alerts.len())),
+        "{said}"
+    );
+}
+
+#[test]
+fn the_selector_reader_reads_the_queries_here() {
+    let s = selectors(
+        r#"sum by (node) (increase(exitorder_allows_total{job="ns/x", reason="deadline"}[30m])) / up{job=~"a|b"}"#,
+    );
+    assert_eq!(s.len(), 2, "{s:?}");
+    assert_eq!(s[0].metric, "exitorder_allows_total");
+    assert_eq!(
+        s[0].matchers,
+        [
+            ("job".into(), "=".into(), "ns/x".into()),
+            ("reason".into(), "=".into(), "deadline".into())
+        ]
+    );
+    assert_eq!(s[1].metric, "up");
+    assert_eq!(s[1].matchers[0].1, "=~");
+}
