@@ -460,29 +460,68 @@ async fn completes_after_one_restart_in_place(
     (running, status)
 }
 
+/// A shell snippet that waits until the proxy on `port` answers HTTP (any status), at most
+/// 60 s, then runs `then`; after 60 s it exits 3, which no rule here restarts.
+fn once_the_proxy_serves(port: u16, then: &str) -> String {
+    format!(
+        "n=0; until wget -S -O /dev/null http://127.0.0.1:{port}/ 2>&1 | grep -q HTTP/; do \
+         n=$((n+1)); [ $n -lt 600 ] || exit 3; sleep 0.1; done; {then}"
+    )
+}
+
+/// The exit codes of `container`'s runs, oldest first.
+fn exit_codes(status: &exitorder_testbed::PodStatus, container: &str) -> Vec<i32> {
+    status
+        .timeline
+        .sorted()
+        .iter()
+        .filter(|e| e.container.as_deref() == Some(container))
+        .filter_map(|e| match e.what {
+            What::Exited { exit_code, .. } => Some(exit_code),
+            _ => None,
+        })
+        .collect()
+}
+
 /// KEP-5532: the app's exit 88 matches its `RestartAllContainers` rule, so the kubelet kills
 /// every other container at once (no preStop, no grace) and runs the pod again from its init
 /// containers, the webhook's among them. That exit is not the end of the Job: the proxy
 /// serves until the app has exited, runs again beside the app's next attempt, and is shut
-/// down once, after the app's success.
+/// down once, after the app's success. (The app's first run exits once the proxy serves, so
+/// both ran when the restart came.)
 #[tokio::test]
 async fn a_restart_of_every_container_keeps_the_proxy_until_the_app_exited() {
     let Some(jb) = JobBed::start().await else {
         return;
     };
-    let pod = job_pod(24203, |p| {
+    let port = 24203;
+    let pod = job_pod(port, |p| {
         p["spec"]["volumes"] = json!([{"name": "state", "emptyDir": {}}]);
         let app = &mut p["spec"]["containers"][0];
+        app["restartPolicy"] = "Never".into();
         app["restartPolicyRules"] = json!([
             {"action": "RestartAllContainers", "exitCodes": {"operator": "In", "values": [88]}}]);
         app["volumeMounts"] = json!([{"name": "state", "mountPath": "/state"}]);
+        let first = once_the_proxy_serves(port, "touch /state/tried; echo again; exit 88");
         app["command"] = json!([
             "sh",
             "-c",
-            "if [ ! -e /state/tried ]; then touch /state/tried; echo again; exit 88; fi; echo done"
+            format!("if [ -e /state/tried ]; then echo done; else {first}; fi")
         ]);
     });
     let (running, status) = completes_after_one_restart_in_place(&jb, &pod).await;
+    assert_eq!(
+        exit_codes(&status, "app"),
+        [88, 0],
+        "{}",
+        show(&status.timeline)
+    );
+    assert_eq!(
+        exit_codes(&status, "proxy"),
+        [137, 0],
+        "{}",
+        show(&status.timeline)
+    );
     assert!(
         exited_at(&status, "proxy", 0) >= exited_at(&status, "app", 0),
         "the proxy's first run ended before the app's\n{}",
@@ -494,18 +533,24 @@ async fn a_restart_of_every_container_keeps_the_proxy_until_the_app_exited() {
 
 /// The same restart, asked for by a native sidecar that watches the app (the KEP's own
 /// example), and an agent without an API server, which reads the watcher's rule from the
-/// webhook's record. The app is killed mid-work by the restart (exit 137, a failure its own
-/// policy never retries): that is not the end of the Job either. (Whether the app's death
-/// reaches the agent before the proxy's is up to the kill here; tests/restart_in_place.rs
-/// makes it so.)
+/// webhook's record. The watcher exits 88 once the app is at work and the proxy serves; the
+/// restart kills the app mid-work (exit 137, a failure its own policy never retries): that
+/// is not the end of the Job either. (Whether the app's death reaches the agent before the
+/// proxy's is up to the kill here; tests/restart_in_place.rs makes it so.)
 #[tokio::test]
 async fn a_watchers_restart_of_every_container_is_not_the_end_of_the_job() {
     let Some(jb) = JobBed::start_with(false).await else {
         return;
     };
-    let pod = job_pod(24204, |p| {
+    let port = 24204;
+    let pod = job_pod(port, |p| {
         p["spec"]["volumes"] = json!([{"name": "state", "emptyDir": {}}]);
         let state = json!([{"name": "state", "mountPath": "/state"}]);
+        let restart = once_the_proxy_serves(
+            port,
+            "n=0; until [ -e /state/working ]; do n=$((n+1)); [ $n -lt 600 ] || exit 3; \
+             sleep 0.1; done; touch /state/watched; exit 88",
+        );
         let watcher = json!({
             "name": "watcher",
             "image": "busybox:1.36",
@@ -513,9 +558,9 @@ async fn a_watchers_restart_of_every_container_is_not_the_end_of_the_job() {
             "restartPolicyRules": [
                 {"action": "RestartAllContainers", "exitCodes": {"operator": "In", "values": [88]}}],
             "volumeMounts": state.clone(),
-            "command": ["sh", "-c", concat!(
-                "if [ ! -e /state/watched ]; then sleep 1; touch /state/watched; exit 88; fi; ",
-                "trap 'exit 0' TERM; while :; do sleep 3600 & wait $!; done")],
+            "command": ["sh", "-c", format!(
+                "if [ ! -e /state/watched ]; then {restart}; fi; \
+                 trap 'exit 0' TERM; while :; do sleep 3600 & wait $!; done")],
         });
         p["spec"]["initContainers"] = json!([watcher]);
         let app = &mut p["spec"]["containers"][0];
@@ -523,10 +568,23 @@ async fn a_watchers_restart_of_every_container_is_not_the_end_of_the_job() {
         app["command"] = json!([
             "sh",
             "-c",
-            "if [ -e /state/watched ]; then echo done; else echo working; sleep 60; fi"
+            "if [ -e /state/watched ]; then echo done; else echo working; touch /state/working; \
+             sleep 120; fi"
         ]);
     });
-    let (running, _) = completes_after_one_restart_in_place(&jb, &pod).await;
+    let (running, status) = completes_after_one_restart_in_place(&jb, &pod).await;
+    assert_eq!(
+        exit_codes(&status, "watcher")[0],
+        88,
+        "{}",
+        show(&status.timeline)
+    );
+    assert_eq!(
+        exit_codes(&status, "app"),
+        [137, 0],
+        "{}",
+        show(&status.timeline)
+    );
     let _ = running.delete().await;
     jb.finish().await;
 }

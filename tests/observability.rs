@@ -397,6 +397,153 @@ fn promtool_accepts_the_rules() {
     );
 }
 
+/// Runs `promtool test rules` on `tests` (the unit-test file's `tests` list) against the
+/// chart's rules; panics with promtool's words when a test fails.
+fn promtool_test(docs: &[Value], tests: Value) {
+    let Some(promtool) = promtool() else {
+        return;
+    };
+    let rules = of_kind(docs, "PrometheusRule");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let rules_file = dir.path().join("rules.yaml");
+    std::fs::write(&rules_file, rules[0]["spec"].to_string()).expect("write");
+    let test_file = dir.path().join("test.yaml");
+    let unit = serde_json::json!({
+        "rule_files": [rules_file.display().to_string()],
+        "evaluation_interval": "1m",
+        "tests": tests,
+    });
+    std::fs::write(&test_file, unit.to_string()).expect("write");
+    let out = Command::new(&promtool)
+        .arg("test")
+        .arg("rules")
+        .arg(&test_file)
+        .output()
+        .expect("promtool runs");
+    let said =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "promtool test rules:\n{said}");
+}
+
+/// The expression of alert `name`.
+fn expr_of(docs: &[Value], name: &str) -> String {
+    alerts(docs)
+        .into_iter()
+        .find(|(a, _)| a == name)
+        .map(|(_, e)| e)
+        .unwrap_or_else(|| panic!("no alert {name}"))
+}
+
+/// What each alert's expression returns on series as the agents and the webhook export
+/// them: it fires where it should, and stays quiet on a quiet node.
+#[test]
+fn the_alerts_fire_where_they_should() {
+    let Some(docs) = render(&EVERYTHING_ON) else {
+        return;
+    };
+    let monitors = of_kind(&docs, "PodMonitor");
+    let job_of = |port: &str| {
+        let m = monitors
+            .iter()
+            .find(|m| m["spec"]["podMetricsEndpoints"][0]["port"] == port)
+            .expect("a PodMonitor");
+        format!(
+            "{}/{}",
+            m["metadata"]["namespace"].as_str().unwrap_or_default(),
+            m["metadata"]["name"].as_str().unwrap_or_default()
+        )
+    };
+    let agent = job_of("metrics");
+    let webhook = job_of("https");
+    let series = |name: &str, labels: &str, values: &str| serde_json::json!({"series": format!("{name}{{{labels}}}"), "values": values});
+    let allows = |node: &str, reason: &str, values: &str| {
+        series(
+            "exitorder_allows_total",
+            &format!(r#"job="{agent}", node="{node}", reason="{reason}""#),
+            values,
+        )
+    };
+    let tests = serde_json::json!([{
+        "interval": "1m",
+        "input_series": [
+            // Busy: half of 60 waiting exits by the deadline; many not_terminating aside.
+            allows("busy", "deadline", "0+1x60"),
+            allows("busy", "ordered", "0+1x60"),
+            allows("busy", "not_terminating", "0+100x60"),
+            // Quiet: its one waiting exit, by the deadline.
+            allows("quiet", "deadline", "0 1x60"),
+            allows("quiet", "ordered", "0x60"),
+            // Healthy: every waiting exit in order.
+            allows("healthy", "deadline", "0x60"),
+            allows("healthy", "ordered", "0+5x60"),
+            series("exitorder_ready", &format!(r#"job="{agent}", node="busy""#), "1x60"),
+            series("exitorder_ready", &format!(r#"job="{agent}", node="stuck""#), "0x60"),
+            series("exitorder_share_breaches_total", &format!(r#"job="{agent}", node="busy""#), "0x30 1x30"),
+            series("exitorder_webhook_reviews_total", &format!(r#"job="{webhook}", pod="w1", outcome="invalid""#), "0x30 2x30"),
+            series("exitorder_webhook_certificate_reloads_total", &format!(r#"job="{webhook}", pod="w1", result="failed""#), "0x60"),
+            series("exitorder_webhook_reviews_total", &format!(r#"job="{webhook}", pod="w2", outcome="invalid""#), "0x60"),
+            series("exitorder_webhook_certificate_reloads_total", &format!(r#"job="{webhook}", pod="w2", result="failed""#), "0x60"),
+            series("up", &format!(r#"job="{agent}", node="busy""#), "1x60"),
+        ],
+        "promql_expr_test": [
+            {"expr": expr_of(&docs, "ExitorderDeadlineReleases"), "eval_time": "40m",
+             "exp_samples": [{"labels": r#"{node="busy"}"#, "value": 0.5}]},
+            {"expr": expr_of(&docs, "ExitorderAgentNotReady"), "eval_time": "40m",
+             "exp_samples": [{"labels": format!(r#"exitorder_ready{{job="{agent}", node="stuck"}}"#), "value": 0}]},
+            {"expr": expr_of(&docs, "ExitorderShareBreach"), "eval_time": "35m",
+             "exp_samples": [{"labels": format!(r#"{{job="{agent}", node="busy"}}"#), "value": 1.0}]},
+            {"expr": expr_of(&docs, "ExitorderShareBreach"), "eval_time": "55m",
+             "exp_samples": []},
+            {"expr": expr_of(&docs, "ExitorderWebhookErrors"), "eval_time": "35m",
+             "exp_samples": [{"labels": r#"{pod="w1"}"#, "value": 2.0}]},
+            {"expr": expr_of(&docs, "ExitorderAgentsAbsent"), "eval_time": "10m",
+             "exp_samples": []},
+        ],
+    }, {
+        // Prometheus scrapes no agent at all.
+        "interval": "1m",
+        "input_series": [series("up", r#"job="someone-else""#, "1x20")],
+        "promql_expr_test": [
+            {"expr": expr_of(&docs, "ExitorderAgentsAbsent"), "eval_time": "10m",
+             "exp_samples": [{"labels": format!(r#"{{job="{agent}"}}"#), "value": 1}]},
+        ],
+    }]);
+    promtool_test(&docs, tests);
+}
+
+#[test]
+fn the_rules_need_the_agents_pod_monitor_and_the_webhooks_come_with_its_own() {
+    let helm = match Helm::find(root()) {
+        Ok(h) => h,
+        Err(e) => {
+            skip_or_fail(&format!("the chart tests need helm: {e}"));
+            return;
+        }
+    };
+    let err = helm
+        .template(
+            &root().join(CHART_IN_TREE),
+            NAMESPACE,
+            &[("prometheusRule.enabled".to_owned(), "true".to_owned())],
+        )
+        .expect_err("rules without the agents' PodMonitor rendered")
+        .to_string();
+    assert!(err.contains("needs podMonitor.enabled"), "{err}");
+    let Some(docs) = render(&[
+        ("podMonitor.enabled", "true"),
+        ("prometheusRule.enabled", "true"),
+        ("webhook.enabled", "true"),
+    ]) else {
+        return;
+    };
+    let names: Vec<String> = alerts(&docs).into_iter().map(|(a, _)| a).collect();
+    assert!(names.iter().any(|a| a == "ExitorderAgentDown"), "{names:?}");
+    assert!(
+        !names.iter().any(|a| a.starts_with("ExitorderWebhook")),
+        "webhook alerts without its PodMonitor: {names:?}"
+    );
+}
+
 #[test]
 fn the_selector_reader_reads_the_queries_here() {
     let s = selectors(

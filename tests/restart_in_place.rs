@@ -1,7 +1,7 @@
 //! A completing pod restarted in place (KEP-5532, `RestartAllContainers`), on the fake
-//! runtime: the kubelet kills every container at once, and a real one can make the app's
-//! death reach the agent before the proxy's only by chance; here it always does. The agent
-//! runs without an API server and reads the rules from the webhook's record on the sandbox.
+//! runtime: the kubelet kills every container at once, and on a real one the agent sees the
+//! app dead while the proxy still runs only by chance; here it always does. The agent runs
+//! without an API server and reads the rules from the webhook's record on the sandbox.
 
 mod fakecri;
 mod rig;
@@ -33,9 +33,11 @@ fn run(cri: &FakeCri, attempt: u32) -> [String; 3] {
 }
 
 /// A Job pod whose native sidecar `watcher` restarts every container when it exits 88. The
-/// watcher exits 88, the kubelet's kill reaches the app (137, a failure its policy, Never,
-/// does not retry) while the proxy still runs: that is not the end of the Job, and the proxy
-/// is left alone. In the pod's next run the proxy is shut down once, after the app's success.
+/// watcher has exited 88 and the kubelet's kill has reached the app (137, a failure its
+/// policy, Never, does not retry) while the proxy still runs: the agent's first look at the
+/// pod (it starts now, as one restarted mid-restart does) shows all of it at once. That is not
+/// the end of the Job, and the proxy is left alone. In the pod's next run the proxy is shut
+/// down once, after the app's success.
 #[tokio::test]
 async fn a_restart_of_every_container_is_not_the_end_of_the_job() {
     let spec = serde_json::json!({
@@ -59,12 +61,12 @@ async fn a_restart_of_every_container_is_not_the_end_of_the_job() {
         ],
     );
     let [watcher, app, old_proxy] = run(&cri, 0);
-    rig.start_agent();
-    source_becomes(&rig.stats, "cri_events").await;
-
     cri.exit(&watcher, 88);
     cri.exit(&app, 137);
+    rig.start_agent();
+    source_becomes(&rig.stats, "cri_events").await;
     let stats = rig.stats.clone();
+    // Counted by the very look that would otherwise have shut the proxy down.
     until("the restart in place seen", || {
         stats.job_restarts_in_place() == 1
     })

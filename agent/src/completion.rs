@@ -4,6 +4,7 @@
 //! the calls are in [`jobs`](crate::jobs).
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::time::Instant;
 
 use exitorder_contract::annotation;
 
@@ -183,6 +184,33 @@ pub fn next_step(members: &[Member], asked: &BTreeSet<String>) -> Step {
     }
 }
 
+/// The exit codes a sidecar ends with when the Job shuts it down: 0 (its own endpoint, or TERM
+/// handled), 143 (TERM) or 137 (KILL after the grace period).
+const SHUTDOWN_EXITS: [i32; 3] = [0, 143, 137];
+
+/// Whether shutting this sidecar down would restart the whole pod in place: one of its
+/// `RestartAllContainers` rules matches an exit a shutdown brings. The kubelet would then run
+/// the finished work again, and the next completion would shut it down again, for ever. Such
+/// a sidecar is left running, as without exitorder.
+pub fn shutdown_restarts_all(restart: &Restart) -> bool {
+    SHUTDOWN_EXITS
+        .iter()
+        .any(|code| restart.on_exit(*code) == Outcome::RestartAll)
+}
+
+/// Whether every main container had ended for good before `at` (when a container whose
+/// rules can restart the pod exited): then that exit is the kubelet stopping a native
+/// sidecar at the pod's end, which restarts nothing. `mains`: each main container with when
+/// the agent learnt of its exit.
+pub fn ended_before(mains: &[(&Member, Option<Instant>)], at: Instant) -> bool {
+    mains.iter().all(|(m, seen)| {
+        m.state == RunState::Exited
+            && seen.is_some_and(|seen| seen < at)
+            && (m.exit_code.is_some() || !m.restart.needs_exit_code())
+            && !m.restart.restarts(m.exit_code.unwrap_or(0))
+    })
+}
+
 /// Whether the pod is being restarted in place (KEP-5532).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum InPlace {
@@ -344,6 +372,45 @@ mod tests {
         for (what, triggers, want) in table {
             assert_eq!(restarting_all(&triggers), want, "{what}");
         }
+    }
+
+    #[test]
+    fn a_trigger_that_exits_after_the_work_ended_restarts_nothing() {
+        let t0 = Instant::now();
+        let at = |ms: u64| Some(t0 + std::time::Duration::from_millis(ms));
+        let done = m("app", 0, Exited, Some(0));
+        let retried = Member {
+            restart: Restart::pod(Policy::OnFailure),
+            ..m("app", 0, Exited, Some(1))
+        };
+        let running = m("app", 0, Running, None);
+        let trigger_at = t0 + std::time::Duration::from_millis(50);
+        #[rustfmt::skip]
+        let table: [(&str, &Member, Option<Instant>, bool); 5] = [
+            ("the app ended for good before: the pod's end", &done, at(10), true),
+            ("the app ended after the trigger: killed by the restart", &done, at(60), false),
+            ("the app exited before, but is retried", &retried, at(10), false),
+            ("the app still runs", &running, None, false),
+            ("when the app exited is not known", &done, None, false),
+        ];
+        for (what, app, seen, want) in table {
+            assert_eq!(ended_before(&[(app, seen)], trigger_at), want, "{what}");
+        }
+    }
+
+    #[test]
+    fn a_sidecar_whose_shutdown_would_restart_the_pod_is_told_apart() {
+        let on = |codes: ExitCodes| Restart {
+            policy: Policy::Never,
+            rules: vec![Rule {
+                action: Action::RestartAllContainers,
+                codes,
+            }],
+        };
+        assert!(shutdown_restarts_all(&on(ExitCodes::NotIn([0].into()))));
+        assert!(shutdown_restarts_all(&on(ExitCodes::In([143].into()))));
+        assert!(!shutdown_restarts_all(&on(ExitCodes::In([88].into()))));
+        assert!(!shutdown_restarts_all(&Restart::pod(Policy::Always)));
     }
 
     #[test]

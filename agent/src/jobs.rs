@@ -15,7 +15,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn, Instrument};
@@ -51,6 +51,8 @@ pub struct SnapMember {
     pub id: Option<String>,
     pub priority: u8,
     pub state: RunState,
+    /// When the agent learnt that it exited (its newest attempt).
+    pub exit_seen: Option<Instant>,
     /// Whether the kubelet starts it again after an exit.
     pub restart: Restart,
 }
@@ -125,6 +127,11 @@ struct PodJob {
     restarts_seen: BTreeSet<String>,
     /// Container ids of the current attempts that the runtime no longer has.
     gone: BTreeSet<String>,
+    /// Sidecars (container ids) left running because their shutdown would restart the pod.
+    held_back: BTreeSet<String>,
+    /// The container (name, id of the attempt) whose exit restarts the pod in place, until
+    /// a newer attempt of it shows.
+    restarting: Option<(String, String)>,
 }
 
 pub struct JobsTask {
@@ -187,13 +194,20 @@ impl JobsTask {
             .collect();
         job.codes.retain(|id, _| current.contains(id.as_str()));
         job.gone.retain(|id| current.contains(id.as_str()));
+        job.restarts_seen.retain(|id| current.contains(id.as_str()));
+        job.held_back.retain(|id| current.contains(id.as_str()));
         let asked =
             |m: &SnapMember, job: &PodJob| m.id.as_ref().is_some_and(|id| job.asked.contains(id));
         // Exit codes: of sidecars that were shut down (to report a failure), and of main
         // containers when only a success finishes the pod.
         let triggers: BTreeSet<&str> = snap.triggers.iter().map(|t| t.name.as_str()).collect();
+        // A main container can be a trigger too: its code is asked for once.
+        let mut looked: BTreeSet<&str> = BTreeSet::new();
         for m in snap.members.iter().chain(&snap.triggers) {
             let Some(id) = m.id.as_deref() else { continue };
+            if !looked.insert(id) {
+                continue;
+            }
             let wanted = (asked(m, job) && !job.reported.contains(id))
                 || (m.priority == 0 && m.restart.needs_exit_code())
                 || triggers.contains(m.name.as_str());
@@ -251,7 +265,39 @@ impl JobsTask {
             exit_code: m.id.as_ref().and_then(|id| job.codes.get(id).copied()),
             restart: m.restart.clone(),
         };
-        let restarting: Vec<Member> = snap.triggers.iter().map(member).collect();
+        // A trigger's exit after every main container had ended for good is the kubelet
+        // stopping it at the pod's end (a native sidecar), not a restart of the pod.
+        let mains: Vec<(Member, Option<Instant>)> = snap
+            .members
+            .iter()
+            .filter(|m| m.priority == 0)
+            .map(|m| (member(m), m.exit_seen))
+            .collect();
+        let mains: Vec<(&Member, Option<Instant>)> = mains.iter().map(|(m, at)| (m, *at)).collect();
+        let restarting: Vec<Member> = snap
+            .triggers
+            .iter()
+            .filter(|t| {
+                t.exit_seen
+                    .is_none_or(|at| !completion::ended_before(&mains, at))
+            })
+            .map(member)
+            .collect();
+        // Until the container that asked for the restart runs again, the pod is between its
+        // kill and its next run: what the runtime shows of it (containers removed one by one)
+        // is no end of the work.
+        if let Some((name, old)) = &job.restarting {
+            let now = snap
+                .triggers
+                .iter()
+                .find(|t| &t.name == name)
+                .and_then(|t| t.id.as_ref());
+            if now.is_none_or(|id| id == old) {
+                debug!(pod = %snap.uid, container = %name, "completing pod: still restarting in place");
+                return;
+            }
+            job.restarting = None;
+        }
         let trigger_id = |name: &str| {
             snap.triggers
                 .iter()
@@ -279,7 +325,9 @@ impl JobsTask {
         if let Some(by) = by {
             // The kubelet kills every container and runs the pod again: the exits this
             // brings are not the end of the work. Said once per exit.
-            if job.restarts_seen.insert(trigger_id(&by)) {
+            let id = trigger_id(&by);
+            job.restarting = Some((by.clone(), id.clone()));
+            if job.restarts_seen.insert(id) {
                 self.stats.job_restarted_in_place();
                 info!(event = "job_restarting_all", pod = %snap.uid, container = %by, exit_code, "every container of the pod restarts in place (RestartAllContainers): not the end of the Job");
             }
@@ -304,14 +352,18 @@ impl JobsTask {
             }
             Step::Shutdown(names) => {
                 for name in names {
-                    let Some(id) = snap
-                        .members
-                        .iter()
-                        .find(|m| m.name == name)
-                        .and_then(|m| m.id.clone())
-                    else {
+                    let Some(member) = snap.members.iter().find(|m| m.name == name) else {
                         continue;
                     };
+                    let Some(id) = member.id.clone() else {
+                        continue;
+                    };
+                    if completion::shutdown_restarts_all(&member.restart) {
+                        if job.held_back.insert(id) {
+                            warn!(event = "job_sidecar_left_running", pod = %snap.uid, container = %name, "not shut down: its exit would restart every container of the pod (a RestartAllContainers rule), running the Job's work again");
+                        }
+                        continue;
+                    }
                     job.asked.insert(id.clone());
                     let action = shut_down(
                         Shutdown {
@@ -570,6 +622,7 @@ fn snapshot_triggers(
                 id: c.map(|c| c.info.id.clone()),
                 priority: 0,
                 state: c.map_or(RunState::Created, |c| c.info.state),
+                exit_seen: c.and_then(|c| c.exit_seen),
                 restart,
             })
         })
@@ -599,6 +652,7 @@ fn snapshot_members(
                     .find(|a| &a.name == name)
                     .map_or(0, |a| a.priority),
                 state: c.map_or(RunState::Created, |c| c.info.state),
+                exit_seen: c.and_then(|c| c.exit_seen),
                 restart,
             })
         })

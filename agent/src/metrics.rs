@@ -165,7 +165,7 @@ pub fn render(stats: &Stats) -> String {
         out,
         "# HELP exitorder_job_pods Completing pods whose Job shutdown state the agent keeps.\n\
          # TYPE exitorder_job_pods gauge\nexitorder_job_pods {}\n\
-         # HELP exitorder_job_restarts_in_place_total Completing pods whose containers all restarted in place (a RestartAllContainers rule matched an exit), none taken for the end of the Job.\n\
+         # HELP exitorder_job_restarts_in_place_total In-place restarts of completing pods (a RestartAllContainers rule matched a container's exit), none taken for the end of the Job.\n\
          # TYPE exitorder_job_restarts_in_place_total counter\nexitorder_job_restarts_in_place_total {}",
         stats.job_pods(),
         stats.job_restarts_in_place()

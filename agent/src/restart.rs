@@ -184,13 +184,6 @@ impl Restart {
         self.on_exit(exit_code) != Outcome::Done
     }
 
-    /// Whether some exit of this container restarts the whole pod in place.
-    pub fn can_restart_all(&self) -> bool {
-        self.rules
-            .iter()
-            .any(|r| r.action == Action::RestartAllContainers)
-    }
-
     /// Whether the answer depends on the exit code (else any code will do).
     pub fn needs_exit_code(&self) -> bool {
         !self.rules.is_empty() || self.policy == Policy::OnFailure
@@ -198,8 +191,8 @@ impl Restart {
 }
 
 /// What Job completion needs from a pod's spec, which the runtime does not carry: the pod's
-/// `restartPolicy` and, for each main container in declaration order, its own policy and
-/// rules. The webhook records it on a completing pod as the annotation
+/// `restartPolicy`; for each main container in declaration order, its own policy and rules;
+/// and the init containers (native sidecars among them) whose rules can restart the pod. The webhook records it on a completing pod as the annotation
 /// [`RESTARTS`]; the kubelet copies pod annotations to the sandbox, so an agent
 /// without the API server decides as one with it. The fields are the spec's own (immutable
 /// once the pod exists); everything in it is as hostile as the spec it came from.
@@ -215,7 +208,7 @@ pub struct RestartRecord {
     pub init_containers: Vec<RecordedContainer>,
 }
 
-/// One main container's restart fields, as in its spec.
+/// One container's restart fields, as in its spec.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct RecordedContainer {
@@ -245,15 +238,13 @@ impl RestartRecord {
         RestartRecord {
             restart_policy: spec.restart_policy.clone(),
             containers: spec.containers.iter().map(recorded).collect(),
+            // Only those whose exits can restart the pod: a record that has them is refused
+            // by agents older than this field, so it is kept to the pods that need it.
             init_containers: spec
                 .init_containers
                 .iter()
                 .flatten()
-                .filter(|c| {
-                    c.restart_policy_rules
-                        .as_ref()
-                        .is_some_and(|r| !r.is_empty())
-                })
+                .filter(|c| names_restart_all(c.restart_policy_rules.as_deref()))
                 .map(recorded)
                 .collect(),
         }
@@ -291,12 +282,7 @@ impl RestartRecord {
         self.init_containers
             .iter()
             .chain(&self.containers)
-            .filter(|c| {
-                c.restart_policy_rules
-                    .iter()
-                    .flatten()
-                    .any(|r| r.action == "RestartAllContainers")
-            })
+            .filter(|c| names_restart_all(c.restart_policy_rules.as_deref()))
             .map(|c| self.restart(c))
             .collect()
     }
@@ -309,6 +295,15 @@ impl RestartRecord {
         );
         (c.name.clone(), r)
     }
+}
+
+/// Whether some of these rules (read or not) names the `RestartAllContainers` action: a
+/// container whose other rules cannot be read still counts, and its error is kept.
+fn names_restart_all(rules: Option<&[ContainerRestartRule]>) -> bool {
+    rules
+        .unwrap_or_default()
+        .iter()
+        .any(|r| r.action == "RestartAllContainers")
 }
 
 fn rule(i: usize, r: &ContainerRestartRule) -> Result<Rule, RestartError> {
@@ -431,8 +426,6 @@ mod tests {
         assert_eq!(r.on_exit(42), Outcome::Restart);
         assert_eq!(r.on_exit(88), Outcome::RestartAll);
         assert_eq!(r.on_exit(0), Outcome::Done);
-        assert!(r.can_restart_all());
-        assert!(!Restart::pod(Policy::Always).can_restart_all());
         // Its own policy restarts it alone; no rule of the pod's other containers counts.
         assert_eq!(Restart::pod(Policy::Always).on_exit(88), Outcome::Restart);
     }
@@ -448,20 +441,21 @@ mod tests {
                 {"name": "retried", "restartPolicyRules": [
                     {"action": "Restart", "exitCodes": {"operator": "In", "values": [1]}}]}],
             "containers": [
-                {"name": "worker", "restartPolicyRules": all_on_88},
+                {"name": "worker", "restartPolicy": "Never", "restartPolicyRules": all_on_88},
                 {"name": "proxy"}]}))
         .expect("a spec");
         let value = RestartRecord::of_spec(&spec)
             .to_annotation()
             .expect("small");
         let record = RestartRecord::parse(&value).expect("reads back");
-        // Init containers without rules are not recorded; the main containers all are.
+        // Only init containers whose exits can restart the pod are recorded (a plain
+        // `Restart` rule is not); the main containers all are.
         let init: Vec<&str> = record
             .init_containers
             .iter()
             .map(|c| c.name.as_str())
             .collect();
-        assert_eq!(init, ["watcher", "retried"]);
+        assert_eq!(init, ["watcher"]);
         assert_eq!(record.names(), ["worker", "proxy"]);
         let all = record.restart_all();
         assert_eq!(all.keys().collect::<Vec<_>>(), ["watcher", "worker"]);
@@ -524,9 +518,9 @@ mod tests {
         let all = rule(
             json!({"action": "RestartAllContainers", "exitCodes": {"operator": "In", "values": [1]}}),
         );
-        assert!(all.is_ok_and(|r| r.on_exit(1) == Outcome::RestartAll
-            && r.on_exit(0) == Outcome::Done
-            && r.can_restart_all()));
+        assert!(
+            all.is_ok_and(|r| r.on_exit(1) == Outcome::RestartAll && r.on_exit(0) == Outcome::Done)
+        );
         assert_eq!(
             rule(json!({"action": "Restart", "exitCodes": {"operator": "Gt", "values": [1]}})),
             Err(RestartError::Operator(0, "Gt".into()))

@@ -118,7 +118,8 @@ pub struct Allowed {
 }
 
 /// Each container's exit priority, as the agent resolves it from the pod's annotation (or
-/// its Kruise alias), the container's env and the presets; a malformed annotation or env makes
+/// its Kruise alias), the container's env and the presets (a native sidecar named by none is
+/// a sidecar: 1); a malformed annotation or env makes
 /// the whole pod unordered, as it does for the agent.
 pub fn priorities(plan: &PodPlan) -> BTreeMap<String, u8> {
     use exitorder::priority;
@@ -138,7 +139,7 @@ pub fn priorities(plan: &PodPlan) -> BTreeMap<String, u8> {
         };
         out.insert(
             c.name.clone(),
-            priority::resolve(&c.name, pod.as_ref(), env),
+            priority::resolve_as(&c.name, pod.as_ref(), env, c.kind == Kind::Sidecar),
         );
     }
     out
@@ -293,7 +294,7 @@ mod tests {
     fn a_native_sidecar_the_kubelet_stops_later_does_not_count_against_a_container() {
         let pod = json!({"apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": "job", "annotations": {
-                "exitorder.io/container-exit-priority": "{\"proxy\": 1}"}},
+                "exitorder.io/container-exit-priority": "{\"proxy\": 1, \"watcher\": 0}"}},
             "spec": {"hostNetwork": true, "restartPolicy": "Never",
                 "initContainers": [{"name": "watcher", "image": "x", "restartPolicy": "Always"}],
                 "containers": [{"name": "app", "image": "x"}, {"name": "proxy", "image": "x"}]}});

@@ -9,17 +9,35 @@
 use exitorder::cri::RemoveContainerRequest;
 
 use super::container::{backoff, request};
-use super::termination::{kill_all, pod_containers, Stop};
+use super::termination::{kill_all, pod_containers, Stop, SETUP_TIMEOUT};
 use super::{Phase, PodCtx, What};
-
-const SETUP_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// Kills and removes every container of the pod; the caller starts it again.
 pub(super) async fn restart_all(ctx: &PodCtx) {
     ctx.set_phase(Phase::Pending);
     kill_all(ctx, Stop::Immediate).await;
     let mut client = ctx.node.client();
-    let listed = pod_containers(ctx).await;
+    // A runtime that does not answer is asked again, as the kubelet's next sync would, for
+    // as long as a CRI call may take; then the pod starts again over what is left.
+    let deadline = tokio::time::Instant::now() + SETUP_TIMEOUT;
+    let listed = loop {
+        match pod_containers(ctx).await {
+            Ok(listed) => break listed,
+            Err(e) if tokio::time::Instant::now() < deadline => {
+                tracing::debug!(error = %e.message(), "ListContainers failed; asking again");
+                tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+            }
+            Err(e) => {
+                ctx.record(
+                    None,
+                    What::Error {
+                        detail: format!("ListContainers: {}", e.message()),
+                    },
+                );
+                break Vec::new();
+            }
+        }
+    };
     for c in listed {
         if let Err(e) = client
             .remove_container(request(

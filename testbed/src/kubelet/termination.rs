@@ -23,7 +23,7 @@ use crate::node::cleanup::{
 use crate::node::exitfiles::{ExitFileEvents, ExitFileProbe};
 use crate::node::TestbedError;
 
-const SETUP_TIMEOUT: Duration = Duration::from_secs(60);
+pub(super) const SETUP_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// A preStop hook as it ran.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -169,8 +169,8 @@ impl Ordering {
     }
 }
 
-/// Every container of the pod the runtime has, in any state (none when it cannot say).
-pub(super) async fn pod_containers(ctx: &PodCtx) -> Vec<Container> {
+/// Every container of the pod the runtime has, in any state.
+pub(super) async fn pod_containers(ctx: &PodCtx) -> Result<Vec<Container>, tonic::Status> {
     ctx.node
         .client()
         .list_containers(request(
@@ -184,7 +184,6 @@ pub(super) async fn pod_containers(ctx: &PodCtx) -> Vec<Container> {
         ))
         .await
         .map(|r| r.into_inner().containers)
-        .unwrap_or_default()
 }
 
 /// How the containers are stopped.
@@ -204,7 +203,8 @@ pub(super) enum Stop {
 /// period, at least 2 s; or all of them killed at once ([`Stop::Immediate`]). Returns what
 /// happened to each.
 pub(super) async fn kill_all(ctx: &PodCtx, stop: Stop) -> Vec<ContainerRecord> {
-    let listed = pod_containers(ctx).await;
+    // None listed (the runtime does not answer): nothing to stop that it would let us.
+    let listed = pod_containers(ctx).await.unwrap_or_default();
     let mut running: Vec<(String, String)> = listed
         .iter()
         .filter(|c| {

@@ -769,7 +769,10 @@ mod tests {
         use exitorder::restart::Outcome;
         let all_on_88 = json!([
             {"action": "RestartAllContainers", "exitCodes": {"operator": "In", "values": [88]}}]);
-        let mut v = pod(json!([{"name": "app", "image": "x", "restartPolicyRules": all_on_88}]));
+        let mut v = pod(
+            json!([{"name": "app", "image": "x", "restartPolicy": "Never",
+            "restartPolicyRules": all_on_88}]),
+        );
         v["spec"]["initContainers"] = json!([{"name": "watcher", "image": "x",
             "restartPolicy": "Always", "restartPolicyRules": all_on_88}]);
         let p = plan(&v, &place()).expect("planned");
