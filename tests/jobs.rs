@@ -460,12 +460,19 @@ async fn completes_after_one_restart_in_place(
     (running, status)
 }
 
-/// A shell snippet that waits until the proxy on `port` answers HTTP (any status), at most
-/// 60 s, then runs `then`; after 60 s it exits 3, which no rule here restarts.
-fn once_the_proxy_serves(port: u16, then: &str) -> String {
+/// A shell snippet that waits until `condition` holds, at most 60 s, then runs `then`; after
+/// 60 s it exits 3, which no rule here restarts.
+fn once(condition: &str, then: &str) -> String {
     format!(
-        "n=0; until wget -S -O /dev/null http://127.0.0.1:{port}/ 2>&1 | grep -q HTTP/; do \
-         n=$((n+1)); [ $n -lt 600 ] || exit 3; sleep 0.1; done; {then}"
+        "n=0; until {condition}; do n=$((n+1)); [ $n -lt 600 ] || exit 3; sleep 0.1; done; {then}"
+    )
+}
+
+/// [`once`] the proxy on `port` answers HTTP (any status).
+fn once_the_proxy_serves(port: u16, then: &str) -> String {
+    once(
+        &format!("wget -S -O /dev/null http://127.0.0.1:{port}/ 2>&1 | grep -q HTTP/"),
+        then,
     )
 }
 
@@ -548,8 +555,7 @@ async fn a_watchers_restart_of_every_container_is_not_the_end_of_the_job() {
         let state = json!([{"name": "state", "mountPath": "/state"}]);
         let restart = once_the_proxy_serves(
             port,
-            "n=0; until [ -e /state/working ]; do n=$((n+1)); [ $n -lt 600 ] || exit 3; \
-             sleep 0.1; done; touch /state/watched; exit 88",
+            &once("[ -e /state/working ]", "touch /state/watched; exit 88"),
         );
         let watcher = json!({
             "name": "watcher",

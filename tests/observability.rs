@@ -15,7 +15,7 @@ use std::process::Command;
 
 use exitorder::stats::Stats;
 use exitorder::webhook::server::WebhookStats;
-use exitorder_testbed::install::{Helm, CHART_IN_TREE, NAMESPACE};
+use exitorder_testbed::install::{tool_candidates, Helm, CHART_IN_TREE, NAMESPACE};
 use exitorder_testbed::manifest;
 use serde_json::Value;
 use support::skip_or_fail;
@@ -72,15 +72,11 @@ fn of_kind<'a>(docs: &'a [Value], kind: &str) -> Vec<&'a Value> {
 
 /// `EXITORDER_PROMTOOL`, else `promtool` on PATH, else the one `scripts/test` unpacks.
 fn promtool() -> Option<PathBuf> {
-    let candidates = std::env::var_os("EXITORDER_PROMTOOL")
-        .map(PathBuf::from)
-        .into_iter()
-        .chain(std::env::var_os("PATH").into_iter().flat_map(|p| {
-            std::env::split_paths(&p)
-                .map(|d| d.join("promtool"))
-                .collect::<Vec<_>>()
-        }))
-        .chain([root().join("target/tools/prometheus/usr/bin/promtool")]);
+    let candidates = tool_candidates(
+        "EXITORDER_PROMTOOL",
+        "promtool",
+        root().join("target/tools/prometheus/usr/bin/promtool"),
+    );
     for c in candidates {
         let works = Command::new(&c)
             .arg("--version")
@@ -92,6 +88,18 @@ fn promtool() -> Option<PathBuf> {
     }
     skip_or_fail("the rules need promtool: `. scripts/tools.sh && ensure_promtool`");
     None
+}
+
+/// `promtool <what> <file>`: whether it passed, and what it said.
+fn run_promtool(promtool: &Path, what: &[&str], file: &Path) -> (bool, String) {
+    let out = Command::new(promtool)
+        .args(what)
+        .arg(file)
+        .output()
+        .expect("promtool runs");
+    let said =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    (out.status.success(), said)
 }
 
 /// Every metric family the agent and the webhook export, with the `label="value"` pairs
@@ -382,15 +390,8 @@ fn promtool_accepts_the_rules() {
     let file = dir.path().join("rules.yaml");
     // JSON is YAML: promtool reads the groups as the operator hands them to Prometheus.
     std::fs::write(&file, serde_json::to_string_pretty(spec).expect("JSON")).expect("write");
-    let out = Command::new(&promtool)
-        .arg("check")
-        .arg("rules")
-        .arg(&file)
-        .output()
-        .expect("promtool runs");
-    let said =
-        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "promtool check rules:\n{said}");
+    let (ok, said) = run_promtool(&promtool, &["check", "rules"], &file);
+    assert!(ok, "promtool check rules:\n{said}");
     assert!(
         said.contains(&format!("SUCCESS: {} rules found", alerts.len())),
         "{said}"
@@ -414,15 +415,8 @@ fn promtool_test(docs: &[Value], tests: Value) {
         "tests": tests,
     });
     std::fs::write(&test_file, unit.to_string()).expect("write");
-    let out = Command::new(&promtool)
-        .arg("test")
-        .arg("rules")
-        .arg(&test_file)
-        .output()
-        .expect("promtool runs");
-    let said =
-        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "promtool test rules:\n{said}");
+    let (ok, said) = run_promtool(&promtool, &["test", "rules"], &test_file);
+    assert!(ok, "promtool test rules:\n{said}");
 }
 
 /// The expression of alert `name`.

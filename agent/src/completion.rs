@@ -122,6 +122,16 @@ pub struct Member {
     pub restart: Restart,
 }
 
+impl Member {
+    /// Exited, and the kubelet will not start it again: its exit code is known where the
+    /// answer depends on it, and no policy or rule restarts it for that code.
+    pub fn ended_for_good(&self) -> bool {
+        self.state == RunState::Exited
+            && (self.exit_code.is_some() || !self.restart.needs_exit_code())
+            && !self.restart.restarts(self.exit_code.unwrap_or(0))
+    }
+}
+
 /// What to do next for a completing pod.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Step {
@@ -159,10 +169,7 @@ pub fn next_step(members: &[Member], asked: &BTreeSet<String>) -> Step {
         return Step::ReadExitCodes(unread);
     }
     // Any code gives the same answer where none was needed.
-    if mains
-        .iter()
-        .any(|m| m.restart.restarts(m.exit_code.unwrap_or(0)))
-    {
+    if !mains.iter().all(|m| m.ended_for_good()) {
         return Step::Wait;
     }
     let running: Vec<&&Member> = sidecars
@@ -203,12 +210,9 @@ pub fn shutdown_restarts_all(restart: &Restart) -> bool {
 /// sidecar at the pod's end, which restarts nothing. `mains`: each main container with when
 /// the agent learnt of its exit.
 pub fn ended_before(mains: &[(&Member, Option<Instant>)], at: Instant) -> bool {
-    mains.iter().all(|(m, seen)| {
-        m.state == RunState::Exited
-            && seen.is_some_and(|seen| seen < at)
-            && (m.exit_code.is_some() || !m.restart.needs_exit_code())
-            && !m.restart.restarts(m.exit_code.unwrap_or(0))
-    })
+    mains
+        .iter()
+        .all(|(m, seen)| m.ended_for_good() && seen.is_some_and(|seen| seen < at))
 }
 
 /// Whether the pod is being restarted in place (KEP-5532).

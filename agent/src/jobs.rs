@@ -265,15 +265,15 @@ impl JobsTask {
             exit_code: m.id.as_ref().and_then(|id| job.codes.get(id).copied()),
             restart: m.restart.clone(),
         };
+        let members: Vec<Member> = snap.members.iter().map(member).collect();
         // A trigger's exit after every main container had ended for good is the kubelet
         // stopping it at the pod's end (a native sidecar), not a restart of the pod.
-        let mains: Vec<(Member, Option<Instant>)> = snap
-            .members
+        let mains: Vec<(&Member, Option<Instant>)> = members
             .iter()
-            .filter(|m| m.priority == 0)
-            .map(|m| (member(m), m.exit_seen))
+            .zip(&snap.members)
+            .filter(|(m, _)| m.priority == 0)
+            .map(|(m, s)| (m, s.exit_seen))
             .collect();
-        let mains: Vec<(&Member, Option<Instant>)> = mains.iter().map(|(m, at)| (m, *at)).collect();
         let restarting: Vec<Member> = snap
             .triggers
             .iter()
@@ -333,7 +333,6 @@ impl JobsTask {
             }
             return;
         }
-        let members: Vec<Member> = snap.members.iter().map(member).collect();
         let asked_names: BTreeSet<String> = snap
             .members
             .iter()

@@ -192,9 +192,9 @@ impl Restart {
 
 /// What Job completion needs from a pod's spec, which the runtime does not carry: the pod's
 /// `restartPolicy`; for each main container in declaration order, its own policy and rules;
-/// and the init containers (native sidecars among them) whose rules can restart the pod. The webhook records it on a completing pod as the annotation
-/// [`RESTARTS`]; the kubelet copies pod annotations to the sandbox, so an agent
-/// without the API server decides as one with it. The fields are the spec's own (immutable
+/// and the init containers (native sidecars among them) whose rules can restart the pod. The
+/// webhook records it on a completing pod as the annotation [`RESTARTS`]; the kubelet copies
+/// pod annotations to the sandbox, so an agent without the API server decides as one with it. The fields are the spec's own (immutable
 /// once the pod exists); everything in it is as hostile as the spec it came from.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -202,8 +202,8 @@ pub struct RestartRecord {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restart_policy: Option<String>,
     pub containers: Vec<RecordedContainer>,
-    /// Init containers and native sidecars with rules of their own: their exits can restart
-    /// every container of the pod (KEP-5532).
+    /// Init containers and native sidecars with a `RestartAllContainers` rule: their exits
+    /// can restart every container of the pod (KEP-5532).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub init_containers: Vec<RecordedContainer>,
 }

@@ -28,19 +28,25 @@ pub struct Helm {
     pub path: PathBuf,
 }
 
+/// Where a tool the tests run may be, in order: the file `env` names, `name` on PATH, then
+/// `in_tree` (where `scripts/tools.sh` unpacks it).
+pub fn tool_candidates(env: &str, name: &str, in_tree: PathBuf) -> Vec<PathBuf> {
+    std::env::var_os(env)
+        .map(PathBuf::from)
+        .into_iter()
+        .chain(std::env::var_os("PATH").into_iter().flat_map(|p| {
+            std::env::split_paths(&p)
+                .map(|d| d.join(name))
+                .collect::<Vec<_>>()
+        }))
+        .chain(std::iter::once(in_tree))
+        .collect()
+}
+
 impl Helm {
     /// `EXITORDER_HELM`, else `helm` on PATH, else `target/tools/helm/helm` under `root`.
     pub fn find(root: &Path) -> Result<Helm, TestbedError> {
-        let candidates = std::env::var_os("EXITORDER_HELM")
-            .map(PathBuf::from)
-            .into_iter()
-            .chain(std::env::var_os("PATH").into_iter().flat_map(|p| {
-                std::env::split_paths(&p)
-                    .map(|d| d.join("helm"))
-                    .collect::<Vec<_>>()
-            }))
-            .chain(std::iter::once(root.join(HELM_IN_TREE)));
-        for path in candidates {
+        for path in tool_candidates("EXITORDER_HELM", "helm", root.join(HELM_IN_TREE)) {
             if path.is_file() {
                 return Ok(Helm { path });
             }
