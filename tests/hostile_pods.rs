@@ -907,10 +907,7 @@ fn check_pod(p: &HostilePod) -> Result<(), TestCaseError> {
                 continue;
             };
             let native = stop.is_native(name);
-            let preset = exitorder_contract::PRESETS
-                .iter()
-                .find(|(n, _)| n == name)
-                .map(|(_, v)| *v);
+            let preset = exitorder::presets::by_name(name).map(|p| p.priority);
             let want = named
                 .or(env)
                 .or(native.then_some(1))
@@ -1330,9 +1327,8 @@ proptest! {
         let completes = matches!(policy.as_deref(), Some("Never" | "OnFailure"));
         prop_assert_eq!(participation == Participation::Off, !(completes && opted_in));
         let (urls, problem) = completion::shutdown_urls(&annotations);
-        let presets: BTreeMap<String, String> = completion::SHUTDOWN_PRESETS
-            .iter()
-            .map(|(c, u)| ((*c).to_owned(), (*u).to_owned()))
+        let presets: BTreeMap<String, String> = exitorder::presets::shutdown_urls(&annotations)
+            .map(|(c, u)| (c.to_owned(), u.to_owned()))
             .collect();
         if problem.is_some() || !annotations.contains_key(annotation::SIDECAR_SHUTDOWN) {
             prop_assert_eq!(&urls, &presets, "a bad or no shutdown annotation: the presets");

@@ -505,27 +505,27 @@ async fn a_restricted_pod_stays_restricted() {
     let w = Served::start().await;
     let pod = example("restricted");
     assert_eq!(
-        support::pss::restricted_violations(&pod),
+        exitorder::pss::restricted_violations(&pod),
         Vec::<String>::new()
     );
     let (out, warnings) = inject(&w, &pod).await;
     assert!(warnings.is_empty(), "{warnings:?}");
     assert_injected(&out, "proxy", "25s", &[]);
     assert_eq!(
-        support::pss::restricted_violations(&out),
+        exitorder::pss::restricted_violations(&out),
         Vec::<String>::new(),
         "{out}"
     );
     // The baseline example too: what the injection adds is restricted whatever the pod is.
     let (out, _) = inject(&w, &example("injected")).await;
     assert_eq!(
-        support::pss::baseline_violations(&out),
+        exitorder::pss::baseline_violations(&out),
         Vec::<String>::new()
     );
     let install =
         serde_json::json!({"spec": {"containers": [out["spec"]["initContainers"][0].clone()]}});
     assert_eq!(
-        support::pss::restricted_violations(&install),
+        exitorder::pss::restricted_violations(&install),
         Vec::<String>::new()
     );
     // And the checker is no rubber stamp: the share layout is refused by both.
@@ -535,7 +535,7 @@ async fn a_restricted_pod_stays_restricted() {
     };
     let share = Served::start_with(settings, Duration::ZERO).await;
     let (out, _) = inject(&share, &pod).await;
-    let v = support::pss::baseline_violations(&out);
+    let v = exitorder::pss::baseline_violations(&out);
     assert!(v.iter().any(|v| v.contains("hostPath")), "{v:?}");
     share.stop().await;
     w.stop().await;
@@ -1090,6 +1090,11 @@ async fn ordered_through_the_webhook(example_name: &str, sidecar: &str) {
         .join("deploy/examples")
         .join(format!("{example_name}.yaml"))
         .is_file());
+    ordered_through_the_webhook_as(example_name, &example(example_name), sidecar).await;
+}
+
+/// [`ordered_through_the_webhook`] for `pod`, told as `example_name`.
+async fn ordered_through_the_webhook_as(example_name: &str, pod: &Value, sidecar: &str) {
     let Some(bed) = Bed::start(Duration::from_secs(3)).await else {
         return;
     };
@@ -1098,7 +1103,7 @@ async fn ordered_through_the_webhook(example_name: &str, sidecar: &str) {
         return;
     }
     let webhook = WebhookProcess::start("3s").await;
-    let pod = webhook.mutate(&example(example_name)).await;
+    let pod = webhook.mutate(pod).await;
     let running = bed.run_ready(&pod).await;
     let uid = running.uid().to_owned();
     let d = running.delete().await.expect("delete pod");
@@ -1163,6 +1168,40 @@ async fn a_restricted_pod_is_ordered_on_the_bed() {
 #[tokio::test]
 async fn a_linkerd_proxy_leaves_after_the_app_on_the_bed() {
     ordered_through_the_webhook("linkerd", "linkerd-proxy").await;
+}
+
+/// A sidecar known by its image only (istio's proxy image under a name of the pod's own):
+/// the webhook writes its preset's priority as the container's env, and the agent, which
+/// sees names and env but not images, orders it after the app.
+#[tokio::test]
+async fn a_sidecar_known_by_its_image_leaves_after_the_app_on_the_bed() {
+    let mut pod = example("linkerd");
+    let proxy = pod["spec"]["containers"]
+        .as_array_mut()
+        .and_then(|cs| cs.iter_mut().find(|c| c["name"] == "linkerd-proxy"))
+        .expect("the example's proxy");
+    proxy["name"] = "mesh".into();
+    proxy["image"] = exitorder_testbed::node::PRESET_STAND_IN_IMAGE.into();
+    let w = Served::start().await;
+    let (out, _) = inject(&w, &pod).await;
+    let env: Vec<(String, Option<String>)> = container(&out, "mesh")
+        .env
+        .iter()
+        .flatten()
+        .map(|e| (e.name.clone(), e.value.clone()))
+        .collect();
+    assert!(
+        env.contains(&("EXITORDER_EXIT_PRIORITY".to_owned(), Some("1".to_owned()))),
+        "{env:?}"
+    );
+    assert_injected(&out, "mesh", "25s", &[]);
+    // Not a pod that completes: no Job shutdown endpoint is written for it.
+    assert_eq!(
+        out["metadata"]["annotations"]["exitorder.io/sidecar-shutdown"],
+        Value::Null
+    );
+    w.stop().await;
+    ordered_through_the_webhook_as("image-preset", &pod, "mesh").await;
 }
 
 #[tokio::test]

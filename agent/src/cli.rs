@@ -29,6 +29,12 @@ pub enum Command {
     /// Run the admission webhook (a Deployment): pods annotated `exitorder.io/inject: "true"`
     /// get the share, the mounts and the waiting preStop on every sidecar.
     Webhook(WebhookArgs),
+    /// What exitorder will do with a pod, before it runs: what the webhook injects, who waits
+    /// for whom on deletion, the grace budget, the Job shutdown, the Pod Security profile
+    /// met, and warnings. Reads a Pod or a workload (Deployment, Job, CronJob, StatefulSet,
+    /// DaemonSet, ReplicaSet), YAML or JSON, several documents allowed. Exit status 2 when
+    /// the webhook would refuse a pod.
+    Explain(ExplainArgs),
     /// The demo on a private containerd: runs `exitorder-testbed demo` (a separate binary,
     /// not in the node image).
     #[command(disable_help_flag = true)]
@@ -37,6 +43,39 @@ pub enum Command {
     /// binary, not in the node image).
     #[command(disable_help_flag = true)]
     Bench(TestbedArgs),
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ExplainArgs {
+    /// The manifest: a file, or `-` for stdin.
+    pub file: PathBuf,
+    /// `text` for people, `json` (an array, one object per pod) for tools.
+    #[arg(short = 'o', long, value_enum, default_value_t = Output::Text)]
+    pub output: Output,
+    /// The webhook's `--handshake-volume`, as the chart's `webhook.handshakeVolume`.
+    #[arg(long, value_enum, default_value_t = crate::webhook::HandshakeVolume::EmptyDir)]
+    pub handshake_volume: crate::webhook::HandshakeVolume,
+    /// The agents' `--grace-reserve`, as the chart's `agent.graceReserve`.
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    pub grace_reserve: Duration,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Output {
+    Text,
+    Json,
+}
+
+impl ExplainArgs {
+    pub fn options(&self) -> crate::explain::Options {
+        crate::explain::Options {
+            settings: crate::webhook::Settings {
+                grace_reserve: self.grace_reserve,
+                handshake_volume: self.handshake_volume,
+                ..crate::webhook::Settings::default()
+            },
+        }
+    }
 }
 
 /// Arguments handed on to `exitorder-testbed` as they are.

@@ -31,12 +31,6 @@ impl Completes {
     }
 }
 
-/// Mesh proxies' shutdown endpoints, used when the pod's annotation names none.
-pub const SHUTDOWN_PRESETS: [(&str, &str); 2] = [
-    ("linkerd-proxy", "http://127.0.0.1:4191/shutdown"),
-    ("istio-proxy", "http://127.0.0.1:15020/quitquitquit"),
-];
-
 /// Whether a pod's sidecars are shut down when its work is done.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Participation {
@@ -75,14 +69,13 @@ pub fn completes(
 }
 
 /// The shutdown URL of each sidecar that has one: the pod's annotation (a JSON object of
-/// container to URL), else a mesh preset. A malformed annotation is reported and ignored:
+/// container to URL), else its preset's (see [`presets`](crate::presets)). A malformed annotation is reported and ignored:
 /// those sidecars are stopped through the runtime instead.
 pub fn shutdown_urls(
     annotations: &BTreeMap<String, String>,
 ) -> (BTreeMap<String, String>, Option<String>) {
-    let mut urls: BTreeMap<String, String> = SHUTDOWN_PRESETS
-        .iter()
-        .map(|(c, u)| ((*c).to_owned(), (*u).to_owned()))
+    let mut urls: BTreeMap<String, String> = crate::presets::shutdown_urls(annotations)
+        .map(|(c, u)| (c.to_owned(), u.to_owned()))
         .collect();
     let Some(value) = annotations.get(annotation::SIDECAR_SHUTDOWN) else {
         return (urls, None);
@@ -488,9 +481,17 @@ mod tests {
     fn shutdown_urls_from_presets_and_the_annotation() {
         let mut a = BTreeMap::new();
         let (urls, bad) = shutdown_urls(&a);
-        assert_eq!(urls["linkerd-proxy"], "http://127.0.0.1:4191/shutdown");
+        // Linkerd's is off unless the pod turns it on.
+        assert!(!urls.contains_key("linkerd-proxy"));
         assert_eq!(urls["istio-proxy"], "http://127.0.0.1:15020/quitquitquit");
         assert!(bad.is_none());
+        let presets = urls.len();
+        a.insert(
+            "config.linkerd.io/proxy-admin-shutdown".to_owned(),
+            "enabled".to_owned(),
+        );
+        let (urls, _) = shutdown_urls(&a);
+        assert_eq!(urls["linkerd-proxy"], "http://127.0.0.1:4191/shutdown");
         a.insert(
             annotation::SIDECAR_SHUTDOWN.to_owned(),
             r#"{"envoy": "http://127.0.0.1:9901/quitquitquit"}"#.to_owned(),
@@ -500,6 +501,6 @@ mod tests {
         a.insert(annotation::SIDECAR_SHUTDOWN.to_owned(), "[1]".to_owned());
         let (urls, bad) = shutdown_urls(&a);
         assert!(bad.is_some_and(|b| b.contains(annotation::SIDECAR_SHUTDOWN)));
-        assert_eq!(urls.len(), 2);
+        assert_eq!(urls.len(), presets + 1, "the presets alone");
     }
 }

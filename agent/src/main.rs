@@ -1,6 +1,8 @@
 use anyhow::Context;
 use clap::Parser;
-use exitorder::cli::{self, AgentArgs, Cli, Command, TestbedArgs, WebhookArgs};
+use exitorder::cli::{
+    self, AgentArgs, Cli, Command, ExplainArgs, Output, TestbedArgs, WebhookArgs,
+};
 use exitorder::{app, telemetry};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
@@ -12,6 +14,7 @@ async fn main() -> anyhow::Result<()> {
     match cli.command {
         Command::Agent(args) => run_agent(args).await,
         Command::Webhook(args) => run_webhook(args).await,
+        Command::Explain(args) => explain(&args),
         Command::Demo(args) => run_testbed("demo", args),
         Command::Bench(args) => run_testbed("bench", args),
     }
@@ -44,6 +47,25 @@ async fn run_webhook(args: WebhookArgs) -> anyhow::Result<()> {
         .run(on_signal())
         .instrument(tracing::info_span!("webhook"))
         .await;
+    Ok(())
+}
+
+fn explain(args: &ExplainArgs) -> anyhow::Result<()> {
+    use std::io::{Read, Write};
+    let mut text = String::new();
+    if args.file.as_os_str() == "-" {
+        std::io::stdin()
+            .read_to_string(&mut text)
+            .context("reading stdin")?;
+    } else {
+        text = std::fs::read_to_string(&args.file)
+            .with_context(|| format!("reading {}", args.file.display()))?;
+    }
+    let report = exitorder::explain::report(&text, &args.options(), args.output == Output::Json)?;
+    std::io::stdout().write_all(report.text.as_bytes())?;
+    if report.denied {
+        std::process::exit(2);
+    }
     Ok(())
 }
 

@@ -15,10 +15,6 @@ pub use exitorder_contract::env::PRIORITY as ENV;
 /// The OpenKruise proposal's env name; ours wins when both are set.
 pub use exitorder_contract::env::PRIORITY_KRUISE as ENV_KRUISE;
 
-/// Containers that opted-in pods order after everything else unless the pod names them: the
-/// mesh proxies whose early exit breaks in-flight requests.
-pub use exitorder_contract::PRESETS;
-
 /// Annotation values are user input; cap what we parse so a huge value costs nothing.
 const MAX_ANNOTATION_BYTES: usize = 64 * 1024;
 
@@ -125,19 +121,45 @@ pub fn resolve_as(
     env: Option<u8>,
     native: bool,
 ) -> u8 {
+    resolve_from(container, pod, env, native).0
+}
+
+/// Where a container's priority came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Source {
+    /// The pod's annotation names it.
+    Annotation,
+    /// Its own env.
+    Env,
+    /// An unnamed native sidecar.
+    NativeSidecar,
+    /// A preset, by the container's name.
+    Preset,
+    /// None of them: a main container.
+    Default,
+}
+
+/// [`resolve_as`], and which of its rules answered.
+pub fn resolve_from(
+    container: &str,
+    pod: Option<&PodPriorities>,
+    env: Option<u8>,
+    native: bool,
+) -> (u8, Source) {
     if let Some(n) = pod.and_then(|p| p.get(container)) {
-        return *n;
+        return (*n, Source::Annotation);
     }
     if let Some(n) = env {
-        return n;
+        return (n, Source::Env);
     }
     if native {
-        return NATIVE_DEFAULT;
+        return (NATIVE_DEFAULT, Source::NativeSidecar);
     }
-    PRESETS
-        .iter()
-        .find(|(name, _)| *name == container)
-        .map_or(0, |(_, n)| *n)
+    match crate::presets::by_name(container) {
+        Some(p) => (p.priority, Source::Preset),
+        None => (0, Source::Default),
+    }
 }
 
 #[cfg(test)]
@@ -208,6 +230,7 @@ mod tests {
         assert_eq!(resolve("linkerd-proxy", Some(&pod), Some(9)), 3);
         assert_eq!(resolve("linkerd-proxy", None, Some(9)), 9);
         assert_eq!(resolve("linkerd-proxy", None, None), 1);
+        assert_eq!(resolve("fluent-bit", None, None), 1);
         assert_eq!(resolve("istio-proxy", Some(&pod), None), 1);
         assert_eq!(resolve("app", Some(&pod), None), 0);
         assert_eq!(resolve("app", None, Some(2)), 2);
@@ -222,6 +245,23 @@ mod tests {
                 true
             ),
             2
+        );
+        let sources = [
+            resolve_from("linkerd-proxy", Some(&pod), None, false).1,
+            resolve_from("app", None, Some(2), false).1,
+            resolve_from("logs", None, None, true).1,
+            resolve_from("daprd", None, None, false).1,
+            resolve_from("app", None, None, false).1,
+        ];
+        assert_eq!(
+            sources,
+            [
+                Source::Annotation,
+                Source::Env,
+                Source::NativeSidecar,
+                Source::Preset,
+                Source::Default
+            ]
         );
     }
 }

@@ -101,9 +101,6 @@ pub mod env {
     pub const POD_UID: &str = "POD_UID";
 }
 
-/// Sidecars every opted-in pod orders without being told: priority 1 unless named.
-pub const PRESETS: &[(&str, u8)] = &[("linkerd-proxy", 1), ("istio-proxy", 1)];
-
 /// The kubelet's CRI labels and annotations, how the agent finds pods in the runtime.
 pub mod kubelet {
     pub const LABEL_POD_UID: &str = "io.kubernetes.pod.uid";

@@ -6,7 +6,8 @@
 //! and the result is a valid Pod that a second pass leaves unchanged (the API server may
 //! call the webhook again with its own output); and every entrypoint command the webhook
 //! wrote is one the entrypoint accepts (a refused one would fail the hook and leave the
-//! sidecar unordered).
+//! sidecar unordered). `exitorder explain` reads the same object without a panic, and says
+//! the webhook refuses it exactly when the mutation does.
 #![no_main]
 
 use std::collections::BTreeMap;
@@ -61,6 +62,13 @@ fuzz_target!(|data: &[u8]| {
             let before: Pod = serde_json::from_value(object.clone()).expect("it was read as a Pod");
             check_hooks(&before, &pod);
         }
+    }
+    let object = &request["object"];
+    let refused = matches!(mutate(object, &settings), Admission::Deny(_));
+    let options = exitorder::explain::Options { settings };
+    if let Ok(e) = exitorder::explain::explain("fuzz", object, &options) {
+        let denied = matches!(e.injection, exitorder::explain::Injection::Denied { .. });
+        assert_eq!(denied, refused, "{e:?}");
     }
 });
 

@@ -144,7 +144,7 @@ pub fn agent_pod(rendered: &str) -> Result<Value, TestbedError> {
     let docs = manifest::documents(rendered)?;
     let ds = manifest::find(&docs, "DaemonSet", None)
         .ok_or_else(|| TestbedError::BadSpec("the rendered chart has no DaemonSet".into()))?;
-    manifest::pod_of(ds)
+    Ok(manifest::pod_of(ds)?)
 }
 
 impl ChartAgent {

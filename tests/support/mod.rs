@@ -4,7 +4,6 @@
 #![allow(dead_code)]
 
 pub mod flood;
-pub mod pss;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};

@@ -160,12 +160,22 @@ enum Then {
     Args(Vec<String>),
 }
 
+/// Whether a preStop already runs the entrypoint (an earlier pass wrapped it): what makes a
+/// sidecar's exit wait for the agent.
+pub fn waits_for_agent(hook: &LifecycleHandler) -> bool {
+    hook.exec
+        .as_ref()
+        .and_then(|e| e.command.as_ref())
+        .and_then(|c| c.first())
+        .is_some_and(|first| first == mount::ENTRYPOINT)
+}
+
 fn then(hook: &LifecycleHandler, ports: &[k8s_openapi::api::core::v1::ContainerPort]) -> Then {
+    if waits_for_agent(hook) {
+        return Then::Wrapped;
+    }
     if let Some(exec) = &hook.exec {
         let command = exec.command.clone().unwrap_or_default();
-        if command.first().map(String::as_str) == Some(mount::ENTRYPOINT) {
-            return Then::Wrapped;
-        }
         if command.is_empty() {
             return Then::Args(Vec::new());
         }
@@ -319,12 +329,6 @@ fn unescape(s: &str) -> Vec<u8> {
     out
 }
 
-/// Readiness endpoints of the mesh proxies, for sidecars that declare no readinessProbe.
-const READY_PRESETS: [(&str, &str); 2] = [
-    ("linkerd-proxy", "http://127.0.0.1:4191/ready"),
-    ("istio-proxy", "http://127.0.0.1:15021/healthz/ready"),
-];
-
 /// Start order (`exitorder.io/await-sidecars`): each sidecar named gets a postStart hook that
 /// returns once it is ready; the ones returned are to move before the main containers, in
 /// their order (the kubelet starts containers one by one and waits for each postStart, so
@@ -378,15 +382,27 @@ fn await_hook(c: &mut Container) -> Result<(), String> {
 
 /// Where `c` says it is ready: its readinessProbe's httpGet, else its mesh preset.
 fn ready_url(c: &Container) -> Result<String, String> {
+    let preset = crate::presets::of(&c.name, c.image.as_deref());
+    // Readiness endpoints are turned on by the sidecar's flags, not by pod annotations: with
+    // none given, one that needs an annotation counts as off (the start is not held for it).
+    let args = super::presets::args_of(c);
+    let preset_url = preset
+        .and_then(|p| p.ready)
+        .filter(|e| e.served(&std::collections::BTreeMap::new(), Some(&args)))
+        .map(|e| e.url.to_owned());
+    if let Some(url) = preset_url
+        .clone()
+        .filter(|_| preset.is_some_and(|p| p.ready_over_probe))
+    {
+        return Ok(url);
+    }
     if let Some(get) = c.readiness_probe.as_ref().and_then(|p| p.http_get.as_ref()) {
         return http_url(get, c.ports.as_deref().unwrap_or_default())
             .map_err(|why| format!("its readinessProbe {why}"));
     }
-    READY_PRESETS
-        .iter()
-        .find(|(name, _)| *name == c.name)
-        .map(|(_, url)| (*url).to_owned())
-        .ok_or_else(|| "it has no httpGet readinessProbe and is not a known mesh proxy".to_owned())
+    preset_url.ok_or_else(|| {
+        "it has no httpGet readinessProbe and no preset with a readiness endpoint".to_owned()
+    })
 }
 
 /// `POD_UID` from the downward API: what the mount's `subPathExpr` expands.
@@ -625,6 +641,43 @@ mod tests {
         let (argv, warnings) = prestop(Some(https));
         assert!(argv.is_empty());
         assert!(warnings.iter().all(|w| w.contains("not ordered")) && !warnings.is_empty());
+    }
+
+    #[test]
+    fn preset_readiness_endpoints() {
+        use k8s_openapi::api::core::v1::Probe;
+        let c = |name: &str, image: &str, args: &[&str]| Container {
+            name: name.into(),
+            image: Some(image.into()),
+            args: Some(args.iter().map(|a| (*a).to_owned()).collect()),
+            ..Container::default()
+        };
+        // daprd's own probe waits for the app: its outbound check is used instead.
+        let mut daprd = c("daprd", "ghcr.io/dapr/daprd:1.14", &[]);
+        daprd.readiness_probe = Some(Probe {
+            http_get: Some(HTTPGetAction {
+                path: Some("/v1.0/healthz".into()),
+                ..get(IntOrString::Int(3501))
+            }),
+            ..Probe::default()
+        });
+        assert_eq!(
+            ready_url(&daprd).as_deref(),
+            Ok("http://127.0.0.1:3500/v1.0/healthz/outbound")
+        );
+        // A flag-enabled endpoint only with its flag.
+        let sql = c("cloud-sql-proxy", "x", &["p:r:db"]);
+        assert!(ready_url(&sql).is_err());
+        let sql = c("cloud-sql-proxy", "x", &["--health-check", "p:r:db"]);
+        assert_eq!(
+            ready_url(&sql).as_deref(),
+            Ok("http://127.0.0.1:9090/readiness")
+        );
+        // Known by image.
+        assert_eq!(
+            ready_url(&c("dp", "docker.io/kumahq/kuma-dp:2.9.0", &[])).as_deref(),
+            Ok("http://127.0.0.1:9902/ready")
+        );
     }
 
     #[test]

@@ -3,6 +3,7 @@
 //!
 //! - [`mutate`]: the mutation, a pure function of the pod;
 //! - [`inject`]: what one sidecar gets;
+//! - [`presets`]: what a sidecar known by its image only gets;
 //! - [`review`]: AdmissionReview JSON in and out;
 //! - [`tls`]: the serving certificate, reloaded when it changes;
 //! - [`server`]: the HTTPS endpoint.
@@ -11,6 +12,7 @@ pub mod guard;
 pub mod inject;
 pub mod mutate;
 pub mod podlocal;
+pub mod presets;
 pub mod review;
 pub mod server;
 pub mod tls;

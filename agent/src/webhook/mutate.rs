@@ -82,7 +82,7 @@ impl Admission {
 }
 
 /// Kubernetes' default terminationGracePeriodSeconds.
-const DEFAULT_GRACE_SECONDS: i64 = 30;
+pub const DEFAULT_GRACE_SECONDS: i64 = 30;
 
 /// Whether the pod asks for injection (`"true"` under our name or the Kruise alias).
 pub fn opted_in(annotations: &BTreeMap<String, String>) -> bool {
@@ -203,15 +203,18 @@ fn moves_first(names: &[String], first: &[String]) -> Vec<json_patch::PatchOpera
 }
 
 /// One container the rules look at: a main container or a native sidecar.
-struct Member {
-    name: String,
-    native: bool,
-    priority: u8,
+#[derive(Debug, Clone)]
+pub struct Member {
+    pub name: String,
+    pub native: bool,
+    pub priority: u8,
+    /// Which rule gave the priority.
+    pub source: priority::Source,
 }
 
 /// The pod's containers and native sidecars with their exit priorities, as the agent will
 /// resolve them; an error names the bad annotation or env.
-fn members(pod: &Pod, named: Option<&PodPriorities>) -> Result<Vec<Member>, String> {
+pub fn members(pod: &Pod, named: Option<&PodPriorities>) -> Result<Vec<Member>, String> {
     let Some(spec) = pod.spec.as_ref() else {
         return Ok(Vec::new());
     };
@@ -225,16 +228,18 @@ fn members(pod: &Pod, named: Option<&PodPriorities>) -> Result<Vec<Member>, Stri
     main.chain(native)
         .map(|(c, native)| {
             let env = env_priority(c)?;
+            let (priority, source) = priority::resolve_from(&c.name, named, env, native);
             Ok(Member {
                 name: c.name.clone(),
                 native,
-                priority: priority::resolve_as(&c.name, named, env, native),
+                priority,
+                source,
             })
         })
         .collect()
 }
 
-fn is_native(c: &Container) -> bool {
+pub fn is_native(c: &Container) -> bool {
     c.restart_policy.as_deref() == Some("Always")
 }
 
@@ -259,6 +264,7 @@ fn inject_into(
     let named =
         priority::from_annotations(annotations.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .map_err(|e| e.to_string())?;
+    super::presets::write(pod, named.as_ref());
     let members = members(pod, named.as_ref())?;
     if let Some(named) = &named {
         let key = if annotations.contains_key(priority::ANNOTATION) {
@@ -398,7 +404,7 @@ fn all_names(pod: &Pod) -> Vec<&str> {
 
 /// Refuses priorities the kubelet's stop order cannot satisfy: the pod would be held to its
 /// deadline on every deletion.
-fn check_stop_order(members: &[Member], order: &StopOrder) -> Result<(), String> {
+pub fn check_stop_order(members: &[Member], order: &StopOrder) -> Result<(), String> {
     let prios: Vec<(&str, u8)> = members
         .iter()
         .map(|m| (m.name.as_str(), m.priority))
@@ -442,7 +448,7 @@ fn check_stop_order(members: &[Member], order: &StopOrder) -> Result<(), String>
 
 /// The entrypoint's own deadline: the pod's grace period minus the agent's reserve, and at
 /// least a second.
-fn entrypoint_timeout(grace_seconds: i64, reserve: Duration) -> Duration {
+pub fn entrypoint_timeout(grace_seconds: i64, reserve: Duration) -> Duration {
     let grace = Duration::from_secs(u64::try_from(grace_seconds).unwrap_or(0));
     grace.saturating_sub(reserve).max(Duration::from_secs(1))
 }

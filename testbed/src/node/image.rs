@@ -1,5 +1,5 @@
 //! Container images without a registry: a docker-archive tarball built by hand (one layer
-//! holding a static busybox and its applet links) with two tags, a shell image and a pause
+//! holding a static busybox and its applet links) with three tags, a shell image and a pause
 //! image, imported into each node with `ctr images import`.
 
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
@@ -15,6 +15,9 @@ use super::TestbedError;
 pub const BUSYBOX_IMAGE: &str = "exitorder.local/busybox:1";
 /// The same image under the name users' pods give it (`image: busybox:1.36`).
 pub const BUSYBOX_USER_IMAGE: &str = "docker.io/library/busybox:1.36";
+/// The same image under a preset sidecar's image name (istio's proxy): pods whose sidecar
+/// exitorder knows by its image only run on the bed.
+pub const PRESET_STAND_IN_IMAGE: &str = "docker.io/istio/proxyv2:exitorder-stand-in";
 /// The sandbox ("pause") image: the same layer, running `sleep infinity`.
 pub const PAUSE_IMAGE: &str = "exitorder.local/pause:1";
 
@@ -172,7 +175,7 @@ fn build() -> Result<Vec<u8>, TestbedError> {
     )?;
     let layer_name = format!("{digest}/layer.tar");
     let manifest = serde_json::json!([
-        {"Config": "busybox.json", "RepoTags": [BUSYBOX_IMAGE, BUSYBOX_USER_IMAGE], "Layers": [layer_name]},
+        {"Config": "busybox.json", "RepoTags": [BUSYBOX_IMAGE, BUSYBOX_USER_IMAGE, PRESET_STAND_IN_IMAGE], "Layers": [layer_name]},
         {"Config": "pause.json", "RepoTags": [PAUSE_IMAGE], "Layers": [layer_name]},
     ]);
     write(

@@ -30,7 +30,7 @@ pub use containerd::{runc_from_env, runtime_env_var, runtime_from_env, RUNC_IDMA
 pub(crate) use cpu::CpuLayout;
 pub use cpu::{Tier, AGENT_CPU_REQUEST_MILLI};
 pub use exitfiles::{ExitFileEvents, ExitFileProbe};
-pub use image::{find_busybox, BUSYBOX_IMAGE, PAUSE_IMAGE};
+pub use image::{find_busybox, BUSYBOX_IMAGE, PAUSE_IMAGE, PRESET_STAND_IN_IMAGE};
 
 use crate::kubelet::{RunOptions, RunningPod};
 use serde_json::Value;

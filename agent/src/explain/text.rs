@@ -1,0 +1,147 @@
+//! The human rendering of an [`Explanation`].
+
+use std::fmt::Write;
+
+use super::{Explanation, Injection, Member};
+use crate::priority::Source;
+
+/// The explanation as text for a terminal, ending in a newline. Names and reasons come from
+/// the manifest: control characters are escaped, so none reaches the terminal.
+pub fn render(e: &Explanation) -> String {
+    let mut out = String::new();
+    // Writing to a String cannot fail.
+    let _ = write_all(&mut out, e);
+    let mut clean = String::with_capacity(out.len());
+    for c in out.chars() {
+        if c.is_control() && c != '\n' {
+            clean.extend(c.escape_default());
+        } else {
+            clean.push(c);
+        }
+    }
+    clean
+}
+
+fn write_all(o: &mut String, e: &Explanation) -> std::fmt::Result {
+    writeln!(o, "{}", e.object)?;
+    writeln!(o)?;
+    match &e.injection {
+        Injection::NotRequested => writeln!(
+            o,
+            "Webhook: nothing injected (the pod does not ask: exitorder.io/inject: \"true\")"
+        )?,
+        Injection::Denied { reason } => writeln!(o, "Webhook: REFUSES the pod: {reason}")?,
+        Injection::Injected { handshake, changes } => {
+            writeln!(
+                o,
+                "Webhook: injects, handshake in {handshake}, {} change(s):",
+                changes.len()
+            )?;
+            for c in changes {
+                writeln!(o, "  {c}")?;
+            }
+        }
+    }
+    writeln!(o)?;
+    if e.exit.ordered {
+        writeln!(o, "On deletion (exits in this order):")?;
+    } else {
+        writeln!(
+            o,
+            "On deletion: not ordered (the pod did not opt in); priorities would be:"
+        )?;
+    }
+    let mut members: Vec<&Member> = e.exit.members.iter().collect();
+    members.sort_by_key(|m| m.priority);
+    for m in members {
+        let waits = if m.waits_for.is_empty() {
+            "exits at once".to_owned()
+        } else {
+            format!("waits for {}", m.waits_for.join(", "))
+        };
+        let prestop = if m.priority > 0 && !m.waits_in_prestop {
+            ", no waiting preStop"
+        } else {
+            ""
+        };
+        writeln!(
+            o,
+            "  priority {:>3}  {}{} ({}){}: {waits}",
+            m.priority,
+            m.name,
+            if m.native { " [native sidecar]" } else { "" },
+            source(m),
+            prestop,
+        )?;
+    }
+    if !e.exit.native_stop_order.is_empty() {
+        writeln!(
+            o,
+            "  the kubelet stops native sidecars after every main container, in this order: {}",
+            e.exit.native_stop_order.join(", ")
+        )?;
+    }
+    writeln!(
+        o,
+        "  grace period {} s: waiting sidecars are released by {} s after the deletion at the \
+         latest ({} s kept for them to drain)",
+        e.grace.grace_period_seconds, e.grace.release_by_seconds, e.grace.reserve_seconds
+    )?;
+    writeln!(o)?;
+    match e.job.shutdown.as_str() {
+        "on" => {
+            writeln!(
+                o,
+                "When the work is done (restartPolicy {}): sidecars shut down, lowest priority \
+                 first:",
+                e.job.restart_policy.as_deref().unwrap_or("?")
+            )?;
+            for s in &e.job.steps {
+                writeln!(
+                    o,
+                    "  priority {:>3}  {}: {}",
+                    s.priority, s.container, s.how
+                )?;
+            }
+            if e.job.steps.is_empty() {
+                writeln!(o, "  (no sidecars)")?;
+            }
+        }
+        "opted-out" => writeln!(
+            o,
+            "When the work is done: sidecars left running \
+             (exitorder.io/terminate-sidecars-on-completion: \"false\")"
+        )?,
+        _ => writeln!(
+            o,
+            "When the work is done: nothing (not a completing pod, or not opted in)"
+        )?,
+    }
+    writeln!(o)?;
+    writeln!(o, "Pod Security: meets {}", e.pod_security.profile.as_str())?;
+    for v in &e.pod_security.restricted_refuses {
+        writeln!(o, "  restricted refuses: {v}")?;
+    }
+    if !e.warnings.is_empty() {
+        writeln!(o)?;
+        writeln!(o, "Warnings:")?;
+        for w in &e.warnings {
+            writeln!(o, "  [{}] {}", w.code, w.message)?;
+        }
+    }
+    Ok(())
+}
+
+fn source(m: &Member) -> String {
+    let preset = m.preset.as_deref().unwrap_or("?");
+    match m.priority_from {
+        Source::Annotation => "from the pod's annotation".to_owned(),
+        Source::Env => match &m.preset {
+            Some(_) => format!("from its env; preset {preset}"),
+            None => "from its env".to_owned(),
+        },
+        Source::NativeSidecar => "a native sidecar".to_owned(),
+        Source::Preset => format!("preset {preset}"),
+        Source::Default => "main container".to_owned(),
+    }
+}
