@@ -52,8 +52,7 @@ async fn sidecar_exits_after_main() {
         (Some(c), Some(a), Some(r)) => assert!(c <= a && a <= r, "{}", bed.context(&d)),
         _ => panic!("incomplete handshake {ev:?}{}", bed.context(&d)),
     }
-    let allow = bed.allowed(&uid, "proxy").await;
-    assert_eq!(allow.field("reason").as_deref(), Some("ordered"));
+    bed.allowed_ordered(&uid, "proxy", "").await;
     // The timeline of the pod has every step, in the kubelet's order.
     let t = &d.timeline;
     let at = |c: &str, f: &dyn Fn(&What) -> bool| t.first(c, f).map(|e| e.at_ns);
@@ -88,8 +87,7 @@ async fn three_levels_exit_in_order() {
         assert_eq!(d.container(name).map(|c| c.exit_code), Some(0), "{name}");
     }
     for name in ["proxy", "log-shipper"] {
-        let allow = bed.allowed(&uid, name).await;
-        assert_eq!(allow.field("reason").as_deref(), Some("ordered"), "{name}");
+        bed.allowed_ordered(&uid, name, "").await;
     }
     bed.finish().await;
 }
@@ -192,13 +190,7 @@ async fn restarted_agent_answers_a_pending_wait() {
     bed.show("restarted_agent_answers_a_pending_wait", &d);
     assert_exited_after(&bed, &d, "proxy", "app");
     // The answer came from the new agent, and in order.
-    let allow = bed.allowed(&uid, "proxy").await;
-    assert_eq!(
-        allow.field("reason").as_deref(),
-        Some("ordered"),
-        "{}",
-        bed.context(&d)
-    );
+    bed.allowed_ordered(&uid, "proxy", &bed.context(&d)).await;
     assert_eq!(d.container("proxy").map(|c| c.exit_code), Some(0));
     bed.finish().await;
 }

@@ -252,8 +252,7 @@ async fn agent_killed_mid_drain_its_successor_answers_every_wait_in_order() {
     assert_exited_after(&bed, &d, "proxy", "app");
     assert_exited_after(&bed, &d, "log-shipper", "proxy");
     for c in ["proxy", "log-shipper"] {
-        let allow = bed.allowed(&uid, c).await;
-        assert_eq!(allow.field("reason").as_deref(), Some("ordered"), "{c}");
+        bed.allowed_ordered(&uid, c, "").await;
     }
     bed.finish().await;
 }
@@ -550,8 +549,7 @@ async fn a_full_disk_delays_the_allow_never_corrupts_it() {
     assert_eq!(names, ["exit"], "{}", dir.display());
     // Space again: the next try answers.
     std::fs::remove_file(&filler).expect("free the disk");
-    let allow = bed.allowed(&uid, "proxy").await;
-    assert_eq!(allow.field("reason").as_deref(), Some("ordered"));
+    bed.allowed_ordered(&uid, "proxy", "").await;
     let d = deletion.await.expect("delete task").expect("delete pod");
     bed.show("a_full_disk_delays_the_allow_never_corrupts_it", &d);
     assert_exited_after(&bed, &d, "proxy", "app");

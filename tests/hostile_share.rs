@@ -578,13 +578,7 @@ async fn hostile_share_contents_are_refused_while_real_exits_are_answered() {
 
     // The real pod: the proxy left after the app, let go by the order, in bounded time.
     assert_exited_after(&bed, &d, "proxy", "app");
-    let allow = bed.allowed(&uid, "proxy").await;
-    assert_eq!(
-        allow.field("reason").as_deref(),
-        Some("ordered"),
-        "{}",
-        bed.context(&d)
-    );
+    bed.allowed_ordered(&uid, "proxy", &bed.context(&d)).await;
     let hook = d
         .container("proxy")
         .and_then(|c| c.prestop.as_ref())

@@ -959,7 +959,7 @@ async fn the_charts_agent_from_the_image_orders_the_examples() {
                 })
                 .await
                 .unwrap_or_else(|e| panic!("{e}"));
-            assert_eq!(allow.field("reason").as_deref(), Some("ordered"), "{name}");
+            support::assert_reason_ordered(&allow, name);
         }
         assert!(
             d.containers.iter().all(|c| c.exit_code == 0),

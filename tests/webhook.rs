@@ -1112,13 +1112,7 @@ async fn ordered_through_the_webhook_as(example_name: &str, pod: &Value, sidecar
     for c in &d.containers {
         assert_eq!(c.exit_code, 0, "{}{}", c.name, bed.context(&d));
     }
-    let allow = bed.allowed(&uid, sidecar).await;
-    assert_eq!(
-        allow.field("reason").as_deref(),
-        Some("ordered"),
-        "{}",
-        bed.context(&d)
-    );
+    let allow = bed.allowed_ordered(&uid, sidecar, &bed.context(&d)).await;
     let app_finished = d.container("app").expect("app").finished_at_ns;
     let allowed_at = allow.at_ns().expect("timestamped");
     // The runtime stamps `finished_at` when its shim has reaped the process, after the
@@ -1245,13 +1239,7 @@ async fn the_agent_keeps_the_kubelets_order_for_native_sidecars_on_the_bed() {
     bed.show("native_order", &d);
     for sidecar in ["istio-proxy", "logs"] {
         assert_exited_after(&bed, &d, sidecar, "app");
-        let allow = bed.allowed(&uid, sidecar).await;
-        assert_eq!(
-            allow.field("reason").as_deref(),
-            Some("ordered"),
-            "{sidecar}{}",
-            bed.context(&d)
-        );
+        bed.allowed_ordered(&uid, sidecar, &bed.context(&d)).await;
     }
     // The kubelet's order: logs (declared last) stopped before istio-proxy.
     assert_exited_after(&bed, &d, "istio-proxy", "logs");

@@ -173,13 +173,7 @@ impl Bed {
     /// Asserts `later` exited after `earlier` and was let go by the order (`ordered`).
     pub async fn assert_ordered(&self, d: &Deletion, uid: &str, later: &str, earlier: &str) {
         assert_exited_after(self, d, later, earlier);
-        let allow = self.allowed(uid, later).await;
-        assert_eq!(
-            allow.field("reason").as_deref(),
-            Some("ordered"),
-            "{later}{}",
-            self.context(d)
-        );
+        self.allowed_ordered(uid, later, &self.context(d)).await;
     }
 
     /// Waits until the agent holds `container` of pod `uid` (its preStop waits, in order).
@@ -192,6 +186,14 @@ impl Bed {
             )
             .await
             .unwrap_or_else(|e| panic!("{e}"));
+    }
+
+    /// Waits for the agent's allow of `container` of pod `uid` and asserts the order let it
+    /// go (`reason=ordered`); `context` ends the failure's message.
+    pub async fn allowed_ordered(&self, uid: &str, container: &str, context: &str) -> LogLine {
+        let allow = self.allowed(uid, container).await;
+        assert_reason_ordered(&allow, &format!("{container}{context}"));
+        allow
     }
 
     /// Waits for the agent's allow of `container` of pod `uid`.
@@ -442,4 +444,9 @@ pub fn project_image(node: &Node) -> Option<String> {
     let image = exitorder_testbed::demo::import_project_image(node, &archive)
         .unwrap_or_else(|e| panic!("{e:#}"));
     Some(image.to_owned())
+}
+
+/// Asserts an allow was the order's (`reason=ordered`), not the deadline's or another.
+pub fn assert_reason_ordered(allow: &LogLine, what: &str) {
+    assert_eq!(allow.field("reason").as_deref(), Some("ordered"), "{what}");
 }

@@ -642,13 +642,16 @@ fn disabled_endpoint(
         Enabler::Arg(flag) => format!("run it with {flag}"),
     };
     let off = !endpoint.served(annotations, Some(&crate::webhook::presets::args_of(c)));
+    let who = if c.name == preset.name() {
+        format!("{:?}", c.name)
+    } else {
+        format!("{:?} ({})", c.name, preset.name())
+    };
     off.then(|| Warning {
         code: "shutdown-disabled",
         message: format!(
-            "{} ({}) serves {} only when enabled, and it is not here: {}; {enable} for a clean \
+            "{who} serves {} only when enabled, and it is not here: {}; {enable} for a clean \
              exit",
-            c.name,
-            preset.name(),
             endpoint.url,
             if how == "stop" {
                 "it is stopped through the runtime when the Job's work is done".to_owned()
