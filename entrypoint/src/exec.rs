@@ -5,7 +5,7 @@
 //! when the grace period runs out.
 
 use crate::cli::Exec;
-use crate::log::Lossy;
+use crate::lossy::Lossy;
 use crate::sys::{self, OsError};
 
 /// Shell convention: the command was not found.

@@ -53,10 +53,10 @@ fn at(step: &'static str) -> impl FnOnce(OsError) -> Failure {
 /// Runs `install`; the process's exit status.
 pub fn run(args: &InstallArgs) -> u8 {
     let dir = without_trailing_slashes(&args.dir);
-    let shown = log::Lossy(dir.to_bytes());
+    let shown = crate::lossy::Lossy(dir.to_bytes());
     match install(&dir) {
         Ok(size) => {
-            let name = log::Lossy(NAME.to_bytes());
+            let name = crate::lossy::Lossy(NAME.to_bytes());
             log!("installed {shown}/{name} ({size} bytes, mode 0555)");
             0
         }

@@ -25,6 +25,7 @@ pub mod exec;
 pub mod http;
 pub mod install;
 pub mod log;
+pub mod lossy;
 pub mod prestop;
 pub mod sys;
 pub mod url;

@@ -24,7 +24,7 @@ use crate::duration;
 use crate::endpoint;
 use crate::exec;
 use crate::log;
-use crate::log::Lossy;
+use crate::lossy::Lossy;
 use crate::sys::{self, Instant, SignalFd};
 use crate::wait::{ExitRequest, Outcome, POLL_FALLBACK};
 

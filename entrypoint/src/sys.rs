@@ -48,7 +48,7 @@ impl fmt::Display for OsError {
             Some(detail) => write!(
                 f,
                 "{} (os error {})",
-                crate::log::Lossy(detail.to_bytes()),
+                crate::lossy::Lossy(detail.to_bytes()),
                 self.0
             ),
             None => write!(f, "os error {}", self.0),

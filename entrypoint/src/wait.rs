@@ -31,7 +31,7 @@ use core::ffi::{c_int, CStr};
 use core::fmt;
 use core::time::Duration;
 
-use crate::log::Lossy;
+use crate::lossy::Lossy;
 use crate::sys::{self, Fd, Instant, OsError, SignalFd};
 
 /// Name of the request/answer file inside the directory.

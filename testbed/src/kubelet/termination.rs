@@ -15,7 +15,6 @@ use super::actions::{self, Target};
 use super::container::{request, MAX_RUNTIME_SECONDS, MIN_GRACE_SECONDS};
 use super::exits::ExitInfo;
 use super::plan::{Kind, PodPlan};
-use super::worker::cgroup_of;
 use super::{config, DeleteOptions, Phase, PodCtx, Timeline, What};
 use crate::node::cleanup::{
     remove_cgroup, shim_alive, shim_pid, wait_shim_gone, SHIM_EXIT_TIMEOUT,
@@ -479,7 +478,7 @@ async fn remove_sandbox(ctx: &PodCtx) -> Result<(), TestbedError> {
         Some(pid) => wait_shim_gone(pid, SHIM_EXIT_TIMEOUT).await,
         None => true,
     };
-    let cgroup = cgroup_of(&ctx.node, &ctx.plan);
+    let cgroup = ctx.plan.cgroup(&ctx.node.cgroup_root);
     let cgroup_problems = remove_cgroup(&cgroup).await;
     if let Some(cpu) = &ctx.node.cpu {
         cpu.remove_pod(&cgroup);

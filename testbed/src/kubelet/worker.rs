@@ -125,7 +125,7 @@ pub(crate) async fn start(
     std::fs::create_dir_all(&log_directory)
         .map_err(|e| TestbedError::io("create", &log_directory, e))?;
     // The kubelet makes the pod's cgroup, weighted by its CPU request, before the sandbox.
-    let cgroup = cgroup_of(&node, &plan);
+    let cgroup = plan.cgroup(&node.cgroup_root);
     if let Some(cpu) = &node.cpu {
         cpu.add_pod(Tier::of(plan.cpu_request_milli), &cgroup)
             .map_err(|e| TestbedError::io("create the cgroup of", &pod_dir, e))?;
@@ -172,11 +172,6 @@ pub(crate) async fn start(
     let span = tracing::info_span!("testbed_pod", pod = %ctx.plan.name);
     tokio::spawn(work(Arc::clone(&ctx), rx).instrument(span));
     Ok(RunningPod { ctx, commands })
-}
-
-/// The pod's cgroup (relative to each hierarchy), in its QoS tier as the kubelet places it.
-pub(crate) fn cgroup_of(node: &NodeShared, plan: &PodPlan) -> String {
-    Tier::of(plan.cpu_request_milli).pod_cgroup(&node.cgroup_root, &plan.uid)
 }
 
 /// Every image the pod names must be in the node's store: nothing is pulled here.

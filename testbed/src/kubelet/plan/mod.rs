@@ -218,6 +218,12 @@ pub struct PodPlan {
 }
 
 impl PodPlan {
+    /// The pod's cgroup (relative to each hierarchy, under the node's `root`), in its QoS
+    /// tier as the kubelet places it.
+    pub fn cgroup(&self, root: &str) -> String {
+        crate::node::Tier::of(self.cpu_request_milli).pod_cgroup(root, &self.uid)
+    }
+
     /// Every container, init containers first.
     pub fn all(&self) -> impl Iterator<Item = &ContainerPlan> {
         self.init.iter().chain(&self.containers)
