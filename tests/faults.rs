@@ -414,7 +414,20 @@ async fn a_share_root_removed_under_its_mount_stops_the_agent_for_a_fresh_mount(
     let mut agent = AgentProcess::start(&opts)
         .await
         .unwrap_or_else(|e| panic!("agent did not start: {e}"));
-    std::fs::remove_dir_all(&host).expect("remove the host directory");
+    // The agent may still be making its start-up entries in it (`bin/`, `pods/`): a removal
+    // that finds one new is done again until the directory is gone, within a deadline.
+    let deadline = std::time::Instant::now() + secs(10);
+    loop {
+        match std::fs::remove_dir_all(&host) {
+            Ok(()) => break,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => break,
+            Err(e) if std::time::Instant::now() < deadline => {
+                eprintln!("removing the host directory again: {e}");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(e) => panic!("remove the host directory: {e}"),
+        }
+    }
     let status = agent
         .wait_exit(secs(30))
         .await
