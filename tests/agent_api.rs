@@ -8,12 +8,12 @@ mod rig;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use exitorder::cluster::recorder::{REASON_ALLOWED, REASON_DEADLINE, REPORTING_CONTROLLER};
 use exitorder::cri::ContainerState;
+use exitorder::decide::priority::ANNOTATION;
 use exitorder::decide::Reason;
-use exitorder::priority::ANNOTATION;
-use exitorder::recorder::{REASON_ALLOWED, REASON_DEADLINE, REPORTING_CONTROLLER};
 use exitorder::stats::Stats;
-use exitorder::{cluster, metrics};
+use exitorder::{cluster, serve::metrics};
 use fakeapi::{FakeApi, ServedApi};
 use fakecri::pod_name;
 use rig::*;

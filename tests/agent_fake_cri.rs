@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 
 use exitorder::agent::Config;
 use exitorder::cri::{ContainerEventType, ContainerState};
+use exitorder::decide::priority::ANNOTATION;
 use exitorder::decide::Reason;
-use exitorder::priority::ANNOTATION;
 use rig::*;
 use support::parse_metrics;
 
@@ -275,7 +275,7 @@ async fn a_dynamically_linked_entrypoint_is_refused_and_the_agent_stays_not_read
     rig.start_agent_with(|cfg| cfg.entrypoint_binary = Some(dynamic.clone()));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let http = tokio::spawn(exitorder::metrics::serve(
+    let http = tokio::spawn(exitorder::serve::metrics::serve(
         listener,
         rig.stats.clone(),
         tokio_util::sync::CancellationToken::new(),
@@ -302,7 +302,7 @@ async fn a_dynamically_linked_entrypoint_is_refused_and_the_agent_stays_not_read
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_static_entrypoint_is_installed() {
     let busybox = std::path::Path::new("/bin/busybox");
-    if !exitorder::elf::is_static_elf(busybox).unwrap_or(false) {
+    if !exitorder::handshake::elf::is_static_elf(busybox).unwrap_or(false) {
         // Only where busybox-static is installed (every end-to-end machine).
         return;
     }
@@ -326,7 +326,7 @@ async fn metrics_and_health_endpoints() {
     rig.start_agent();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let http = tokio::spawn(exitorder::metrics::serve(
+    let http = tokio::spawn(exitorder::serve::metrics::serve(
         listener,
         rig.stats.clone(),
         tokio_util::sync::CancellationToken::new(),

@@ -20,10 +20,10 @@ use std::time::Duration;
 
 use exitorder::agent::Config;
 use exitorder::cri::ContainerState;
+use exitorder::decide::priority::ANNOTATION;
 use exitorder::decide::Reason;
-use exitorder::priority::ANNOTATION;
 use exitorder::stats::Stats;
-use exitorder::{cluster, metrics};
+use exitorder::{cluster, serve::metrics};
 use fakeapi::FakeApi;
 use fakecri::pod_name;
 use rig::*;

@@ -23,18 +23,18 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
-use exitorder::bounds::{Later as _, MAX_SPAN};
-use exitorder::completion::{self, Member, Participation, Step};
+use exitorder::cluster::podwatch::ApiPod;
 use exitorder::cri::{
     Container, ContainerEventResponse, ContainerMetadata, ContainerStatus, ContainerStatusResponse,
     PodSandbox, PodSandboxMetadata,
 };
+use exitorder::decide::bounds::{Later as _, MAX_SPAN};
+use exitorder::decide::facts::{self, Clock, DEFAULT_GRACE};
+use exitorder::decide::restart::{Policy, Restart};
 use exitorder::decide::{self, Deletion, Reason, RunState, Verdict};
-use exitorder::facts::{self, Clock, DEFAULT_GRACE};
-use exitorder::podwatch::ApiPod;
-use exitorder::restart::{Policy, Restart};
+use exitorder::jobs::completion::{self, Member, Participation, Step};
+use exitorder::runtime::source;
 use exitorder::runtime::{self, ANNOTATION_GRACE, LABEL_CONTAINER_NAME, LABEL_POD_UID};
-use exitorder::source;
 use exitorder::view::{Change, ContainerInfo, EnvPriority, Listing, NodeView, SandboxInfo};
 use exitorder::webhook::{review, Settings};
 use exitorder_contract::annotation;
@@ -1205,7 +1205,7 @@ proptest! {
             // Times of any size, saturated as the agent's own are.
             let now = base.later(Duration::from_nanos(later[i % later.len()]));
             let env = if info.attempt % 3 == 0 {
-                Err(exitorder::priority::PriorityError::BadEnv { name: id.clone(), value: uid.clone() })
+                Err(exitorder::decide::priority::PriorityError::BadEnv { name: id.clone(), value: uid.clone() })
             } else {
                 Ok(u8::try_from(info.attempt % 300).ok())
             };

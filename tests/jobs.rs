@@ -287,7 +287,7 @@ async fn a_sidecar_that_fails_its_shutdown_is_reported() {
         .await;
     let ev = events
         .iter()
-        .find(|e| e["reason"] == exitorder::recorder::REASON_SHUTDOWN_FAILED)
+        .find(|e| e["reason"] == exitorder::cluster::recorder::REASON_SHUTDOWN_FAILED)
         .unwrap_or_else(|| panic!("no shutdown event in {events:?}"));
     assert_eq!(ev["type"], "Warning");
     assert_eq!(ev["regarding"]["uid"], running.uid());

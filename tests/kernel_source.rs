@@ -34,7 +34,7 @@ fn options(node: &exitorder_testbed::Node) -> AgentOptions {
     opts.grace_reserve = Duration::from_secs(3);
     opts.env.push((
         "EXITORDER_LOG".to_owned(),
-        "info,exitorder::kernel=debug".to_owned(),
+        "info,exitorder::runtime::kernel=debug".to_owned(),
     ));
     opts
 }

@@ -211,7 +211,7 @@ async fn the_arm64_agent_orders_a_pod() {
         std::os::unix::fs::PermissionsExt::from_mode(0o755),
     )
     .expect("chmod");
-    exitorder::bindir::install(&node.bin_dir(), support::static_entrypoint())
+    exitorder::handshake::bindir::install(&node.bin_dir(), support::static_entrypoint())
         .unwrap_or_else(|e| panic!("the amd64 entrypoint into the bin directory: {e}"));
     let mut opts = AgentOptions::new(&wrapper, &node, support::static_entrypoint());
     // Emulated, it starts slower than natively.

@@ -105,7 +105,8 @@ fn run_promtool(promtool: &Path, what: &[&str], file: &Path) -> (bool, String) {
 /// Every metric family the agent and the webhook export, with the `label="value"` pairs
 /// their samples carry (every closed set of series is exported from the start, zero or not).
 fn exported() -> (BTreeSet<String>, BTreeSet<String>) {
-    let text = exitorder::metrics::render(&Stats::default()) + &WebhookStats::default().render();
+    let text =
+        exitorder::serve::metrics::render(&Stats::default()) + &WebhookStats::default().render();
     let mut names = BTreeSet::new();
     let mut pairs = BTreeSet::new();
     for line in text.lines() {

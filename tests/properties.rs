@@ -13,11 +13,11 @@
 
 use std::time::{Duration, Instant};
 
+use exitorder::decide::facts::unsettled_exits;
+use exitorder::decide::stoporder::StopOrder;
 use exitorder::decide::{
     decide, newest_attempts, Attempt, Deletion, PodFacts, Reason, RunState, Verdict,
 };
-use exitorder::facts::unsettled_exits;
-use exitorder::stoporder::StopOrder;
 use exitorder::view::{Change, ContainerInfo, Listing, NodeView, SandboxInfo};
 use proptest::prelude::*;
 

@@ -9,7 +9,7 @@ mod rig;
 use std::time::{Duration, Instant};
 
 use exitorder::cri::ContainerEventType;
-use exitorder::restart::RestartRecord;
+use exitorder::decide::restart::RestartRecord;
 use exitorder_contract::annotation;
 use fakecri::FakeCri;
 use rig::{source_becomes, Rig, APP_UID};

@@ -303,7 +303,7 @@ async fn agent_endpoint_under_flood(what: &str, peers: &[[u8; 4]]) {
     stats.set_watching(true);
     stats.set_runtime_ok(true);
     let stop = CancellationToken::new();
-    let server = tokio::spawn(exitorder::metrics::serve(
+    let server = tokio::spawn(exitorder::serve::metrics::serve(
         listener,
         Arc::clone(&stats),
         stop.clone(),

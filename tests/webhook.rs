@@ -505,27 +505,27 @@ async fn a_restricted_pod_stays_restricted() {
     let w = Served::start().await;
     let pod = example("restricted");
     assert_eq!(
-        exitorder::pss::restricted_violations(&pod),
+        exitorder::webhook::pss::restricted_violations(&pod),
         Vec::<String>::new()
     );
     let (out, warnings) = inject(&w, &pod).await;
     assert!(warnings.is_empty(), "{warnings:?}");
     assert_injected(&out, "proxy", "25s", &[]);
     assert_eq!(
-        exitorder::pss::restricted_violations(&out),
+        exitorder::webhook::pss::restricted_violations(&out),
         Vec::<String>::new(),
         "{out}"
     );
     // The baseline example too: what the injection adds is restricted whatever the pod is.
     let (out, _) = inject(&w, &example("injected")).await;
     assert_eq!(
-        exitorder::pss::baseline_violations(&out),
+        exitorder::webhook::pss::baseline_violations(&out),
         Vec::<String>::new()
     );
     let install =
         serde_json::json!({"spec": {"containers": [out["spec"]["initContainers"][0].clone()]}});
     assert_eq!(
-        exitorder::pss::restricted_violations(&install),
+        exitorder::webhook::pss::restricted_violations(&install),
         Vec::<String>::new()
     );
     // And the checker is no rubber stamp: the share layout is refused by both.
@@ -535,7 +535,7 @@ async fn a_restricted_pod_stays_restricted() {
     };
     let share = Served::start_with(settings, Duration::ZERO).await;
     let (out, _) = inject(&share, &pod).await;
-    let v = exitorder::pss::baseline_violations(&out);
+    let v = exitorder::webhook::pss::baseline_violations(&out);
     assert!(v.iter().any(|v| v.contains("hostPath")), "{v:?}");
     share.stop().await;
     w.stop().await;

@@ -85,7 +85,7 @@ pub async fn run(cfg: AppConfig, cancel: CancellationToken) -> Result<(), AppErr
     }
     let http_stop = CancellationToken::new();
     let mut http = tokio::spawn(
-        crate::metrics::serve(listener, stats.clone(), http_stop.clone())
+        crate::serve::metrics::serve(listener, stats.clone(), http_stop.clone())
             .instrument(tracing::info_span!("metrics")),
     );
     let mut agent = Agent::start(cfg.agent.clone(), stats.clone()).map_err(AppError::Start)?;

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::source::SourceChoice;
+use crate::runtime::source::SourceChoice;
 
 /// How often the runtime is read while an exit is pending and no event stream is live.
 pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_millis(25);

@@ -19,46 +19,23 @@
     )
 )]
 
-pub mod agent;
-pub mod app;
+// One folder per role; each folder's module doc lists its parts.
+pub mod agent; // the decision loop: waits in, answers out
+pub mod app; // the agent's tasks, started and stopped together
 pub mod backoff;
-pub mod bindir;
-pub mod bounds;
-pub mod breach;
-pub mod cli;
-pub mod cluster;
-pub mod completion;
+pub mod cli; // the command line, `exitorder explain`, manifests
+pub mod cluster; // the API server: pod watch, Events
 pub mod config;
-pub mod decide;
-mod decisions;
-pub mod elf;
-pub mod explain;
-pub mod facts;
-mod gc;
-pub mod hostpath;
-pub mod jobs;
-pub mod kernel;
-pub mod manifest;
-pub mod metrics;
-pub mod podcgroup;
-pub mod podwatch;
-pub mod presets;
-pub mod priority;
-pub mod pss;
-pub mod reader;
-pub mod recorder;
-pub mod restart;
-pub mod runtime;
-pub mod serve;
-pub mod share;
-pub mod source;
+pub mod decide; // the pure decision: facts, priorities, stop order, restarts
+pub mod handshake; // the share on the node: layout, waits, inotify, guards
+pub mod jobs; // Jobs that finish: completion rules, sidecar shutdown
+pub mod presets; // the sidecars people run, as data
+pub mod runtime; // the container runtime: CRI client, exit sources, cgroups
+pub mod serve; // HTTP: the one server helper, the agent's metrics endpoint
 pub mod stats;
-pub mod stoporder;
 pub mod telemetry;
-pub mod view;
-pub mod waits;
-pub mod watch;
-pub mod webhook;
+pub mod view; // the node view and the reads that keep it current
+pub mod webhook; // admission: the mutation, its review, TLS, Pod Security
 
 /// Generated from proto/runtime/v1/api.proto: the CRI v1 subset exitorder calls.
 #[allow(clippy::all, clippy::pedantic)]

@@ -61,7 +61,8 @@ fn explain(args: &ExplainArgs) -> anyhow::Result<()> {
         text = std::fs::read_to_string(&args.file)
             .with_context(|| format!("reading {}", args.file.display()))?;
     }
-    let report = exitorder::explain::report(&text, &args.options(), args.output == Output::Json)?;
+    let report =
+        exitorder::cli::explain::report(&text, &args.options(), args.output == Output::Json)?;
     std::io::stdout().write_all(report.text.as_bytes())?;
     if report.denied {
         std::process::exit(2);

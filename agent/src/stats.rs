@@ -7,7 +7,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use crate::decide::Reason;
-use crate::share::Rejection;
+use crate::handshake::share::Rejection;
 
 /// Upper bounds (seconds) of the allow latency histogram: from the exit file appearing to
 /// `allow` written. Waits run from microseconds (nothing to wait for) to the grace period.

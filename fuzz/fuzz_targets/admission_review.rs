@@ -65,9 +65,12 @@ fuzz_target!(|data: &[u8]| {
     }
     let object = &request["object"];
     let refused = matches!(mutate(object, &settings), Admission::Deny(_));
-    let options = exitorder::explain::Options { settings };
-    if let Ok(e) = exitorder::explain::explain("fuzz", object, &options) {
-        let denied = matches!(e.injection, exitorder::explain::Injection::Denied { .. });
+    let options = exitorder::cli::explain::Options { settings };
+    if let Ok(e) = exitorder::cli::explain::explain("fuzz", object, &options) {
+        let denied = matches!(
+            e.injection,
+            exitorder::cli::explain::Injection::Denied { .. }
+        );
         assert_eq!(denied, refused, "{e:?}");
     }
 });

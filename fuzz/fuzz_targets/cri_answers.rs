@@ -25,13 +25,13 @@ mod pod;
 use std::collections::HashMap;
 use std::time::Instant;
 
-use exitorder::bounds::{self, MAX_SPAN};
 use exitorder::cri::{
     ContainerEventResponse, ContainerStatusResponse, ListContainersResponse, ListPodSandboxResponse,
 };
-use exitorder::priority::{ENV, ENV_KRUISE};
+use exitorder::decide::bounds::{self, MAX_SPAN};
+use exitorder::decide::priority::{ENV, ENV_KRUISE};
+use exitorder::runtime::source;
 use exitorder::runtime::{self, ANNOTATION_GRACE, LABEL_CONTAINER_NAME, LABEL_POD_UID};
-use exitorder::source;
 use exitorder::view::{Change, NodeView};
 use libfuzzer_sys::fuzz_target;
 use prost::Message as _;

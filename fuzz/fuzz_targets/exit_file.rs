@@ -8,7 +8,7 @@
 //! hold a sidecar to its deadline, or let the agent forget a wait that is still on.
 #![no_main]
 
-use exitorder::share::ExitState;
+use exitorder::handshake::share::ExitState;
 use exitorder_contract::handshake::{ALLOW, WAIT};
 use exitorder_entrypoint::wait::{self, MAX_ANSWER};
 use libfuzzer_sys::fuzz_target;

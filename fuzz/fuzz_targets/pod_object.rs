@@ -20,10 +20,10 @@ mod pod;
 use std::collections::HashMap;
 use std::time::Duration;
 
-use exitorder::bounds::MAX_SPAN;
+use exitorder::cluster::podwatch::ApiPod;
+use exitorder::decide::bounds::MAX_SPAN;
+use exitorder::decide::priority;
 use exitorder::decide::RunState;
-use exitorder::podwatch::ApiPod;
-use exitorder::priority;
 use exitorder::view::{ContainerEntry, ContainerInfo, EnvPriority, PodEntry, SandboxInfo};
 use k8s_openapi::api::core::v1::{Container, ContainerState, Pod};
 use libfuzzer_sys::fuzz_target;

@@ -11,7 +11,7 @@
 //! value is accepted exactly when it is a number 0..=255 (around whitespace).
 #![no_main]
 
-use exitorder::priority::{
+use exitorder::decide::priority::{
     self, PodPriorities, PriorityError, ANNOTATION, ANNOTATION_KRUISE, ENV, ENV_KRUISE,
 };
 use libfuzzer_sys::fuzz_target;

@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use serde::Serialize;
 
-use exitorder::stoporder::StopOrder;
+use exitorder::decide::stoporder::StopOrder;
 
 use crate::kubelet::{ContainerRecord, Deletion, Kind, PodPlan, Timeline, What};
 
@@ -122,7 +122,7 @@ pub struct Allowed {
 /// a sidecar: 1); a malformed annotation or env makes
 /// the whole pod unordered, as it does for the agent.
 pub fn priorities(plan: &PodPlan) -> BTreeMap<String, u8> {
-    use exitorder::priority;
+    use exitorder::decide::priority;
     let pod = priority::from_annotations(
         plan.annotations
             .iter()

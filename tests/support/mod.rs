@@ -11,7 +11,7 @@ use std::process::Command;
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use exitorder::elf::check_static_executable;
+use exitorder::handshake::elf::check_static_executable;
 use exitorder_testbed::kubelet::{pod_from_yaml, RunOptions, RunningPod};
 use exitorder_testbed::{AgentOptions, AgentProcess, Deletion, LogLine, Node, NodeOptions};
 use serde_json::Value;

@@ -14,7 +14,7 @@
 
 use exitorder_contract::{env, mount, share};
 
-use crate::hostpath::components;
+use crate::handshake::hostpath::components;
 use k8s_openapi::api::core::v1::{EnvVar, Pod, VolumeMount};
 use serde_json::Value;
 

@@ -1,9 +1,10 @@
 //! The admission webhook (`exitorder webhook`): pods that opt in with one annotation get the
 //! share, the mounts, `POD_UID` and a preStop that waits for the agent, on every sidecar.
 //!
-//! - [`mutate`]: the mutation, a pure function of the pod;
+//! - [`mutate`](mod@mutate): the mutation, a pure function of the pod;
 //! - [`inject`]: what one sidecar gets;
 //! - [`presets`]: what a sidecar known by its image only gets;
+//! - [`pss`]: the Pod Security profiles a pod meets;
 //! - [`review`]: AdmissionReview JSON in and out;
 //! - [`tls`]: the serving certificate, reloaded when it changes;
 //! - [`server`]: the HTTPS endpoint.
@@ -13,6 +14,7 @@ pub mod inject;
 pub mod mutate;
 pub mod podlocal;
 pub mod presets;
+pub mod pss;
 pub mod review;
 pub mod server;
 pub mod tls;

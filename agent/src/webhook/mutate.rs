@@ -13,9 +13,9 @@ use k8s_openapi::api::core::v1::{Container, Pod};
 use serde_json::Value;
 
 use super::inject::{self, Sidecar};
-use crate::priority::{self, PodPriorities};
-use crate::restart::{RestartRecord, MAX_RECORD_BYTES};
-use crate::stoporder::StopOrder;
+use crate::decide::priority::{self, PodPriorities};
+use crate::decide::restart::{RestartRecord, MAX_RECORD_BYTES};
+use crate::decide::stoporder::StopOrder;
 
 /// Where an injected sidecar's exit directory lives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]

@@ -9,8 +9,8 @@ use std::collections::BTreeMap;
 use exitorder_contract::{annotation, env};
 use k8s_openapi::api::core::v1::{Container, EnvVar, Pod};
 
+use crate::decide::priority::{self, PodPriorities};
 use crate::presets;
-use crate::priority::{self, PodPriorities};
 
 /// Writes the presets of main containers known by image only into `pod`. None when they are
 /// every main container of the pod: a pod of nothing but such images runs them as its work

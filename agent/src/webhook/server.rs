@@ -109,7 +109,7 @@ impl WebhookStats {
             "# HELP exitorder_webhook_review_seconds Time from a review's request head to its answer.\n\
              # TYPE exitorder_webhook_review_seconds histogram"
         );
-        crate::metrics::write_histogram(
+        crate::serve::metrics::write_histogram(
             &mut out,
             "exitorder_webhook_review_seconds",
             "",

@@ -5,12 +5,12 @@
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use exitorder::bounds::{Later as _, MAX_SPAN};
-use exitorder::completion::{self, Member, Participation, Step};
+use exitorder::cluster::podwatch::ApiPod;
+use exitorder::decide::bounds::{Later as _, MAX_SPAN};
+use exitorder::decide::facts::{self, Clock};
+use exitorder::decide::restart::{Policy, Restart};
 use exitorder::decide::{self, Deletion, Reason, RunState, Verdict};
-use exitorder::facts::{self, Clock};
-use exitorder::podwatch::ApiPod;
-use exitorder::restart::{Policy, Restart};
+use exitorder::jobs::completion::{self, Member, Participation, Step};
 use exitorder::view::PodEntry;
 
 /// The agent's default grace reserve.

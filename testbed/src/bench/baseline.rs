@@ -18,9 +18,9 @@ use exitorder::cri::runtime_service_client::RuntimeServiceClient;
 use exitorder::cri::{
     ContainerFilter, ContainerState, ListContainersRequest, ListPodSandboxRequest, PodSandboxFilter,
 };
-use exitorder::priority::{self, PodPriorities};
+use exitorder::decide::priority::{self, PodPriorities};
+use exitorder::handshake::share::{ExitKey, ExitState, PodUid, Share, ShareError};
 use exitorder::runtime::{LABEL_CONTAINER_NAME, LABEL_POD_UID};
-use exitorder::share::{ExitKey, ExitState, PodUid, Share, ShareError};
 
 /// The proposal's daemon scan period.
 pub const KRUISE_SCAN: Duration = Duration::from_secs(1);

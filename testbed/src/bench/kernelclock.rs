@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use exitorder::cri::ContainerStatusRequest;
-use exitorder::kernel::{Availability, KernelExits};
+use exitorder::runtime::kernel::{Availability, KernelExits};
 use exitorder::stats::Stats;
 
 use crate::node::Node;

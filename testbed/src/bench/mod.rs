@@ -29,7 +29,7 @@ use tracing::Instrument;
 
 use crate::kubelet::{DeleteOptions, Deletion, RunOptions, RunningPod};
 use crate::node::{AgentOptions, AgentProcess, Node, NodeOptions, TestbedError};
-use exitorder::share::{ContainerName, ExitKey, PodUid, Share};
+use exitorder::handshake::share::{ContainerName, ExitKey, PodUid, Share};
 
 use crate::agentlog::AllowLog;
 use baseline::{KruiseDaemon, KRUISE_SCAN};
@@ -432,7 +432,10 @@ async fn watch_apps(node: &Node, clock: &mut KernelClock, pods: &[RunningPod]) {
 fn forget_pods<'a>(share: &Share, uids: impl IntoIterator<Item = &'a str>) {
     for uid in uids {
         if let Ok(pod) = PodUid::parse(uid) {
-            let _ = share.remove_pod(&pod, &mut exitorder::share::Budget::new(u64::MAX));
+            let _ = share.remove_pod(
+                &pod,
+                &mut exitorder::handshake::share::Budget::new(u64::MAX),
+            );
         }
     }
 }
@@ -634,7 +637,7 @@ async fn detect_with_kruise(
     );
     // Without the agent, nobody else installs the entrypoint the preStop runs.
     Share::open(node.share_dir())
-        .and_then(|_| exitorder::bindir::install(&node.bin_dir(), &bin.entrypoint))
+        .and_then(|_| exitorder::handshake::bindir::install(&node.bin_dir(), &bin.entrypoint))
         .context("installing the entrypoint")?;
     let daemon = KruiseDaemon::new(node.share_dir(), node.client(), KRUISE_SCAN)
         .context("starting the Kruise-style daemon")?;
@@ -664,7 +667,7 @@ async fn detect_with_kruise(
                 allows.get(&ExitKey {
                     pod,
                     container: proxy.clone(),
-                    place: exitorder::share::Place::Share,
+                    place: exitorder::handshake::share::Place::Share,
                 })
             });
             Trial {

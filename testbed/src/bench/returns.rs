@@ -9,7 +9,9 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use exitorder::share::{ContainerName, ExitKey, PodUid, Share, ShareError, EXIT_FILE, WAIT};
+use exitorder::handshake::share::{
+    ContainerName, ExitKey, PodUid, Share, ShareError, EXIT_FILE, WAIT,
+};
 
 /// How long a waiter may take to post its `exit` file.
 const POST_TIMEOUT: Duration = Duration::from_secs(10);
@@ -96,7 +98,7 @@ impl Waiter {
         let key = ExitKey {
             pod: PodUid::parse(&crate::node::random_uuid())?,
             container: ContainerName::parse("proxy")?,
-            place: exitorder::share::Place::Share,
+            place: exitorder::handshake::share::Place::Share,
         };
         let dir = share.container_path(&key);
         std::fs::create_dir_all(&dir).map_err(|source| ReturnsError::Io {
@@ -228,7 +230,10 @@ pub fn measure(
                 posted.push((w, answer_at));
             } else {
                 out.anomalies.not_posted += 1;
-                let _ = share.remove_pod(&w.key.pod, &mut exitorder::share::Budget::new(u64::MAX));
+                let _ = share.remove_pod(
+                    &w.key.pod,
+                    &mut exitorder::handshake::share::Budget::new(u64::MAX),
+                );
             }
         }
         posted.sort_by_key(|(_, at)| *at);
@@ -249,7 +254,10 @@ pub fn measure(
                 Some((_, true)) => out.anomalies.returned_before_answer += 1,
                 _ => out.anomalies.failed += 1,
             }
-            let _ = share.remove_pod(&w.key.pod, &mut exitorder::share::Budget::new(u64::MAX));
+            let _ = share.remove_pod(
+                &w.key.pod,
+                &mut exitorder::handshake::share::Budget::new(u64::MAX),
+            );
         }
     }
     Ok(out)

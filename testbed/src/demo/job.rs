@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use anyhow::Context;
-use exitorder::restart::RestartRecord;
+use exitorder::decide::restart::RestartRecord;
 use exitorder_contract::annotation;
 use k8s_openapi::api::core::v1::PodSpec;
 use serde::Serialize;

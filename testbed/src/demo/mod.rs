@@ -532,10 +532,11 @@ fn free_port() -> anyhow::Result<u16> {
 /// The static entrypoint given (default: beside this executable), refused with the command
 /// that builds it when it is missing or dynamically linked (busybox containers run it).
 pub fn static_entrypoint(given: Option<PathBuf>) -> anyhow::Result<PathBuf> {
-    let path = given.unwrap_or_else(|| beside_this_executable(exitorder::share::ENTRYPOINT_NAME));
+    let path = given
+        .unwrap_or_else(|| beside_this_executable(exitorder::handshake::share::ENTRYPOINT_NAME));
     const BUILD: &str = "build it with scripts/static entrypoint (scripts/demo and \
                          scripts/bench do)";
-    match exitorder::elf::check_static_executable(&path) {
+    match exitorder::handshake::elf::check_static_executable(&path) {
         Ok(()) => Ok(path),
         Err(e) => bail!("entrypoint {}: {e}; {BUILD}", path.display()),
     }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use exitorder::cri::{CreateContainerRequest, StartContainerRequest, StopContainerRequest};
-use exitorder::restart::Outcome;
+use exitorder::decide::restart::Outcome;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;

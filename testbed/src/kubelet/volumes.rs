@@ -27,7 +27,10 @@ pub struct PathMap {
 /// `path` with the first mapping whose pod path it lies under applied, compared as the kernel
 /// resolves both (`/var/lib//exitorder/` is the share too).
 pub fn map_path(path: &str, maps: &[PathMap]) -> PathBuf {
-    let resolved = format!("/{}", exitorder::hostpath::components(path).join("/"));
+    let resolved = format!(
+        "/{}",
+        exitorder::handshake::hostpath::components(path).join("/")
+    );
     let path = resolved.as_str();
     for m in maps {
         let base = m.pod_path.trim_end_matches('/');

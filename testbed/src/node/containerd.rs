@@ -190,7 +190,7 @@ fn fs_type_of(path: &Path) -> Option<String> {
 }
 
 /// mountinfo escapes space, tab, newline and backslash as octal.
-pub(crate) use exitorder::podcgroup::unescape_mount_path;
+pub(crate) use exitorder::runtime::podcgroup::unescape_mount_path;
 
 /// Where Debian's `containernetworking-plugins` puts the CNI plugins.
 const CNI_PLUGINS: &[&str] = &["/usr/lib/cni", "/opt/cni/bin"];

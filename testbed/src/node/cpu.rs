@@ -83,7 +83,7 @@ impl CpuTree {
     /// The mount point of the hierarchy that holds the cpu controller, where it is mounted
     /// from its top: cgroup v1's `cpu`, else cgroup v2's with `cpu` enabled.
     fn find() -> Option<CpuTree> {
-        let mounts = exitorder::podcgroup::CgroupMounts::read();
+        let mounts = exitorder::runtime::podcgroup::CgroupMounts::read();
         if let Some(mount) = mounts.dir("cpu", "/") {
             return Some(CpuTree { mount, v2: false });
         }

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use notify::event::{ModifyKind, RenameMode};
 use notify::{EventKind, RecommendedWatcher, RecursiveMode, Watcher};
 
-use exitorder::share::EXIT_FILE;
+use exitorder::handshake::share::EXIT_FILE;
 
 /// First occurrences of what happened to one container's exit file.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -51,7 +51,7 @@ pub fn find_busybox() -> Result<PathBuf, TestbedError> {
             name: "busybox",
             hint: "install it with `apt-get install -y busybox-static`",
         })?;
-    match exitorder::elf::is_static_elf(&path) {
+    match exitorder::handshake::elf::is_static_elf(&path) {
         Ok(true) => Ok(path),
         Ok(false) => Err(TestbedError::BadBinary {
             path,

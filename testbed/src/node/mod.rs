@@ -650,6 +650,6 @@ mod tests {
         );
         assert!(parts[2].starts_with('4'), "{a}");
         assert!(matches!(&parts[3][..1], "8" | "9" | "a" | "b"), "{a}");
-        assert!(exitorder::share::PodUid::parse(&a).is_ok());
+        assert!(exitorder::handshake::share::PodUid::parse(&a).is_ok());
     }
 }

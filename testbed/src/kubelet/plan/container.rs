@@ -21,7 +21,7 @@ impl<E: Fn(&str, String) -> PlanError> Planner<'_, E> {
     ) -> Result<ContainerPlan, PlanError> {
         let err = self.err;
         let f = |sub: &str| format!("{field}.{sub}");
-        exitorder::share::ContainerName::parse(&c.name)
+        exitorder::handshake::share::ContainerName::parse(&c.name)
             .map_err(|e| err(&f("name"), e.to_string()))?;
         let image = c
             .image
@@ -199,7 +199,7 @@ impl<E: Fn(&str, String) -> PlanError> Planner<'_, E> {
             ports_json,
             // A main container's is set from the pod's and its own by the caller; an init
             // container's retries follow the pod's policy alone.
-            restart: exitorder::restart::Restart::pod(super::RestartPolicy::Never),
+            restart: exitorder::decide::restart::Restart::pod(super::RestartPolicy::Never),
             spec: c,
         })
     }

@@ -45,9 +45,9 @@ pub struct Placement {
 }
 
 /// The pod's restartPolicy; a main container's own restart (KEP-5307) is its plan's
-/// `restart`, told by the agent's own rules (`exitorder::restart`).
-pub use exitorder::restart::Policy as RestartPolicy;
-use exitorder::restart::{Restart, RestartError};
+/// `restart`, told by the agent's own rules (`exitorder::decide::restart`).
+pub use exitorder::decide::restart::Policy as RestartPolicy;
+use exitorder::decide::restart::{Restart, RestartError};
 
 /// Where a container stands in the pod.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -382,7 +382,8 @@ impl<E: Fn(&str, String) -> PlanError> Planner<'_, E> {
             .uid
             .filter(|u| !u.is_empty())
             .unwrap_or_else(|| self.place.uid.clone());
-        exitorder::share::PodUid::parse(&uid).map_err(|e| err("metadata.uid", e.to_string()))?;
+        exitorder::handshake::share::PodUid::parse(&uid)
+            .map_err(|e| err("metadata.uid", e.to_string()))?;
         let labels = meta.labels.unwrap_or_default();
         let annotations = meta.annotations.unwrap_or_default();
         let spec = pod
@@ -772,7 +773,7 @@ mod tests {
     /// named.
     #[test]
     fn restart_all_containers_rules_are_planned_for_every_kind() {
-        use exitorder::restart::Outcome;
+        use exitorder::decide::restart::Outcome;
         let all_on_88 = json!([
             {"action": "RestartAllContainers", "exitCodes": {"operator": "In", "values": [88]}}]);
         let mut v = pod(

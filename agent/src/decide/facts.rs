@@ -4,10 +4,10 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use crate::bounds::Later as _;
+use crate::decide::bounds::Later as _;
+use crate::decide::priority::{self, PodPriorities, PriorityError};
+use crate::decide::stoporder::{StopOrder, StopOrderError};
 use crate::decide::{self, Attempt, Deletion, PodFacts};
-use crate::priority::{self, PodPriorities, PriorityError};
-use crate::stoporder::{StopOrder, StopOrderError};
 use crate::view::{ContainerEntry, EnvPriority, PodEntry};
 
 /// Kubernetes' default terminationGracePeriodSeconds, used when nothing says otherwise.

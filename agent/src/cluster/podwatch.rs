@@ -22,9 +22,9 @@ use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
 use crate::backoff::Backoff;
-use crate::restart::{Policy, RecordError, Restart, RestartError, RestartRecord};
+use crate::decide::restart::{Policy, RecordError, Restart, RestartError, RestartRecord};
+use crate::decide::stoporder::StopOrder;
 use crate::stats::Stats;
-use crate::stoporder::StopOrder;
 use crate::view::SandboxInfo;
 use exitorder_contract::annotation;
 
@@ -81,7 +81,7 @@ pub struct ApiPod {
 
 /// A grace field of the pod, bounded: the API server accepts any int64 here.
 fn seconds(s: Option<i64>) -> Option<Duration> {
-    s.map(crate::bounds::grace_seconds)
+    s.map(crate::decide::bounds::grace_seconds)
 }
 
 impl ApiPod {
@@ -725,7 +725,7 @@ mod tests {
             let mut p = pod(Some(1_000), Some(secs));
             p.spec.as_mut().unwrap().termination_grace_period_seconds = Some(secs);
             let p = ApiPod::from_pod(&p).expect("has a uid");
-            assert_eq!(p.grace(), Some(crate::bounds::MAX_SPAN));
+            assert_eq!(p.grace(), Some(crate::decide::bounds::MAX_SPAN));
         }
     }
 }

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use rustix::fs::{self as rfs, Mode, OFlags};
 
-use crate::share::{ShareError, ENTRYPOINT_NAME};
+use crate::handshake::share::{ShareError, ENTRYPOINT_NAME};
 
 /// Installs `src` as `<dir>/exitorder-entrypoint` (temp file, fsync, rename; mode 0555), so a
 /// container starting at the same moment runs either the old or the new binary, never a
@@ -26,7 +26,7 @@ pub fn install(dir: &Path, src: &Path) -> Result<PathBuf, ShareError> {
         Mode::empty(),
     )
     .map_err(|e| ShareError::io("open directory", dir, e))?;
-    crate::share::write_replace(&fd, dir, ENTRYPOINT_NAME, &bytes, 0o555, true)?;
+    crate::handshake::share::write_replace(&fd, dir, ENTRYPOINT_NAME, &bytes, 0o555, true)?;
     Ok(dir.join(ENTRYPOINT_NAME))
 }
 

@@ -3,12 +3,25 @@
 //!
 //! Kept free of I/O so every rule is tested by tables, and so an allow never waits on anything
 //! but the facts already in hand.
+//!
+//! Parts:
+//! - [`bounds`]: numbers from pods, bounded before arithmetic;
+//! - [`facts`]: what a decision knows about a pod;
+//! - [`priority`]: exit priorities: annotation, env, presets;
+//! - [`restart`]: whether the kubelet starts a container again;
+//! - [`stoporder`]: the kubelet's stop order for native sidecars.
+
+pub mod bounds;
+pub mod facts;
+pub mod priority;
+pub mod restart;
+pub mod stoporder;
 
 use std::fmt;
 use std::time::{Duration, Instant};
 
-use crate::bounds::Later as _;
-use crate::stoporder::StopOrder;
+use crate::decide::bounds::Later as _;
+use crate::decide::stoporder::StopOrder;
 
 /// A container attempt's state as the runtime reports it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

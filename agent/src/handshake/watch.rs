@@ -11,7 +11,7 @@ use notify::event::{AccessKind, AccessMode, EventKind};
 use notify::{Config, RecommendedWatcher, RecursiveMode, Watcher};
 use tokio::sync::mpsc;
 
-use crate::share::EXIT_FILE;
+use crate::handshake::share::EXIT_FILE;
 
 /// What the watcher reports.
 #[derive(Debug)]

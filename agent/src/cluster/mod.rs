@@ -3,6 +3,13 @@
 //!
 //! Optional by design: with no API server configured the agent decides from the runtime alone,
 //! and an API server that is down or slow never delays a decision.
+//!
+//! Parts:
+//! - [`podwatch`]: this node's pods as the API server sees them;
+//! - [`recorder`]: Kubernetes Events about held exits.
+
+pub mod podwatch;
+pub mod recorder;
 
 use std::sync::Arc;
 
@@ -11,8 +18,8 @@ use kube::{Client, Config};
 use tokio::sync::{mpsc, watch};
 use tracing::Instrument;
 
-use crate::podwatch::{self, Confirmer, PodSignal, PodView, PodWatch};
-use crate::recorder::{self, EventSink, Recorder};
+use crate::cluster::podwatch::{Confirmer, PodSignal, PodView, PodWatch};
+use crate::cluster::recorder::{EventSink, Recorder};
 use crate::stats::Stats;
 
 /// Where the API server's address and credentials come from.

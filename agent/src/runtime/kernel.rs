@@ -23,8 +23,8 @@ use rustix::process::{pidfd_open, Pid, PidfdFlags};
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
-use crate::podcgroup::CgroupMounts;
-use crate::source::SourceSignal;
+use crate::runtime::podcgroup::CgroupMounts;
+use crate::runtime::source::SourceSignal;
 use crate::stats::Stats;
 use crate::view::Change;
 
@@ -63,7 +63,7 @@ pub struct KernelExits {
     next_token: u64,
     /// Processes refused for not being their container's, while none was accepted.
     refused: u32,
-    /// Where pods' cgroups can be looked at (see [`crate::podcgroup`]).
+    /// Where pods' cgroups can be looked at (see [`crate::runtime::podcgroup`]).
     mounts: CgroupMounts,
     /// Each watched container's pod cgroup, where it can be looked at.
     pod_dirs: HashMap<String, PathBuf>,

@@ -8,14 +8,14 @@ use tracing::{debug, info, warn};
 
 use crate::agent::Agent;
 use crate::backoff::Backoff;
-use crate::bounds::Later as _;
+use crate::cluster::podwatch::{ApiPod, ConfirmRequest, PodSignal};
+use crate::cluster::recorder::{ExitNotice, PodRef};
+use crate::decide::bounds::Later as _;
+use crate::decide::facts::{self, Clock};
+use crate::decide::stoporder::StopOrder;
 use crate::decide::{self, Deletion, PodFacts, Reason, RunState, Verdict};
-use crate::facts::{self, Clock};
-use crate::podwatch::{ApiPod, ConfirmRequest, PodSignal};
-use crate::reader::Read;
-use crate::recorder::{ExitNotice, PodRef};
-use crate::share::{ExitKey, PodUid};
-use crate::stoporder::StopOrder;
+use crate::handshake::share::{ExitKey, PodUid};
+use crate::view::reader::Read;
 
 /// How far behind the clock a file's timestamp may be (a kernel tick is 1 to 10 ms).
 const FILE_CLOCK_SLACK: Duration = Duration::from_millis(50);
@@ -72,7 +72,7 @@ impl Agent {
     }
 
     /// Settles a stopping pod's exits without the runtime where its cgroup shows every
-    /// container it has started to be one the view knows (see [`crate::podcgroup`]): what a
+    /// container it has started to be one the view knows (see [`crate::runtime::podcgroup`]): what a
     /// listing asked now would tell, in microseconds instead of a call that a node busy with
     /// a burst of deletions answers in seconds.
     fn settle_by_cgroup(&mut self, pod: &PodUid, stopping: Instant) {
@@ -90,7 +90,7 @@ impl Agent {
         let known = |id: &str| {
             v.containers.contains_key(id) || v.sandbox.as_ref().is_some_and(|s| s.id == id)
         };
-        match crate::podcgroup::strangers(dir, known) {
+        match crate::runtime::podcgroup::strangers(dir, known) {
             Some(false) => {
                 self.view.settled(pod.as_str(), looked);
                 self.stats.settled_by_cgroup();
@@ -226,7 +226,7 @@ impl Agent {
             // past the pod's grace period.
             let asked = api
                 .and_then(|a| a.deletion_requested)
-                .and_then(|s| crate::bounds::instant_of_unix(s, Instant::now()));
+                .and_then(|s| crate::decide::bounds::instant_of_unix(s, Instant::now()));
             if let Some(at) = asked {
                 first_seen = first_seen.min(at);
             }

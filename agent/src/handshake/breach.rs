@@ -16,8 +16,8 @@ use std::collections::HashMap;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
-use crate::hostpath::components;
-use crate::share::{Place, Share};
+use crate::handshake::hostpath::components;
+use crate::handshake::share::{Place, Share};
 
 /// How many writable mounts of one container are looked at: more than any pod declares.
 pub const MAX_MOUNTS: usize = 256;
@@ -236,8 +236,8 @@ impl Audit {
 /// reaches (when the pods are known: `pod_ref` from the view's sandboxes).
 pub fn report(
     b: &Breach,
-    pod_ref: impl Fn(&str) -> Option<crate::recorder::PodRef>,
-    events: Option<&crate::recorder::EventSink>,
+    pod_ref: impl Fn(&str) -> Option<crate::cluster::recorder::PodRef>,
+    events: Option<&crate::cluster::recorder::EventSink>,
     stats: &crate::stats::Stats,
 ) {
     stats.share_breach();
@@ -253,7 +253,7 @@ pub fn report(
     let at = std::time::SystemTime::now();
     let intruder = pod_ref(&b.pod_uid);
     if let Some(pod) = &intruder {
-        events.emit(crate::recorder::BreachNotice {
+        events.emit(crate::cluster::recorder::BreachNotice {
             pod: pod.clone(),
             container: b.container.clone(),
             note: format!(
@@ -275,7 +275,7 @@ pub fn report(
         Reached::Container(_, _, name) => name.clone(),
         _ => String::new(),
     };
-    events.emit(crate::recorder::BreachNotice {
+    events.emit(crate::cluster::recorder::BreachNotice {
         pod: victim,
         container,
         note: format!(

@@ -14,7 +14,7 @@ use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
 use crate::agent::Agent;
-use crate::share::{Budget, PodUid, Removal, Share};
+use crate::handshake::share::{Budget, PodUid, Removal, Share};
 use crate::stats::Stats;
 
 /// Most directory entries one round takes apart, over every pod it removes.

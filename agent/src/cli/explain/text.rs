@@ -3,7 +3,7 @@
 use std::fmt::Write;
 
 use super::{Explanation, Injection, Member};
-use crate::priority::Source;
+use crate::decide::priority::Source;
 
 /// The explanation as text for a terminal, ending in a newline. Names and reasons come from
 /// the manifest: control characters are escaped, so none reaches the terminal.

@@ -4,6 +4,13 @@
 //! is locked and every decision sees a consistent picture. The loop never waits on the
 //! runtime: reads go through the reader task and come back as changes to the node view, and
 //! a decision reads only the view.
+//!
+//! Parts:
+//! - `decisions`: deciding the pending waits and carrying the answers out;
+//! - `gc`: directories of pods that are gone removed, the share rescanned.
+
+mod decisions;
+mod gc;
 
 use std::collections::{BTreeSet, HashSet};
 use std::future::Future;
@@ -13,22 +20,22 @@ use std::time::Instant;
 use tokio::sync::mpsc;
 use tracing::{debug, error, info, warn, Instrument};
 
-use crate::bounds::Later as _;
+use crate::cluster::podwatch::{PodSignal, PodView};
+use crate::cluster::recorder::EventSink;
 use crate::cluster::Cluster;
+use crate::decide::bounds::Later as _;
 use crate::decide::RunState;
-use crate::podwatch::{PodSignal, PodView};
-use crate::reader::{self, Read, Reader, Reply};
-use crate::recorder::EventSink;
+use crate::handshake::share::{Place, PodUid, Share, ShareError};
+use crate::handshake::waits::{ShareSync, Waits};
+use crate::handshake::watch::{FsEvent, Root, ShareWatcher, WatchError};
+use crate::runtime::source::{self, SourceKind, SourceSignal};
 use crate::runtime::{Runtime, RuntimeError};
-use crate::share::{Place, PodUid, Share, ShareError};
-use crate::source::{self, SourceKind, SourceSignal};
 use crate::stats::{Kept, Stats};
+use crate::view::reader::{self, Read, Reader, Reply};
 use crate::view::{Change, Need, NodeView};
-use crate::waits::{ShareSync, Waits};
-use crate::watch::{FsEvent, Root, ShareWatcher, WatchError};
 
 pub use crate::config::{Config, DEFAULT_POLL_INTERVAL};
-pub use crate::facts::DEFAULT_GRACE;
+pub use crate::decide::facts::DEFAULT_GRACE;
 
 #[derive(Debug, thiserror::Error)]
 pub enum AgentError {
@@ -81,7 +88,7 @@ pub struct Agent {
     warned_reads: HashSet<String>,
     pub(crate) gc_suspects: HashSet<PodUid>,
     /// The removal round in flight, if any.
-    pub(crate) gc_round: Option<crate::gc::Round>,
+    pub(crate) gc_round: Option<crate::agent::gc::Round>,
     pub(crate) stats: Arc<Stats>,
     /// The API server's view of this node's pods, when there is an API server.
     pub(crate) api: Option<PodView>,
@@ -97,9 +104,9 @@ pub struct Agent {
     /// What ends the run with an error (the share's root removed).
     fatal: Option<AgentError>,
     /// Containers' mounts waiting to be checked for breaches, and the check in flight.
-    audit: crate::breach::Audit,
+    audit: crate::handshake::breach::Audit,
     /// Running containers' exits, awaited from the kernel.
-    pub(crate) kernel: crate::kernel::KernelExits,
+    pub(crate) kernel: crate::runtime::kernel::KernelExits,
 }
 
 impl Agent {
@@ -110,7 +117,7 @@ impl Agent {
         if let Some(src) = &cfg.entrypoint_binary {
             install_entrypoint(&cfg.bin_dir, src, &stats)?;
         }
-        if let Some(legacy) = crate::bindir::legacy_in_share(share.root()) {
+        if let Some(legacy) = crate::handshake::bindir::legacy_in_share(share.root()) {
             warn!(
                 event = "legacy_bin",
                 dir = %legacy.display(),
@@ -139,9 +146,9 @@ impl Agent {
         let tombstone_ttl = cfg.tombstone_ttl;
         let own_pod_uid = cfg.own_pod_uid.clone();
         let kernel = if cfg.kernel_exit_source {
-            crate::kernel::KernelExits::new(signal_tx.clone(), stats.clone())
+            crate::runtime::kernel::KernelExits::new(signal_tx.clone(), stats.clone())
         } else {
-            crate::kernel::KernelExits::off(stats.clone())
+            crate::runtime::kernel::KernelExits::off(stats.clone())
         };
         let mut agent = Agent {
             cfg,
@@ -172,7 +179,7 @@ impl Agent {
             relist_pending: false,
             connected_once: false,
             fatal: None,
-            audit: crate::breach::Audit::new(own_pod_uid),
+            audit: crate::handshake::breach::Audit::new(own_pod_uid),
             kernel,
         };
         // Without an API server, Jobs complete from the webhook's record on their sandboxes.
@@ -199,7 +206,7 @@ impl Agent {
 
     /// The Job task, posting Events through `events` when there is an API server; its
     /// predecessor, not run yet, is dropped.
-    fn start_jobs(&mut self, events: Option<crate::recorder::EventSink>) {
+    fn start_jobs(&mut self, events: Option<crate::cluster::recorder::EventSink>) {
         let (link, task) = crate::jobs::start(
             self.runtime.clone(),
             &self.cfg.share_dir,
@@ -427,7 +434,7 @@ impl Agent {
                     match breaches {
                         Ok(found) => {
                             for b in &found {
-                                crate::breach::report(
+                                crate::handshake::breach::report(
                                     b,
                                     |uid| self.pod_ref(uid),
                                     self.pod_events.as_ref(),
@@ -444,7 +451,7 @@ impl Agent {
                     match report {
                         Ok(report) => {
                             if !report.unfinished.is_empty() {
-                                gc.reset_after(crate::gc::AGAIN_AFTER);
+                                gc.reset_after(crate::agent::gc::AGAIN_AFTER);
                             }
                             self.gc_done(report);
                         }
@@ -490,7 +497,7 @@ impl Agent {
             Err(e) => {
                 self.stats.share_error();
                 self.stats.set_watching(false);
-                if crate::share::is_removed(&self.cfg.share_dir) {
+                if crate::handshake::share::is_removed(&self.cfg.share_dir) {
                     error!(event = "share_lost", error = %e, "the share's root was removed under the agent");
                     self.fatal = Some(AgentError::ShareRootRemoved {
                         path: self.cfg.share_dir.clone(),
@@ -729,9 +736,9 @@ impl Agent {
     }
 
     /// A pod's namespace and name, as its sandbox tells them.
-    fn pod_ref(&self, uid: &str) -> Option<crate::recorder::PodRef> {
+    fn pod_ref(&self, uid: &str) -> Option<crate::cluster::recorder::PodRef> {
         let s = self.view.pod(uid)?.sandbox.as_ref()?;
-        Some(crate::recorder::PodRef {
+        Some(crate::cluster::recorder::PodRef {
             namespace: s.namespace.clone(),
             name: s.name.clone(),
             uid: uid.to_owned(),
@@ -747,13 +754,14 @@ fn install_entrypoint(
     src: &std::path::Path,
     stats: &Stats,
 ) -> Result<(), AgentError> {
-    match crate::elf::check_static_executable(src) {
+    match crate::handshake::elf::check_static_executable(src) {
         Ok(()) => {
-            let dst =
-                crate::bindir::install(bin_dir, src).map_err(|source| AgentError::Install {
+            let dst = crate::handshake::bindir::install(bin_dir, src).map_err(|source| {
+                AgentError::Install {
                     path: src.to_owned(),
                     source,
-                })?;
+                }
+            })?;
             info!(from = %src.display(), to = %dst.display(), "entrypoint installed");
         }
         Err(e) => {

@@ -10,6 +10,11 @@
 //!
 //! What the task keeps of a pod goes once its Job is done, or, for a pod deleted before that,
 //! when garbage collection finds the pod gone from the runtime (and removes its record).
+//!
+//! Parts:
+//! - [`completion`]: the rules of a finishing Job, pure.
+
+pub mod completion;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::io::Write as _;
@@ -21,17 +26,17 @@ use tokio::sync::mpsc;
 use tracing::{debug, info, warn, Instrument};
 
 use crate::agent::Agent;
-use crate::bounds::Later as _;
-use crate::completion::{self, Completes, InPlace, Member, Participation, Step};
+use crate::cluster::podwatch::ApiPod;
+use crate::cluster::recorder::{EventSink, PodRef, ShutdownNotice};
+use crate::decide::bounds::Later as _;
+use crate::decide::facts;
+use crate::decide::restart::{Restart, RestartError};
+use crate::decide::stoporder::StopOrder;
 use crate::decide::{self, RunState};
-use crate::facts;
-use crate::podwatch::ApiPod;
-use crate::recorder::{EventSink, PodRef, ShutdownNotice};
-use crate::restart::{Restart, RestartError};
+use crate::handshake::share::PodUid;
+use crate::jobs::completion::{Completes, InPlace, Member, Participation, Step};
 use crate::runtime::{ExitStatus, Runtime};
-use crate::share::PodUid;
 use crate::stats::Stats;
-use crate::stoporder::StopOrder;
 use crate::view::PodEntry;
 
 /// Where the shutdown records are, under the share.
@@ -777,7 +782,7 @@ mod tests {
         state: RunState,
         env: Option<u8>,
     ) -> ContainerEntry {
-        crate::facts::tests::entry(id, name, attempt, state, EnvPriority::Known(Ok(env)))
+        crate::decide::facts::tests::entry(id, name, attempt, state, EnvPriority::Known(Ok(env)))
     }
 
     #[test]
@@ -802,11 +807,11 @@ mod tests {
         let members = snapshot_members(&pod, &api, &ordered).expect("readable rules");
         assert_eq!(
             members[0].restart,
-            Restart::pod(crate::restart::Policy::OnFailure)
+            Restart::pod(crate::decide::restart::Policy::OnFailure)
         );
         assert_eq!(
             members[1].restart,
-            Restart::pod(crate::restart::Policy::Never)
+            Restart::pod(crate::decide::restart::Policy::Never)
         );
         let got: Vec<(&str, Option<&str>, u8, RunState)> = members
             .iter()

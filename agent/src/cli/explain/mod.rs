@@ -15,13 +15,13 @@ use k8s_openapi::api::core::v1::{Container, Pod};
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::completion::{self, Participation};
+use crate::decide::priority::{self, Source};
+use crate::decide::restart::Restart;
+use crate::decide::stoporder::StopOrder;
+use crate::jobs::completion::{self, Participation};
 use crate::presets::{self, Enabler};
-use crate::priority::{self, Source};
-use crate::pss::{self, Profile};
-use crate::restart::Restart;
-use crate::stoporder::StopOrder;
 use crate::webhook::mutate::{self, Admission, Settings};
+use crate::webhook::pss::{self, Profile};
 
 /// Everything said about one pod.
 #[derive(Debug, Clone, Serialize)]
@@ -138,7 +138,7 @@ pub struct Options {
 #[derive(Debug, thiserror::Error)]
 pub enum ExplainError {
     #[error(transparent)]
-    Manifest(#[from] crate::manifest::ManifestError),
+    Manifest(#[from] crate::cli::manifest::ManifestError),
     #[error("cannot write JSON: {0}")]
     Json(#[source] serde_json::Error),
     #[error("{object}: not a valid Pod: {source}")]
@@ -151,18 +151,20 @@ pub enum ExplainError {
 /// Every pod in a manifest's text, explained; documents without a pod (a Service, a
 /// ConfigMap) are passed over, and a text with none is an error.
 pub fn explain_text(text: &str, options: &Options) -> Result<Vec<Explanation>, ExplainError> {
-    let docs = crate::manifest::documents(text)?;
+    let docs = crate::cli::manifest::documents(text)?;
     let mut out = Vec::new();
     let mut last_err = None;
     for doc in &docs {
-        match crate::manifest::pod_of(doc) {
+        match crate::cli::manifest::pod_of(doc) {
             Ok(pod) => out.push(explain(&object_name(doc), &pod, options)?),
             Err(e) => last_err = Some(e),
         }
     }
     match (out.is_empty(), last_err) {
         (true, Some(e)) => Err(e.into()),
-        (true, None) => Err(crate::manifest::ManifestError::Yaml("no document".to_owned()).into()),
+        (true, None) => {
+            Err(crate::cli::manifest::ManifestError::Yaml("no document".to_owned()).into())
+        }
         _ => Ok(out),
     }
 }
@@ -489,15 +491,15 @@ fn grace(pod: &Pod, reserve: Duration, warnings: &mut Vec<Warning>) -> Grace {
     // The agent's own reading of the pod (a UID is all it asks more) and its own deadline.
     let mut with_uid = pod.clone();
     with_uid.metadata.uid = Some("explain".to_owned());
-    let api_grace = crate::podwatch::ApiPod::from_pod(&with_uid).and_then(|a| a.grace());
+    let api_grace = crate::cluster::podwatch::ApiPod::from_pod(&with_uid).and_then(|a| a.grace());
     let now = std::time::Instant::now();
-    let clock = crate::facts::Clock {
+    let clock = crate::decide::facts::Clock {
         first_seen: now,
         api_grace,
         runtime_grace: None,
         reserve,
     };
-    let grace = api_grace.unwrap_or(crate::facts::DEFAULT_GRACE);
+    let grace = api_grace.unwrap_or(crate::decide::facts::DEFAULT_GRACE);
     let release_by = clock.deadline().saturating_duration_since(now);
     if release_by < Duration::from_secs(1) {
         warnings.push(Warning {

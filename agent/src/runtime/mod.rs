@@ -2,6 +2,15 @@
 //! annotations and env. Read-only calls, apart from the two a finished Job needs (`ExecSync`
 //! of the entrypoint's shutdown in a sidecar, `StopContainer`): the agent never changes a
 //! container's life for the exit handshake.
+//!
+//! Parts:
+//! - [`kernel`]: exits as the kernel sees them (a pidfd per container);
+//! - [`podcgroup`]: which containers a pod has started, from its cgroup;
+//! - [`source`]: how the agent learns of exits on this runtime: containerd's events or the CRI stream.
+
+pub mod kernel;
+pub mod podcgroup;
+pub mod source;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -121,9 +130,9 @@ fn run_state(raw: i32) -> RunState {
 /// The pod's grace period as the kubelet wrote it on a container: the pod's int64 verbatim,
 /// bounded. Text that is no number at all is no grace period (the default applies).
 fn grace(annotations: &HashMap<String, String>) -> Option<Duration> {
-    match crate::bounds::parse_seconds(annotations.get(ANNOTATION_GRACE)?) {
-        crate::bounds::Seconds::Bounded(d) => Some(d),
-        crate::bounds::Seconds::Junk => None,
+    match crate::decide::bounds::parse_seconds(annotations.get(ANNOTATION_GRACE)?) {
+        crate::decide::bounds::Seconds::Bounded(d) => Some(d),
+        crate::decide::bounds::Seconds::Junk => None,
     }
 }
 
@@ -303,7 +312,7 @@ impl Runtime {
             timeout: secs,
         });
         // The runtime's own timeout, with time for it to answer.
-        req.set_timeout(crate::bounds::sum(timeout, CALL_TIMEOUT));
+        req.set_timeout(crate::decide::bounds::sum(timeout, CALL_TIMEOUT));
         let resp = self
             .client
             .clone()
@@ -327,7 +336,7 @@ impl Runtime {
             container_id: id.to_owned(),
             timeout: i64::try_from(grace.as_secs()).unwrap_or(i64::MAX),
         });
-        req.set_timeout(crate::bounds::sum(grace, Duration::from_secs(10)));
+        req.set_timeout(crate::decide::bounds::sum(grace, Duration::from_secs(10)));
         self.client
             .clone()
             .stop_container(req)
@@ -441,7 +450,7 @@ pub fn described(
         .mounts
         .iter()
         .filter(|m| !m.readonly)
-        .take(crate::breach::MAX_MOUNTS)
+        .take(crate::handshake::breach::MAX_MOUNTS)
         .map(|m| m.host_path.clone())
         .collect();
     Ok(Some(Described {
@@ -454,8 +463,8 @@ pub fn described(
 
 impl Described {
     /// What the share's breach check needs of it.
-    pub fn mount_check(&self) -> crate::breach::MountCheck {
-        crate::breach::MountCheck {
+    pub fn mount_check(&self) -> crate::handshake::breach::MountCheck {
+        crate::handshake::breach::MountCheck {
             id: self.info.id.clone(),
             pod_uid: self.info.pod_uid.clone(),
             container: self.info.name.clone(),
@@ -466,7 +475,9 @@ impl Described {
     /// The view's change: the container, with the exit priority its env gives.
     pub fn change(self) -> Change {
         Change::Described {
-            env: crate::priority::from_env(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str()))),
+            env: crate::decide::priority::from_env(
+                self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())),
+            ),
             info: self.info,
         }
     }

@@ -4,7 +4,7 @@
 //!
 //! Listings run one at a time (a request made while one runs is served by one more after
 //! it); container descriptions run up to [`DESCRIBE_CONCURRENCY`] at once. While the runtime
-//! is failing, it is asked for its Version every [`HEALTH_RETRY`] so readiness follows it.
+//! is failing, it is asked for its Version every `HEALTH_RETRY` so readiness follows it.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -13,7 +13,7 @@ use tokio::sync::{mpsc, Semaphore};
 use tokio::task::JoinSet;
 use tracing::{debug, Instrument};
 
-use crate::bounds::Later as _;
+use crate::decide::bounds::Later as _;
 use crate::decide::RunState;
 use crate::runtime::{Runtime, RuntimeError};
 use crate::view::{Change, Need};
@@ -55,7 +55,7 @@ pub enum Reply {
     /// Whether the runtime answers now (after a failure, and when it answers again).
     Health(bool),
     /// A container's writable mounts, read with its description, for the breach check.
-    Mounts(crate::breach::MountCheck),
+    Mounts(crate::handshake::breach::MountCheck),
     /// A running container's first process, read with its description, for the kernel's
     /// exit source.
     Process { id: String, pid: i32 },

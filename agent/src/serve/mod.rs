@@ -16,6 +16,11 @@
 //!   connection, or never reads its answers, is told to stop as at shutdown.
 //! - A connection told to stop (too old, or the server stopping) finishes the request in
 //!   flight within `drain`, then closes; an evicted one is closed at once.
+//!
+//! Parts:
+//! - [`metrics`]: the agent's `/metrics`, `/healthz`, `/readyz`.
+
+pub mod metrics;
 
 use std::collections::HashMap;
 use std::future::Future;

@@ -11,12 +11,12 @@ use std::time::{Duration, Instant};
 
 use tracing::{debug, warn};
 
-use crate::bounds::Later as _;
-use crate::share::{
+use crate::decide::bounds::Later as _;
+use crate::handshake::share::{
     ContainerName, ExitKey, ExitState, Place, PodUid, Rejection, Share, ShareEntry, ShareError,
 };
+use crate::handshake::watch::{FsEvent, ShareWatcher};
 use crate::stats::Stats;
-use crate::watch::{FsEvent, ShareWatcher};
 
 /// A wait that reappears sooner than this after its last decision is decided at the end of
 /// the window, not at once.
@@ -453,7 +453,7 @@ mod tests {
             Fixture {
                 watcher: ShareWatcher::new(
                     tx,
-                    vec![crate::watch::Root {
+                    vec![crate::handshake::watch::Root {
                         pods: share.pods_path(),
                         container_depth: 2,
                     }],

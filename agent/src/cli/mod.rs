@@ -1,5 +1,12 @@
 //! Command line of the `exitorder` binary. Every agent flag has an env fallback, the way a
 //! DaemonSet passes configuration.
+//!
+//! Parts:
+//! - [`explain`]: `exitorder explain`: what will happen to a pod;
+//! - [`manifest`]: YAML manifests: Pods and workload templates.
+
+pub mod explain;
+pub mod manifest;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -9,7 +16,7 @@ use clap::{Args, Parser, Subcommand};
 
 use crate::agent;
 use crate::runtime::socket_path;
-use crate::source::SourceChoice;
+use crate::runtime::source::SourceChoice;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -67,8 +74,8 @@ pub enum Output {
 }
 
 impl ExplainArgs {
-    pub fn options(&self) -> crate::explain::Options {
-        crate::explain::Options {
+    pub fn options(&self) -> crate::cli::explain::Options {
+        crate::cli::explain::Options {
             settings: crate::webhook::Settings {
                 grace_reserve: self.grace_reserve,
                 handshake_volume: self.handshake_volume,
@@ -86,7 +93,7 @@ pub struct TestbedArgs {
 }
 
 /// The test bed's binary, which holds `demo` and `bench`: beside this executable (a build
-/// tree's target/<profile>/), else on PATH.
+/// tree's `target/<profile>/`), else on PATH.
 pub fn testbed_binary() -> PathBuf {
     const NAME: &str = "exitorder-testbed";
     std::env::current_exe()
@@ -292,12 +299,15 @@ impl WebhookArgs {
 }
 
 /// `exitorder-entrypoint` beside the running executable: true both in a build tree
-/// (target/<profile>/) and in the agent image.
+/// (`target/<profile>/`) and in the agent image.
 pub fn default_entrypoint_binary() -> PathBuf {
     std::env::current_exe()
         .ok()
-        .and_then(|p| p.parent().map(|d| d.join(crate::share::ENTRYPOINT_NAME)))
-        .unwrap_or_else(|| PathBuf::from(crate::share::ENTRYPOINT_NAME))
+        .and_then(|p| {
+            p.parent()
+                .map(|d| d.join(crate::handshake::share::ENTRYPOINT_NAME))
+        })
+        .unwrap_or_else(|| PathBuf::from(crate::handshake::share::ENTRYPOINT_NAME))
 }
 
 #[cfg(test)]

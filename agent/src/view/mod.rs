@@ -9,13 +9,18 @@
 //!   publishes the event before its CRI view changes), and a late start never revives it;
 //! - a removed container leaves a tombstone, so a late start or exit does not bring it back;
 //! - a listing replaces what it covers, but keeps what appeared after it was taken.
+//!
+//! Parts:
+//! - [`reader`]: runtime reads for the view, off the decision path.
+
+pub mod reader;
 
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
-use crate::bounds::Later as _;
+use crate::decide::bounds::Later as _;
+use crate::decide::priority::PriorityError;
 use crate::decide::RunState;
-use crate::priority::PriorityError;
 
 /// One container attempt as the runtime describes it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -96,7 +101,7 @@ pub struct PodEntry {
     /// look at its cgroup found no container the view does not know (the same knowledge).
     pub listed_at: Option<Instant>,
     /// The pod's cgroup directory, learnt with a container's process (see
-    /// [`crate::podcgroup`]).
+    /// [`crate::runtime::podcgroup`]).
     pub cgroup_dir: Option<std::path::PathBuf>,
 }
 

@@ -250,7 +250,7 @@ mod tests {
     fn a_static_busybox_passes() {
         // Present wherever the end-to-end tests run (busybox-static).
         let bb = Path::new("/bin/busybox");
-        if crate::elf::is_static_elf(bb).unwrap_or(false) {
+        if crate::handshake::elf::is_static_elf(bb).unwrap_or(false) {
             check_static_executable(bb).unwrap();
         }
     }

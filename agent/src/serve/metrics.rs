@@ -125,7 +125,7 @@ pub fn render(stats: &Stats) -> String {
          # TYPE exitorder_share_rejected_total counter"
     );
     // Every reason, 0 or more: a closed set of series that never disappears.
-    for why in crate::share::Rejection::ALL {
+    for why in crate::handshake::share::Rejection::ALL {
         let _ = writeln!(
             out,
             "exitorder_share_rejected_total{{reason=\"{why}\"}} {}",
@@ -328,7 +328,7 @@ mod tests {
 
     #[test]
     fn share_rejections_by_reason() {
-        use crate::share::Rejection;
+        use crate::handshake::share::Rejection;
         let stats = Stats::default();
         stats.share_rejected(Rejection::Link);
         stats.share_rejected(Rejection::Link);

@@ -8,8 +8,8 @@ use std::time::Instant;
 
 use exitorder_contract::annotation;
 
+use crate::decide::restart::{Outcome, Policy, Restart};
 use crate::decide::RunState;
-use crate::restart::{Outcome, Policy, Restart};
 
 /// The restart policies of pods that complete.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -252,7 +252,7 @@ pub fn restarting_all(triggers: &[Member]) -> InPlace {
 mod tests {
     use super::RunState::{Created, Exited, Running};
     use super::*;
-    use crate::restart::{Action, ExitCodes, Rule};
+    use crate::decide::restart::{Action, ExitCodes, Rule};
 
     fn m(name: &str, priority: u8, state: RunState, exit_code: Option<i32>) -> Member {
         Member {
