@@ -178,11 +178,28 @@ impl ApiPod {
     /// The grace period the kubelet gives this pod's containers, as it computes it: the
     /// deletion's own when set and not 0, else the spec's, and never under 1 s.
     pub fn grace(&self) -> Option<Duration> {
-        self.deletion_grace
-            .filter(|g| !g.is_zero())
-            .or(self.grace)
-            .map(|g| g.max(Duration::from_secs(1)))
+        kubelet_grace(self.deletion_grace, self.grace)
     }
+}
+
+/// The grace period the kubelet gives a pod's containers, read from the object: see
+/// [`ApiPod::grace`].
+pub fn grace_of(pod: &Pod) -> Option<Duration> {
+    kubelet_grace(
+        seconds(pod.metadata.deletion_grace_period_seconds),
+        seconds(
+            pod.spec
+                .as_ref()
+                .and_then(|s| s.termination_grace_period_seconds),
+        ),
+    )
+}
+
+fn kubelet_grace(deletion: Option<Duration>, spec: Option<Duration>) -> Option<Duration> {
+    deletion
+        .filter(|g| !g.is_zero())
+        .or(spec)
+        .map(|g| g.max(Duration::from_secs(1)))
 }
 
 /// What the watch tells the decision loop.

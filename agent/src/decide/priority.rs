@@ -104,6 +104,19 @@ where
     Ok(None)
 }
 
+/// A container's priority from the literal values of its spec's env. A value set from a
+/// Secret or a field is not in the spec: the agent reads it from the runtime, where it is.
+pub fn from_spec_env(
+    c: &k8s_openapi::api::core::v1::Container,
+) -> Result<Option<u8>, PriorityError> {
+    from_env(
+        c.env
+            .iter()
+            .flatten()
+            .filter_map(|e| e.value.as_deref().map(|v| (e.name.as_str(), v))),
+    )
+}
+
 /// The priority a container ends up with.
 pub fn resolve(container: &str, pod: Option<&PodPriorities>, env: Option<u8>) -> u8 {
     resolve_as(container, pod, env, false)

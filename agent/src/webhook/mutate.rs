@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use exitorder_contract::annotation;
-use k8s_openapi::api::core::v1::{Container, Pod};
+use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
 use serde_json::Value;
 
 use super::inject::{self, Sidecar};
@@ -215,19 +215,12 @@ pub struct Member {
 /// The pod's containers and native sidecars with their exit priorities, as the agent will
 /// resolve them; an error names the bad annotation or env.
 pub fn members(pod: &Pod, named: Option<&PodPriorities>) -> Result<Vec<Member>, String> {
-    let Some(spec) = pod.spec.as_ref() else {
-        return Ok(Vec::new());
-    };
-    let main = spec.containers.iter().map(|c| (c, false));
-    let native = spec
-        .init_containers
+    pod.spec
         .iter()
-        .flatten()
-        .filter(|c| is_native(c))
-        .map(|c| (c, true));
-    main.chain(native)
+        .flat_map(ordered_containers)
         .map(|(c, native)| {
-            let env = env_priority(c)?;
+            let env =
+                priority::from_spec_env(c).map_err(|e| format!("container {:?}: {e}", c.name))?;
             let (priority, source) = priority::resolve_from(&c.name, named, env, native);
             Ok(Member {
                 name: c.name.clone(),
@@ -239,19 +232,33 @@ pub fn members(pod: &Pod, named: Option<&PodPriorities>) -> Result<Vec<Member>, 
         .collect()
 }
 
+/// The kubelet's stop order for the native sidecars among `members`.
+pub fn stop_order(members: &[Member]) -> StopOrder {
+    StopOrder::new(
+        members
+            .iter()
+            .filter(|m| m.native)
+            .map(|m| m.name.clone())
+            .collect(),
+    )
+}
+
 pub fn is_native(c: &Container) -> bool {
     c.restart_policy.as_deref() == Some("Always")
 }
 
-/// A container's priority from a literal env value (one set from a Secret or a field is
-/// read by the agent from the runtime, where it has its value).
-fn env_priority(c: &Container) -> Result<Option<u8>, String> {
-    let literal = c
-        .env
+/// The containers the agent orders, each with whether it is a native sidecar: the main
+/// containers, then the init containers with `restartPolicy: Always` (plain init containers
+/// have exited before any deletion can find them).
+pub fn ordered_containers(spec: &PodSpec) -> impl Iterator<Item = (&Container, bool)> {
+    let main = spec.containers.iter().map(|c| (c, false));
+    let native = spec
+        .init_containers
         .iter()
         .flatten()
-        .filter_map(|e| e.value.as_deref().map(|v| (e.name.as_str(), v)));
-    priority::from_env(literal).map_err(|e| format!("container {:?}: {e}", c.name))
+        .filter(|c| is_native(c))
+        .map(|c| (c, true));
+    main.chain(native)
 }
 
 /// Injects into `pod`.
@@ -279,13 +286,7 @@ fn inject_into(
             ));
         }
     }
-    let order = StopOrder::new(
-        members
-            .iter()
-            .filter(|m| m.native)
-            .map(|m| m.name.clone())
-            .collect(),
-    );
+    let order = stop_order(&members);
     check_stop_order(&members, &order)?;
     let sidecars: Vec<&Member> = members.iter().filter(|m| m.priority > 0).collect();
     if sidecars.is_empty() {

@@ -27,16 +27,8 @@ pub fn write(pod: &mut Pod, named: Option<&PodPriorities>) {
             .then(|| c.image.as_deref().and_then(presets::by_image))
             .flatten()
     };
-    let literal = |c: &Container| {
-        priority::from_env(
-            c.env
-                .iter()
-                .flatten()
-                .filter_map(|e| e.value.as_deref().map(|v| (e.name.as_str(), v))),
-        )
-        .ok()
-        .flatten()
-    };
+    // A malformed env is refused by the mutation's own reading, after this.
+    let literal = |c: &Container| priority::from_spec_env(c).ok().flatten();
     let works = spec
         .containers
         .iter()

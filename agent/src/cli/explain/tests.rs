@@ -1,4 +1,5 @@
 use super::*;
+use crate::decide::priority::Source;
 use serde_json::json;
 
 fn pod(annotations: Value, spec: Value) -> Value {
@@ -19,11 +20,11 @@ fn member<'a>(e: &'a Explanation, name: &str) -> &'a Member {
     e.exit.members.iter().find(|m| m.name == name).unwrap()
 }
 
-fn shutdown_how(e: &Explanation) -> BTreeMap<&str, &str> {
+fn shutdown_how(e: &Explanation) -> BTreeMap<&str, String> {
     e.job
         .steps
         .iter()
-        .map(|s| (s.container.as_str(), s.how.as_str()))
+        .map(|s| (s.container.as_str(), s.how.to_string()))
         .collect()
 }
 
@@ -47,7 +48,7 @@ fn an_injected_mesh_pod_is_ordered_and_warns_of_nothing() {
     assert_eq!(proxy.waits_for, ["app"]);
     assert!(proxy.waits_in_prestop);
     assert!(member(&e, "app").waits_for.is_empty());
-    assert_eq!(e.job.shutdown, "off");
+    assert_eq!(e.job.shutdown, Shutdown::Off);
     assert_eq!(
         (e.grace.grace_period_seconds, e.grace.release_by_seconds),
         (30, 25)
@@ -152,7 +153,7 @@ fn a_bad_priority_annotation_is_said() {
         e.warnings
     );
     assert!(!e.exit.ordered);
-    assert_eq!(e.job.shutdown, "off");
+    assert_eq!(e.job.shutdown, Shutdown::Off);
     assert!(e.job.steps.is_empty());
     // A bad shutdown annotation: stopped through the runtime.
     let e = run(&pod(
@@ -197,7 +198,7 @@ fn job_shutdown_by_preset_endpoint_runtime_stop_and_disabled_endpoints() {
         "initContainers": [{"name": "sql-native", "image": "gcr.io/cloud-sql-connectors/cloud-sql-proxy:2",
                             "restartPolicy": "Always"}]});
     let e = run(&pod(json!({INJECT: "true"}), spec.clone()));
-    assert_eq!(e.job.shutdown, "on");
+    assert_eq!(e.job.shutdown, Shutdown::On);
     let how = shutdown_how(&e);
     assert_eq!(how["daprd"], "POST http://127.0.0.1:3500/v1.0/shutdown");
     assert_eq!(how["linkerd-proxy"], "stop");
@@ -298,7 +299,7 @@ fn a_sidecar_whose_shutdown_restarts_the_pod_is_left_running() {
                 {"action": "RestartAllContainers", "exitCodes": {"operator": "In", "values": [143]}}]}]}),
     ));
     assert_eq!(e.job.steps.len(), 1);
-    assert_eq!(e.job.steps[0].how, "left running");
+    assert_eq!(e.job.steps[0].how, How::LeftRunning);
 }
 
 #[test]
@@ -308,7 +309,7 @@ fn a_job_that_opted_out_keeps_its_sidecars() {
         json!({"restartPolicy": "OnFailure", "containers": [
             {"name": "app", "image": "a"}, {"name": "istio-proxy", "image": "p"}]}),
     ));
-    assert_eq!(e.job.shutdown, "opted-out");
+    assert_eq!(e.job.shutdown, Shutdown::OptedOut);
     assert!(e.job.steps.is_empty());
 }
 
@@ -392,4 +393,34 @@ fn text_output_escapes_control_characters() {
     let text = text::render(&e);
     assert!(!text.contains('\u{1b}'), "{text}");
     assert!(text.contains("\\u{1b}[2J"), "{text}");
+}
+
+#[test]
+fn the_job_words_in_json_are_the_ones_the_text_says() {
+    let job = Job {
+        shutdown: Shutdown::OptedOut,
+        restart_policy: Some("Never".to_owned()),
+        steps: [
+            How::Post("http://127.0.0.1:4191/shutdown".to_owned()),
+            How::Stop,
+            How::LeftRunning,
+            How::Kubelet,
+        ]
+        .into_iter()
+        .map(|how| ShutdownStep {
+            container: "c".to_owned(),
+            priority: 1,
+            how,
+        })
+        .collect(),
+    };
+    let steps = |how: &str| json!({"container": "c", "priority": 1, "how": how});
+    assert_eq!(
+        serde_json::to_value(&job).unwrap(),
+        json!({"shutdown": "opted-out", "restartPolicy": "Never", "steps": [
+            steps("POST http://127.0.0.1:4191/shutdown"), steps("stop"),
+            steps("left running"), steps("kubelet")]})
+    );
+    assert_eq!(serde_json::to_value(Shutdown::Off).unwrap(), json!("off"));
+    assert_eq!(serde_json::to_value(Shutdown::On).unwrap(), json!("on"));
 }

@@ -2,7 +2,7 @@
 
 use std::fmt::Write;
 
-use super::{Explanation, Injection, Member};
+use super::{Explanation, Injection, Member, Shutdown};
 use crate::decide::priority::Source;
 
 /// The explanation as text for a terminal, ending in a newline. Names and reasons come from
@@ -88,8 +88,8 @@ fn write_all(o: &mut String, e: &Explanation) -> std::fmt::Result {
         e.grace.grace_period_seconds, e.grace.release_by_seconds, e.grace.reserve_seconds
     )?;
     writeln!(o)?;
-    match e.job.shutdown.as_str() {
-        "on" => {
+    match e.job.shutdown {
+        Shutdown::On => {
             writeln!(
                 o,
                 "When the work is done (restartPolicy {}): sidecars shut down, lowest priority \
@@ -107,12 +107,12 @@ fn write_all(o: &mut String, e: &Explanation) -> std::fmt::Result {
                 writeln!(o, "  (no sidecars)")?;
             }
         }
-        "opted-out" => writeln!(
+        Shutdown::OptedOut => writeln!(
             o,
             "When the work is done: sidecars left running \
              (exitorder.io/terminate-sidecars-on-completion: \"false\")"
         )?,
-        _ => writeln!(
+        Shutdown::Off => writeln!(
             o,
             "When the work is done: nothing (not a completing pod, or not opted in)"
         )?,

@@ -1,0 +1,164 @@
+//! Who waits for whom when the pod is deleted: the agent's priorities and the kubelet's stop
+//! order on the admitted pod.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{Container, Pod};
+
+use super::{ExitPlan, Member, Warning};
+use crate::decide::priority::{self, Source};
+use crate::presets;
+use crate::webhook::mutate;
+
+/// Who waits for whom: the agent's priorities on the admitted pod.
+pub(super) fn exit_plan(
+    pod: &Pod,
+    containers: &BTreeMap<&str, &Container>,
+    annotations: &BTreeMap<String, String>,
+    warnings: &mut Vec<Warning>,
+) -> ExitPlan {
+    let opted_in = mutate::opted_in(annotations)
+        || annotations.contains_key(priority::ANNOTATION)
+        || annotations.contains_key(priority::ANNOTATION_KRUISE);
+    let resolved =
+        priority::from_annotations(annotations.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .map_err(|e| e.to_string())
+            .and_then(|named| mutate::members(pod, named.as_ref()));
+    // As the agent: a malformed priority anywhere leaves the whole pod unordered.
+    let (found, malformed) = match resolved {
+        Ok(found) => (found, false),
+        Err(e) => {
+            if opted_in {
+                warnings.push(Warning {
+                    code: "bad-annotation",
+                    message: format!(
+                        "{e}: the agent orders nothing in this pod (every container counts as \
+                         priority 0) and shuts none of its sidecars down"
+                    ),
+                });
+            }
+            (unordered(pod), true)
+        }
+    };
+    let order = mutate::stop_order(&found);
+    if let Err(why) = mutate::check_stop_order(&found, &order) {
+        warnings.push(Warning {
+            code: "contradicting-priorities",
+            message: why,
+        });
+    }
+    let members: Vec<Member> = found
+        .iter()
+        .map(|m| {
+            let c = containers.get(m.name.as_str()).copied();
+            // The agent never holds a container for one the kubelet stops only after it.
+            let waits_for = found
+                .iter()
+                .filter(|o| o.priority < m.priority && !order.stops_after(&m.name, &o.name))
+                .map(|o| o.name.clone())
+                .collect();
+            Member {
+                name: m.name.clone(),
+                native: m.native,
+                priority: m.priority,
+                priority_from: m.source,
+                preset: presets::of(&m.name, c.and_then(|c| c.image.as_deref()))
+                    .map(|p| p.name().to_owned()),
+                waits_for,
+                waits_in_prestop: c.is_some_and(|c| {
+                    c.lifecycle
+                        .as_ref()
+                        .and_then(|l| l.pre_stop.as_ref())
+                        .is_some_and(crate::webhook::inject::waits_for_agent)
+                }),
+            }
+        })
+        .collect();
+    let ordered = opted_in && !malformed;
+    if ordered {
+        for m in members
+            .iter()
+            .filter(|m| m.priority > 0 && !m.waits_in_prestop)
+        {
+            warnings.push(Warning {
+                code: "no-prestop",
+                message: format!(
+                    "sidecar {:?} (priority {}) has no preStop that waits for the agent: it \
+                     gets SIGTERM with the others, unordered{}",
+                    m.name,
+                    m.priority,
+                    if mutate::opted_in(annotations) {
+                        ""
+                    } else {
+                        " (annotate the pod exitorder.io/inject: \"true\" for the webhook to add one)"
+                    }
+                ),
+            });
+        }
+    }
+    if ordered {
+        shared_level(&members, warnings);
+    }
+    let mut native_stop_order: Vec<String> = order.native().to_vec();
+    native_stop_order.reverse();
+    ExitPlan {
+        ordered,
+        members,
+        native_stop_order,
+    }
+}
+
+/// Main-container sidecars that leave together with a mesh proxy: whatever they send
+/// through it at their end (a log shipper's last flush) may be cut off.
+fn shared_level(members: &[Member], warnings: &mut Vec<Warning>) {
+    let is_mesh = |m: &Member| {
+        m.preset
+            .as_deref()
+            .and_then(|p| presets::PRESETS.iter().find(|x| x.name() == p))
+            .is_some_and(|p| p.mesh)
+    };
+    let main = || members.iter().filter(|m| !m.native && m.priority > 0);
+    for proxy in main().filter(|m| is_mesh(m)) {
+        let with: Vec<&str> = main()
+            .filter(|m| m.priority == proxy.priority && !is_mesh(m))
+            .map(|m| m.name.as_str())
+            .collect();
+        if with.is_empty() {
+            continue;
+        }
+        let named: Vec<String> = with
+            .iter()
+            .map(|n| format!("{n:?}: {}", proxy.priority))
+            .chain(std::iter::once(format!(
+                "{:?}: {}",
+                proxy.name,
+                proxy.priority.saturating_add(1)
+            )))
+            .collect();
+        warnings.push(Warning {
+            code: "shared-level",
+            message: format!(
+                "{} exit together with the mesh proxy {:?} (priority {}): if they send through \
+                 it, order them: exitorder.io/container-exit-priority: '{{{}}}'",
+                with.join(", "),
+                proxy.name,
+                proxy.priority,
+                named.join(", ")
+            ),
+        });
+    }
+}
+
+/// The pod's containers, every one of priority 0: an unordered pod.
+fn unordered(pod: &Pod) -> Vec<mutate::Member> {
+    pod.spec
+        .iter()
+        .flat_map(mutate::ordered_containers)
+        .map(|(c, native)| mutate::Member {
+            name: c.name.clone(),
+            native,
+            priority: 0,
+            source: Source::Default,
+        })
+        .collect()
+}
