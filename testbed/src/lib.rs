@@ -7,6 +7,7 @@
 
 pub mod agentlog;
 pub mod bench;
+pub mod clock;
 pub mod demo;
 pub mod install;
 pub mod kubelet;

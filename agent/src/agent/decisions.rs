@@ -30,7 +30,7 @@ const WRITE_RETRY_MAX: Duration = Duration::from_secs(2);
 
 impl Agent {
     /// Decides for every waiting container of the `dirty` pods, from memory.
-    pub(crate) fn evaluate(&mut self, dirty: BTreeSet<PodUid>) {
+    pub(super) fn evaluate(&mut self, dirty: BTreeSet<PodUid>) {
         let now = Instant::now();
         for pod in dirty {
             if !self.waits.pending.contains_key(&pod) {
@@ -63,7 +63,7 @@ impl Agent {
     }
 
     /// The API server's current view of a pending pod.
-    pub(crate) fn api_pod(&self, pod: &PodUid) -> Option<ApiPod> {
+    pub(super) fn api_pod(&self, pod: &PodUid) -> Option<ApiPod> {
         let api = self.api.as_ref()?;
         match self.sandbox(pod) {
             Some(sb) => api.get(&sb.namespace, &sb.name, pod.as_str()),
@@ -272,7 +272,7 @@ impl Agent {
         }
     }
 
-    pub(crate) fn on_pod_signal(&mut self, sig: PodSignal, dirty: &mut BTreeSet<PodUid>) {
+    pub(super) fn on_pod_signal(&mut self, sig: PodSignal, dirty: &mut BTreeSet<PodUid>) {
         match sig {
             PodSignal::Changed(uid) => {
                 self.job_check(&uid);

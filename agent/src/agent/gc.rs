@@ -23,11 +23,11 @@ pub const ROUND_ENTRIES: u64 = 50_000;
 pub const AGAIN_AFTER: Duration = Duration::from_secs(1);
 
 /// A round of removals in flight on the blocking pool.
-pub(crate) type Round = JoinHandle<Report>;
+pub(super) type Round = JoinHandle<Report>;
 
 /// What a round did.
 #[derive(Debug, Default)]
-pub(crate) struct Report {
+pub(super) struct Report {
     pub removed: Vec<PodUid>,
     /// Taken apart in part; still gone from the runtime, so the next round goes on.
     pub unfinished: Vec<PodUid>,
@@ -38,7 +38,7 @@ impl Agent {
     /// runtime, the directory is older than `gc_min_age`, and no container of it waits.
     /// Nothing is removed before the node view's first listing, or when the runtime lists no
     /// pods at all (a wrong socket must not empty the share), or while a round still runs.
-    pub(crate) fn gc(&mut self) {
+    pub(super) fn gc(&mut self) {
         let mut dirty = BTreeSet::new();
         self.sync().rescan(&mut dirty);
         self.evaluate(dirty);
@@ -100,7 +100,7 @@ impl Agent {
 
     /// A round's end: the removed directories' watches go; the unfinished ones stay doomed
     /// (no second confirmation needed) for the round that follows soon.
-    pub(crate) fn gc_done(&mut self, report: Report) {
+    pub(super) fn gc_done(&mut self, report: Report) {
         for pod in &report.removed {
             self.watcher.forget(&self.share.pod_path(pod));
         }

@@ -7,10 +7,14 @@
 //!
 //! Parts:
 //! - `decisions`: deciding the pending waits and carrying the answers out;
-//! - `gc`: directories of pods that are gone removed, the share rescanned.
+//! - `gc`: directories of pods that are gone removed, the share rescanned;
+//! - `jobs`: a completing pod's state handed to the Job task;
+//! - `warned`: what was logged once, bounded.
 
 mod decisions;
 mod gc;
+mod jobs;
+mod warned;
 
 use std::collections::{BTreeSet, HashSet};
 use std::future::Future;
@@ -33,6 +37,7 @@ use crate::runtime::{Runtime, RuntimeError};
 use crate::stats::{Kept, Stats};
 use crate::view::reader::{self, Read, Reader, Reply};
 use crate::view::{Change, Need, NodeView};
+use warned::Warned;
 
 pub use crate::config::{Config, DEFAULT_POLL_INTERVAL};
 pub use crate::decide::facts::DEFAULT_GRACE;
@@ -58,44 +63,38 @@ pub enum AgentError {
     },
 }
 
-/// Container ids whose failed reads were already logged are forgotten past this many, so the
-/// set cannot grow without bound on a node whose runtime keeps failing.
-const WARNED_MAX: usize = 4096;
-
 pub struct Agent {
-    pub(crate) cfg: Config,
-    pub(crate) share: Arc<Share>,
+    cfg: Config,
+    share: Arc<Share>,
     /// The kubelet's directory of pods, where pod-local exit directories are; `None` when
     /// the kubelet's root has none.
     local: Option<Arc<Share>>,
-    pub(crate) watcher: ShareWatcher,
+    watcher: ShareWatcher,
     fs_events: mpsc::UnboundedReceiver<FsEvent>,
-    pub(crate) waits: Waits,
-    pub(crate) view: NodeView,
+    waits: Waits,
+    view: NodeView,
     runtime: Runtime,
-    pub(crate) reader: Reader,
+    reader: Reader,
     replies: mpsc::UnboundedReceiver<Reply>,
     reader_task: Option<reader::ReaderTask>,
     signals: mpsc::UnboundedReceiver<SourceSignal>,
     signal_tx: mpsc::UnboundedSender<SourceSignal>,
     /// The event stream in use, while it is connected; `None` means polling.
-    pub(crate) live_source: Option<SourceKind>,
+    live_source: Option<SourceKind>,
     /// Whether the runtime answered its last call.
-    pub(crate) runtime_ok: bool,
-    /// Pods whose malformed priorities were logged, and container ids whose failed reads
-    /// were.
-    pub(crate) warned: HashSet<(PodUid, String)>,
-    warned_reads: HashSet<String>,
-    pub(crate) gc_suspects: HashSet<PodUid>,
+    runtime_ok: bool,
+    /// What was logged once.
+    warned: Warned,
+    gc_suspects: HashSet<PodUid>,
     /// The removal round in flight, if any.
-    pub(crate) gc_round: Option<crate::agent::gc::Round>,
-    pub(crate) stats: Arc<Stats>,
+    gc_round: Option<crate::agent::gc::Round>,
+    stats: Arc<Stats>,
     /// The API server's view of this node's pods, when there is an API server.
-    pub(crate) api: Option<PodView>,
+    api: Option<PodView>,
     pod_signals: Option<mpsc::UnboundedReceiver<PodSignal>>,
-    pub(crate) pod_events: Option<EventSink>,
+    pod_events: Option<EventSink>,
     /// Finished Jobs' sidecar shutdown (with an API server only).
-    pub(crate) jobs: Option<crate::jobs::JobLink>,
+    jobs: Option<crate::jobs::JobLink>,
     jobs_task: Option<crate::jobs::JobsTask>,
     /// A listing was asked after a reconnect: its answer is logged, as the proof that what
     /// happened while the runtime or its stream was gone was caught up on.
@@ -106,7 +105,7 @@ pub struct Agent {
     /// Containers' mounts waiting to be checked for breaches, and the check in flight.
     audit: crate::handshake::breach::Audit,
     /// Running containers' exits, awaited from the kernel.
-    pub(crate) kernel: crate::runtime::kernel::KernelExits,
+    kernel: crate::runtime::kernel::KernelExits,
 }
 
 impl Agent {
@@ -166,8 +165,7 @@ impl Agent {
             signal_tx,
             live_source: None,
             runtime_ok: true,
-            warned: HashSet::new(),
-            warned_reads: HashSet::new(),
+            warned: Warned::default(),
             gc_suspects: HashSet::new(),
             gc_round: None,
             stats,
@@ -218,7 +216,7 @@ impl Agent {
     }
 
     /// [`job_check`](Self::job_check) of every pod the node view has.
-    pub(crate) fn job_check_all(&mut self) {
+    fn job_check_all(&mut self) {
         if self.jobs.is_none() {
             return;
         }
@@ -229,34 +227,19 @@ impl Agent {
     }
 
     /// Whether `what` about `pod` is news to log: each is logged once while the pod lasts.
-    /// Past [`WARNED_MAX`] entries all are forgotten (each may then be logged once more), so
-    /// pods with many problems cannot grow the set without bound.
-    pub(crate) fn first_warning(&mut self, pod: &PodUid, what: String) -> bool {
-        let key = (pod.clone(), what);
-        if self.warned.contains(&key) {
-            return false;
-        }
-        if self.warned.len() >= WARNED_MAX {
-            warn!(
-                limit = WARNED_MAX,
-                "more problems logged once than the agent remembers; forgetting them"
-            );
-            self.warned.clear();
-        }
-        self.warned.insert(key)
+    fn first_warning(&mut self, pod: &PodUid, what: String) -> bool {
+        self.warned.first(pod, what)
     }
 
     /// Drops what is kept about pods that are gone: what was logged once about them, the Jobs
     /// task's state and the API server's deleted pods.
     /// "Gone" is only believed of a listing of a runtime that answers.
-    pub(crate) fn forget_gone_pods(&mut self) {
+    fn forget_gone_pods(&mut self) {
         let (view, pending) = (&self.view, &self.waits.pending);
         let live = |uid: &str| {
             view.pod(uid).is_some() || PodUid::parse(uid).is_ok_and(|p| pending.contains_key(&p))
         };
-        // What was logged about a pod that is gone may be logged again, once, should a pod of
-        // that UID ever come back.
-        self.warned.retain(|(p, _)| live(p.as_str()));
+        self.warned.keep_pods(live);
         if view.is_listed() && self.runtime_ok {
             // The Jobs task's records on disk say what it needs again, should such a pod
             // come back.
@@ -278,10 +261,7 @@ impl Agent {
     /// Reports the sizes of what is kept per pod or container (at start-up and at each
     /// garbage collection; the node view's tombstones at each change too).
     fn report_kept(&self) {
-        self.stats.set_kept(
-            Kept::Warnings,
-            self.warned.len().saturating_add(self.warned_reads.len()),
-        );
+        self.stats.set_kept(Kept::Warnings, self.warned.len());
         self.stats
             .set_kept(Kept::ExitHistory, self.waits.history_len());
         self.stats.set_kept(Kept::Watches, self.watcher.len());
@@ -290,7 +270,7 @@ impl Agent {
     }
 
     /// Where the exit directories of `place` are, when the agent serves it.
-    pub(crate) fn place(&self, place: Place) -> Option<&Share> {
+    fn place(&self, place: Place) -> Option<&Share> {
         match place {
             Place::Share => Some(&self.share),
             Place::PodLocal => self.local.as_deref(),
@@ -301,7 +281,7 @@ impl Agent {
         self.waits.count()
     }
 
-    pub(crate) fn sync(&mut self) -> ShareSync<'_> {
+    fn sync(&mut self) -> ShareSync<'_> {
         ShareSync {
             share: &self.share,
             local: self.local.as_deref(),
@@ -596,10 +576,7 @@ impl Agent {
                 self.stats.runtime_error(error.kind());
                 match &read {
                     Read::Need(Need::Describe(id)) => {
-                        if self.warned_reads.len() >= WARNED_MAX {
-                            self.warned_reads.clear();
-                        }
-                        if self.warned_reads.insert(id.clone()) {
+                        if self.warned.first_read(id) {
                             warn!(container_id = %id, error = %error, "cannot read container; its exit priority stays unknown and its pod's waits ordered, retrying");
                         }
                     }

@@ -94,22 +94,34 @@ pub fn share_only_as_injected(spec: &PodSpec, share_dir: &str) -> Result<(), Str
     Ok(())
 }
 
+/// Where an injected sidecar's exit directory lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum HandshakeVolume {
+    /// In the pod's own `emptyDir`, with the entrypoint copied in by an init container: no
+    /// hostPath, so the pod stays admissible under Pod Security `baseline` and `restricted`.
+    #[value(name = "emptyDir")]
+    EmptyDir,
+    /// In the node's share, through a hostPath volume (the Kruise-style layout).
+    #[value(name = "hostPath")]
+    HostPath,
+}
+
 /// The injection for one sidecar.
 pub struct Sidecar {
     /// The entrypoint's `--timeout`.
     pub timeout: Duration,
     /// Where its exit directory is.
-    pub handshake: super::mutate::HandshakeVolume,
+    pub handshake: HandshakeVolume,
 }
 
 impl Sidecar {
     pub fn inject(&self, c: &mut Container, warnings: &mut Vec<String>) -> Result<(), String> {
         match self.handshake {
-            super::mutate::HandshakeVolume::HostPath => {
+            HandshakeVolume::HostPath => {
                 pod_uid_env(c)?;
                 mounts(c)?;
             }
-            super::mutate::HandshakeVolume::EmptyDir => super::podlocal::mounts(c)?,
+            HandshakeVolume::EmptyDir => super::podlocal::mounts(c)?,
         }
         self.pre_stop(c, warnings);
         Ok(())
@@ -586,7 +598,7 @@ mod tests {
         let mut warnings = Vec::new();
         let s = Sidecar {
             timeout: Duration::from_secs(25),
-            handshake: super::super::mutate::HandshakeVolume::HostPath,
+            handshake: super::HandshakeVolume::HostPath,
         };
         s.inject(&mut c, &mut warnings).unwrap();
         let first = c.clone();
@@ -736,7 +748,7 @@ mod tests {
         share_volume(&mut spec, share, "/var/lib/exitorder-bin").unwrap();
         Sidecar {
             timeout: Duration::from_secs(1),
-            handshake: super::super::mutate::HandshakeVolume::HostPath,
+            handshake: super::HandshakeVolume::HostPath,
         }
         .inject(&mut spec.containers[0], &mut Vec::new())
         .unwrap();
@@ -787,7 +799,7 @@ mod tests {
         };
         let s = Sidecar {
             timeout: Duration::from_secs(1),
-            handshake: super::super::mutate::HandshakeVolume::HostPath,
+            handshake: super::HandshakeVolume::HostPath,
         };
         let e = s.inject(&mut c, &mut Vec::new()).unwrap_err();
         assert!(e.contains("POD_UID"), "{e}");

@@ -12,22 +12,11 @@ use exitorder_contract::annotation;
 use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
 use serde_json::Value;
 
+pub use super::inject::HandshakeVolume;
 use super::inject::{self, Sidecar};
 use crate::decide::priority::{self, PodPriorities};
 use crate::decide::restart::{RestartRecord, MAX_RECORD_BYTES};
 use crate::decide::stoporder::StopOrder;
-
-/// Where an injected sidecar's exit directory lives.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum HandshakeVolume {
-    /// In the pod's own `emptyDir`, with the entrypoint copied in by an init container: no
-    /// hostPath, so the pod stays admissible under Pod Security `baseline` and `restricted`.
-    #[value(name = "emptyDir")]
-    EmptyDir,
-    /// In the node's share, through a hostPath volume (the Kruise-style layout).
-    #[value(name = "hostPath")]
-    HostPath,
-}
 
 /// The project's image, as the chart's defaults name it: what `exitorder-install` runs.
 pub const DEFAULT_INSTALL_IMAGE: &str =

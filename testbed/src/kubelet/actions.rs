@@ -12,6 +12,11 @@ use tonic::transport::Channel;
 
 use super::plan::Handler;
 
+/// The longest timeout handed to the runtime: containerd turns seconds into Go's int64
+/// nanoseconds, where anything past 292 years wraps to a time already gone, and a pod's grace
+/// period may be any int64. A century stands for "never".
+pub(crate) const MAX_RUNTIME_SECONDS: i64 = 100 * 365 * 24 * 3600;
+
 /// Where a handler runs.
 pub struct Target<'a> {
     pub client: RuntimeServiceClient<Channel>,
@@ -87,7 +92,7 @@ pub async fn run(h: &Handler, t: &Target<'_>, timeout: Option<Duration>) -> Resu
 }
 
 async fn exec(t: &Target<'_>, cmd: &[String], timeout: Option<Duration>) -> Result<String, String> {
-    let max = super::container::MAX_RUNTIME_SECONDS.unsigned_abs();
+    let max = MAX_RUNTIME_SECONDS.unsigned_abs();
     let secs = timeout.map_or(0, |d| i64::try_from(d.as_secs().clamp(1, max)).unwrap_or(1));
     let mut req = tonic::Request::new(ExecSyncRequest {
         container_id: t.container_id.to_owned(),

@@ -11,7 +11,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use super::actions::{self, Target};
+use super::actions::{self, Target, MAX_RUNTIME_SECONDS};
 use super::config;
 use super::plan::{ContainerPlan, Kind, Probe};
 use super::{PodCtx, What};
@@ -20,10 +20,6 @@ use super::{PodCtx, What};
 const MAX_BACKOFF: Duration = Duration::from_secs(300);
 /// The kubelet gives a killed container at least this long to stop.
 pub(crate) const MIN_GRACE_SECONDS: i64 = 2;
-/// The longest timeout handed to the runtime: containerd turns seconds into Go's int64
-/// nanoseconds, where anything past 292 years wraps to a time already gone, and a pod's grace
-/// period may be any int64. A century stands for "never".
-pub(crate) const MAX_RUNTIME_SECONDS: i64 = 100 * 365 * 24 * 3600;
 /// CRI calls that set a container up; no image is ever pulled, so they are quick.
 const SETUP_TIMEOUT: Duration = Duration::from_secs(60);
 

@@ -9,10 +9,10 @@
 pub mod actions;
 pub mod config;
 mod container;
-pub mod exits;
 pub mod fields;
 mod inplace;
 pub mod plan;
+mod run;
 mod termination;
 pub mod timeline;
 pub mod volumes;
@@ -27,7 +27,7 @@ use exitorder::cri::PodSandboxConfig;
 use serde_json::Value;
 use tokio::sync::{mpsc, oneshot, watch};
 
-pub use exits::ExitInfo;
+pub use crate::node::exits::ExitInfo;
 pub use plan::{Kind, PodPlan, RestartPolicy};
 pub use termination::{ContainerRecord, Deletion, HookRecord};
 pub use timeline::{now_ns, Event, Phase, Timeline, What};
@@ -443,5 +443,3 @@ pub fn pod_from_yaml(text: &str) -> Result<Value, TestbedError> {
         .find(|d| d.get("kind").and_then(Value::as_str) == Some("Pod"))
         .ok_or_else(|| TestbedError::BadSpec("no Pod in the given YAML".into()))
 }
-
-pub(crate) use worker::start;

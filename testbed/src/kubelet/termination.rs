@@ -11,15 +11,16 @@ use exitorder::cri::{
 };
 use tokio::sync::watch;
 
+use super::actions::MAX_RUNTIME_SECONDS;
 use super::actions::{self, Target};
-use super::container::{request, MAX_RUNTIME_SECONDS, MIN_GRACE_SECONDS};
-use super::exits::ExitInfo;
+use super::container::{request, MIN_GRACE_SECONDS};
 use super::plan::{Kind, PodPlan};
 use super::{config, DeleteOptions, Phase, PodCtx, Timeline, What};
 use crate::node::cleanup::{
     remove_cgroup, shim_alive, shim_pid, wait_shim_gone, SHIM_EXIT_TIMEOUT,
 };
 use crate::node::exitfiles::{ExitFileEvents, ExitFileProbe};
+use crate::node::exits::{self, ExitInfo};
 use crate::node::TestbedError;
 
 pub(super) const SETUP_TIMEOUT: Duration = Duration::from_secs(60);
@@ -318,7 +319,7 @@ async fn kill_one(
     if let Some(o) = ordering {
         o.terminated(name);
     }
-    let exit = super::exits::status(&mut client, id).await;
+    let exit = exits::status(&mut client, id).await;
     let attempt = ctx.lock().containers.get(name).map_or(0, |c| c.attempt);
     ctx.exited(name, attempt, &exit, stop != Stop::Immediate);
     ContainerRecord {

@@ -3,16 +3,10 @@
 //! the runtime's `finished_at` and the agent's log timestamps are on.
 
 use std::fmt;
-use std::time::SystemTime;
 
 use serde::Serialize;
 
-/// Now, Unix ns.
-pub fn now_ns() -> i64 {
-    SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
-}
+pub use crate::clock::now_ns;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(tag = "event", rename_all = "snake_case")]

@@ -15,6 +15,10 @@ use super::TestbedError;
 pub(crate) const LOG_FILE: &str = "containerd.log";
 const CONFIG_FILE: &str = "containerd.toml";
 const SOCKET: &str = "c.sock";
+/// The sandbox ("pause") image containerd's CRI starts pods with; the test bed imports it
+/// (the busybox layer, running `sleep infinity`, see `image`).
+pub const PAUSE_IMAGE: &str = "exitorder.local/pause:1";
+
 /// What containerd logs when a plugin does not load: `failed to load plugin
 /// io.containerd.grpc.v1.cri` on 1.x; `failed to load plugin` with `id=...` on 2.x.
 const PLUGIN_LOAD_FAILED: &str = "failed to load plugin";
@@ -310,7 +314,7 @@ disabled_plugins = [
     bin_dir = "{d}/cni/bin"
     conf_dir = "{d}/cni/conf"
 "#,
-        pause = super::image::PAUSE_IMAGE,
+        pause = PAUSE_IMAGE,
     )
 }
 

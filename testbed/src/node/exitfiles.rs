@@ -62,7 +62,7 @@ impl ExitFileProbe {
             let pod_dir = pod_dir.clone();
             move |res: notify::Result<notify::Event>| {
                 let Ok(ev) = res else { return };
-                let at = crate::kubelet::now_ns();
+                let at = crate::clock::now_ns();
                 record(&mut lock(&seen), &pod_dir, &ev, at);
             }
         };

@@ -8,7 +8,7 @@ use std::process::Command;
 use std::sync::{Arc, Mutex};
 
 use super::cleanup::{make_temp_dir, DirGuard};
-use super::containerd::run_command;
+use super::containerd::{run_command, PAUSE_IMAGE};
 use super::TestbedError;
 
 /// The image every test container runs: busybox, `sh` by default.
@@ -18,8 +18,6 @@ pub const BUSYBOX_USER_IMAGE: &str = "docker.io/library/busybox:1.36";
 /// The same image under a preset sidecar's image name (istio's proxy): pods whose sidecar
 /// exitorder knows by its image only run on the bed.
 pub const PRESET_STAND_IN_IMAGE: &str = "docker.io/istio/proxyv2:exitorder-stand-in";
-/// The sandbox ("pause") image: the same layer, running `sleep infinity`.
-pub const PAUSE_IMAGE: &str = "exitorder.local/pause:1";
 
 const BUSYBOX_PATHS: &[&str] = &["/bin/busybox", "/usr/bin/busybox"];
 

@@ -12,6 +12,7 @@ pub(crate) mod cleanup;
 mod containerd;
 mod cpu;
 pub mod exitfiles;
+pub mod exits;
 mod image;
 
 use std::io;
@@ -26,14 +27,12 @@ use exitorder::cri::VersionResponse;
 
 pub use agent::{AgentCpu, AgentOptions, AgentProcess, LogLine};
 pub(crate) use containerd::has_pod_network;
+pub use containerd::PAUSE_IMAGE;
 pub use containerd::{runc_from_env, runtime_env_var, runtime_from_env, RUNC_IDMAP_ENV, RUNTIMES};
 pub(crate) use cpu::CpuLayout;
 pub use cpu::{Tier, AGENT_CPU_REQUEST_MILLI};
 pub use exitfiles::{ExitFileEvents, ExitFileProbe};
-pub use image::{find_busybox, BUSYBOX_IMAGE, PAUSE_IMAGE, PRESET_STAND_IN_IMAGE};
-
-use crate::kubelet::{RunOptions, RunningPod};
-use serde_json::Value;
+pub use image::{find_busybox, BUSYBOX_IMAGE, PRESET_STAND_IN_IMAGE};
 
 /// Where the chart and the webhook put the share on a node; a pod's hostPath there is the
 /// test bed's share.
@@ -221,7 +220,7 @@ pub(crate) struct NodeShared {
     pub(crate) node_name: String,
     /// The node's address: `status.hostIP`, and the address of host-network pods.
     pub(crate) host_ip: String,
-    pub(crate) exits: crate::kubelet::exits::ExitWatch,
+    pub(crate) exits: exits::ExitWatch,
 }
 
 impl NodeShared {
@@ -316,7 +315,7 @@ impl Node {
         let channel = exitorder::runtime::unix_channel(&cd.socket)?;
         let client =
             RuntimeServiceClient::new(channel.clone()).max_decoding_message_size(16 * 1024 * 1024);
-        let exits = crate::kubelet::exits::ExitWatch::start(client.clone(), opts.relist_period);
+        let exits = exits::ExitWatch::start(client.clone(), opts.relist_period);
         let shared = Arc::new(NodeShared {
             id,
             socket: cd.socket.clone(),
@@ -376,6 +375,11 @@ impl Node {
         &self.version
     }
 
+    /// What the pods run on this node share with it (the kubelet's handle).
+    pub(crate) fn shared(&self) -> Arc<NodeShared> {
+        Arc::clone(&self.shared)
+    }
+
     /// A CRI client on the node's socket.
     pub fn client(&self) -> RuntimeServiceClient<Channel> {
         self.shared.client()
@@ -384,15 +388,6 @@ impl Node {
     /// The last `lines` lines of containerd's log, for failure messages.
     pub fn containerd_log_tail(&self, lines: usize) -> String {
         containerd::log_tail(&self.shared.dir.join(containerd::LOG_FILE), lines)
-    }
-
-    /// Runs a Pod (as written: the JSON of its YAML) the way the kubelet does.
-    pub async fn run_pod(
-        &self,
-        pod: &Value,
-        opts: &RunOptions,
-    ) -> Result<RunningPod, TestbedError> {
-        crate::kubelet::start(Arc::clone(&self.shared), pod, opts).await
     }
 
     /// Imports an image archive (docker-archive or OCI) into the node's store.
@@ -407,70 +402,6 @@ impl Node {
         let bins =
             containerd::Binaries::find(self.containerd_bin.as_deref(), self.runc.as_deref())?;
         cd.import(&bins, archive, &self.snapshotter)
-    }
-
-    /// Runs many pods, at most `concurrency` being set up at once: the runtime does much of
-    /// the work one pod at a time anyway, and hundreds of unbounded set-ups only push each
-    /// other into timeouts. A pod counts as set up once its containers have started. One
-    /// result per pod, in order. Once a pod fails to start, the pods not yet begun are not
-    /// tried ([`TestbedError::NotStarted`]): a node that is full would fail each of them the
-    /// same way, slowly.
-    pub async fn run_pods(
-        &self,
-        pods: Vec<Value>,
-        opts: &RunOptions,
-        concurrency: usize,
-        started_within: Duration,
-    ) -> Vec<Result<RunningPod, TestbedError>> {
-        use tracing::Instrument;
-        let count = pods.len();
-        let permits = Arc::new(tokio::sync::Semaphore::new(concurrency.max(1)));
-        let failed = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let mut tasks = tokio::task::JoinSet::new();
-        for (i, pod) in pods.into_iter().enumerate() {
-            let shared = Arc::clone(&self.shared);
-            let permits = Arc::clone(&permits);
-            let failed = Arc::clone(&failed);
-            let opts = opts.clone();
-            let name = pod
-                .pointer("/metadata/name")
-                .and_then(Value::as_str)
-                .unwrap_or("?")
-                .to_owned();
-            let span = tracing::info_span!("run_pod", pod = %name);
-            tasks.spawn(
-                async move {
-                    // The semaphore is never closed; a permit error would only mean "go on".
-                    let _permit = permits.acquire_owned().await;
-                    if failed.load(std::sync::atomic::Ordering::Relaxed) {
-                        return (i, Err(TestbedError::NotStarted { pod: name }));
-                    }
-                    let res = match crate::kubelet::start(shared, &pod, &opts).await {
-                        Ok(p) => p.wait_started(started_within).await.map(|_| p),
-                        Err(e) => Err(e),
-                    };
-                    if res.is_err() {
-                        failed.store(true, std::sync::atomic::Ordering::Relaxed);
-                    }
-                    (i, res)
-                }
-                .instrument(span),
-            );
-        }
-        let mut out: Vec<Option<Result<RunningPod, TestbedError>>> =
-            (0..count).map(|_| None).collect();
-        while let Some(joined) = tasks.join_next().await {
-            if let Ok((i, res)) = joined {
-                if let Some(slot) = out.get_mut(i) {
-                    *slot = Some(res);
-                }
-            }
-        }
-        out.into_iter()
-            .map(|r| {
-                r.unwrap_or_else(|| Err(TestbedError::Task("a pod set-up task panicked".into())))
-            })
-            .collect()
     }
 
     /// Kills containerd with SIGKILL, as a crashing runtime: the shims and the containers

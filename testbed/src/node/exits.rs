@@ -1,4 +1,4 @@
-//! How the runner learns that a container exited: the kubelet's "PLEG" relist, one
+//! How the node's pod runner learns that a container exited: the kubelet's "PLEG" relist, one
 //! ListContainers for the whole node every period, the way the kubelet does it (every 1 s)
 //! rather than a watch per container. Only containers someone waits for are looked at.
 
@@ -88,7 +88,7 @@ async fn relist(mut client: RuntimeServiceClient<Channel>, waiters: Waiters, per
             let ended = match states.get(&id) {
                 None => Some(ExitInfo {
                     exit_code: -1,
-                    finished_at_ns: crate::kubelet::timeline::now_ns(),
+                    finished_at_ns: crate::clock::now_ns(),
                     reason: "removed from the runtime".to_owned(),
                 }),
                 Some(s) if *s == ContainerState::ContainerExited as i32 => {
@@ -128,7 +128,7 @@ pub async fn status(client: &mut RuntimeServiceClient<Channel>, id: &str) -> Exi
 fn unknown(why: &str) -> ExitInfo {
     ExitInfo {
         exit_code: -1,
-        finished_at_ns: crate::kubelet::timeline::now_ns(),
+        finished_at_ns: crate::clock::now_ns(),
         reason: format!("unknown: {why}"),
     }
 }

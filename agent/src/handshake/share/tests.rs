@@ -1,0 +1,680 @@
+use std::io;
+
+use super::*;
+use std::os::unix::fs::{symlink, PermissionsExt};
+
+const UID: &str = "0f5c7a1e-8d2b-4c3e-9f00-123456789abc";
+
+fn key(uid: &str, name: &str) -> ExitKey {
+    ExitKey {
+        pod: PodUid::parse(uid).unwrap(),
+        container: ContainerName::parse(name).unwrap(),
+        place: Place::Share,
+    }
+}
+
+fn setup() -> (tempfile::TempDir, Share) {
+    let t = tempfile::tempdir().unwrap();
+    let s = Share::open(t.path()).unwrap();
+    (t, s)
+}
+
+#[test]
+fn names() {
+    assert!(PodUid::parse(UID).is_ok());
+    assert!(PodUid::parse("6c4b0a8a2b3d4e5f60718293a4b5c6d7").is_ok()); // static pod
+    for bad in [
+        "",
+        "..",
+        "abc",
+        "UPPERCASE-0000",
+        "0f5c/..",
+        "-0f5c7a1e8d2b",
+    ] {
+        assert!(PodUid::parse(bad).is_err(), "{bad}");
+    }
+    assert!(ContainerName::parse("linkerd-proxy").is_ok());
+    for bad in ["", "-a", "a-", "A", "a_b", "a.b", "..", &"a".repeat(64)] {
+        assert!(ContainerName::parse(bad).is_err(), "{bad}");
+    }
+}
+
+#[test]
+fn classify_paths() {
+    let (_t, s) = setup();
+    let p = s.pods_path();
+    assert_eq!(
+        s.classify(&p.join(UID).join("proxy").join("exit")).unwrap(),
+        Some(ShareEntry::ExitFile(key(UID, "proxy")))
+    );
+    assert_eq!(
+        s.classify(&p.join(UID).join("proxy")).unwrap(),
+        Some(ShareEntry::Container(key(UID, "proxy")))
+    );
+    assert_eq!(
+        s.classify(&p.join(UID)).unwrap(),
+        Some(ShareEntry::Pod(PodUid::parse(UID).unwrap()))
+    );
+    assert_eq!(
+        s.classify(&p.join(UID).join("proxy").join(".tmp")).unwrap(),
+        None
+    );
+    assert_eq!(s.classify(Path::new("/elsewhere/exit")).unwrap(), None);
+    assert!(s
+        .classify(&p.join("not-a-uid!").join("proxy").join("exit"))
+        .is_err());
+    assert!(s
+        .classify(&p.join(UID).join("Bad_Name").join("exit"))
+        .is_err());
+}
+
+#[test]
+fn exit_file_round_trip() {
+    let (_t, s) = setup();
+    let k = key(UID, "proxy");
+    let dir = s.container_path(&k);
+    assert_eq!(s.read_exit(&k).unwrap(), ExitState::Absent);
+    std::fs::create_dir_all(&dir).unwrap();
+    assert_eq!(s.read_exit(&k).unwrap(), ExitState::Absent);
+    std::fs::write(dir.join("exit"), "").unwrap();
+    assert_eq!(s.read_exit(&k).unwrap(), ExitState::Waiting);
+    std::fs::write(dir.join("exit"), "wait\n").unwrap();
+    assert_eq!(s.read_exit(&k).unwrap(), ExitState::Waiting);
+    assert_eq!(s.waiting_in(&k.pod).unwrap(), vec![k.clone()]);
+    s.write_allow(&k).unwrap();
+    assert_eq!(
+        std::fs::read_to_string(dir.join("exit")).unwrap(),
+        "allow\n"
+    );
+    assert_eq!(s.read_exit(&k).unwrap(), ExitState::Allowed);
+    // Only `exit` is left: the temp file was renamed, not copied.
+    let names: Vec<_> = std::fs::read_dir(&dir).unwrap().collect();
+    assert_eq!(names.len(), 1);
+    std::fs::write(dir.join("exit"), "x".repeat(1000)).unwrap();
+    match s.read_exit(&k).unwrap() {
+        ExitState::Unexpected(text) => assert_eq!(text.len(), MAX_EXIT_BYTES),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn exit_content_is_trimmed_as_the_entrypoint_trims_it() {
+    assert_eq!(ExitState::parse(b" allow\r\n"), ExitState::Allowed);
+    assert_eq!(ExitState::parse(b"\twait\x0c"), ExitState::Waiting);
+    assert_eq!(ExitState::parse(b"\n\n"), ExitState::Waiting);
+    for (content, shown) in [
+        (&b"\x0ballow"[..], "\u{b}allow"),
+        (b"allow\xc2\x85", "allow\u{85}"),
+        (b"\xc2\xa0wait", "\u{a0}wait"),
+    ] {
+        assert_eq!(
+            ExitState::parse(content),
+            ExitState::Unexpected(shown.to_owned()),
+            "{content:?}"
+        );
+    }
+}
+
+#[test]
+fn links_are_never_followed() {
+    let (t, s) = setup();
+    let outside = t.path().join("outside");
+    std::fs::create_dir_all(&outside).unwrap();
+    std::fs::write(outside.join("exit"), "wait").unwrap();
+    // A symlinked exit file is refused, and the allow replaces the link, not its target.
+    let k = key(UID, "proxy");
+    let dir = s.container_path(&k);
+    std::fs::create_dir_all(&dir).unwrap();
+    symlink(outside.join("exit"), dir.join("exit")).unwrap();
+    assert!(s.read_exit(&k).is_err());
+    s.write_allow(&k).unwrap();
+    assert_eq!(
+        std::fs::read_to_string(outside.join("exit")).unwrap(),
+        "wait"
+    );
+    // A symlinked container or pod directory is refused.
+    let k2 = key(UID, "other");
+    symlink(&outside, s.container_path(&k2)).unwrap();
+    assert!(s.read_exit(&k2).is_err());
+    assert!(s.write_allow(&k2).is_err());
+    assert!(s.prepare_container_dir(&k2).is_err());
+    let uid2 = "11111111-2222-3333-4444-555555555555";
+    symlink(&outside, s.pods_path().join(uid2)).unwrap();
+    assert!(s.write_allow(&key(uid2, "proxy")).is_err());
+    assert!(!s.pods().unwrap().iter().any(|p| p.as_str() == uid2));
+    // Removing the pod removes links, never what they point to.
+    assert_eq!(
+        s.remove_pod(&k.pod, &mut Budget::new(u64::MAX)).unwrap(),
+        Removal::Removed
+    );
+    assert!(outside.join("exit").exists());
+    assert!(!s.pod_path(&k.pod).exists());
+}
+
+#[test]
+fn fifo_exit_file_does_not_block() {
+    let (_t, s) = setup();
+    let k = key(UID, "proxy");
+    let dir = s.container_path(&k);
+    std::fs::create_dir_all(&dir).unwrap();
+    rfs::mknodat(
+        rfs::CWD,
+        dir.join("exit").as_path(),
+        FileType::Fifo,
+        Mode::from_raw_mode(0o644),
+        0,
+    )
+    .unwrap();
+    assert!(matches!(s.read_exit(&k), Err(ShareError::NotAFile { .. })));
+}
+
+/// The kernel state of this process's thread named `name` (`S` while it sleeps).
+fn thread_state(name: &str) -> Option<char> {
+    for task in std::fs::read_dir("/proc/self/task").ok()?.flatten() {
+        let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+        if comm.trim_end() == name {
+            let stat = std::fs::read_to_string(task.path().join("stat")).ok()?;
+            return stat.rsplit_once(") ")?.1.chars().next();
+        }
+    }
+    None
+}
+
+/// A thread opening `fifo` for writing, returned once it sleeps in that open: it stays
+/// there until something opens the FIFO for reading, even for an instant.
+fn blocked_fifo_writer(fifo: &Path, name: &str) -> std::thread::JoinHandle<()> {
+    let f = fifo.to_owned();
+    let writer = std::thread::Builder::new()
+        .name(name.to_owned())
+        .spawn(move || {
+            let _ = std::fs::OpenOptions::new().write(true).open(&f);
+        })
+        .unwrap();
+    let end = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while thread_state(name) != Some('S') {
+        assert!(std::time::Instant::now() < end, "the writer never blocked");
+        std::thread::yield_now();
+    }
+    writer
+}
+
+#[test]
+fn a_fifo_exit_file_is_never_opened() {
+    let (_t, s) = setup();
+    let k = key(UID, "proxy");
+    let dir = s.container_path(&k);
+    std::fs::create_dir_all(&dir).unwrap();
+    let fifo = dir.join("exit");
+    rfs::mknodat(
+        rfs::CWD,
+        fifo.as_path(),
+        FileType::Fifo,
+        Mode::from_raw_mode(0o644),
+        0,
+    )
+    .unwrap();
+    let writer = blocked_fifo_writer(&fifo, "eo-fifo-probe");
+    for _ in 0..3 {
+        let e = s.read_exit(&k).unwrap_err();
+        assert_eq!(e.rejection(), Some(Rejection::NotAFile), "{e}");
+    }
+    // Opening it to read, even without blocking, would have woken the writer at once.
+    assert_eq!(thread_state("eo-fifo-probe"), Some('S'));
+    assert!(!writer.is_finished());
+    assert!(s.waiting_in(&k.pod).unwrap().is_empty());
+    // Released by a reader of our own.
+    let _reader = rfs::open(
+        fifo.as_path(),
+        OFlags::RDONLY | OFlags::NONBLOCK,
+        Mode::empty(),
+    )
+    .unwrap();
+    writer.join().unwrap();
+}
+
+#[test]
+fn sockets_devices_and_hard_links_are_refused_unread() {
+    let (t, s) = setup();
+    let outside = t.path().join("outside-secret");
+    std::fs::write(&outside, "wait\n").unwrap();
+    let hard = key(UID, "hard");
+    std::fs::create_dir_all(s.container_path(&hard)).unwrap();
+    std::fs::hard_link(&outside, s.container_path(&hard).join("exit")).unwrap();
+    let e = s.read_exit(&hard).unwrap_err();
+    assert_eq!(e.rejection(), Some(Rejection::Link), "{e}");
+    // Not a live wait: the pod's directory can go, the other name of the file stays.
+    assert!(s.waiting_in(&hard.pod).unwrap().is_empty());
+
+    let sock = key(UID, "sock");
+    std::fs::create_dir_all(s.container_path(&sock)).unwrap();
+    let _listener =
+        std::os::unix::net::UnixListener::bind(s.container_path(&sock).join("exit")).unwrap();
+    let e = s.read_exit(&sock).unwrap_err();
+    assert_eq!(e.rejection(), Some(Rejection::NotAFile), "{e}");
+
+    let dir_exit = key(UID, "direxit");
+    std::fs::create_dir_all(s.container_path(&dir_exit).join("exit")).unwrap();
+    let e = s.read_exit(&dir_exit).unwrap_err();
+    assert_eq!(e.rejection(), Some(Rejection::NotAFile), "{e}");
+
+    // /dev/zero's numbers: reading it would never end. Creating a device needs root.
+    let dev = key(UID, "dev");
+    std::fs::create_dir_all(s.container_path(&dev)).unwrap();
+    match rfs::mknodat(
+        rfs::CWD,
+        s.container_path(&dev).join("exit").as_path(),
+        FileType::CharacterDevice,
+        Mode::from_raw_mode(0o666),
+        rfs::makedev(1, 5),
+    ) {
+        Ok(()) => {
+            let e = s.read_exit(&dev).unwrap_err();
+            assert_eq!(e.rejection(), Some(Rejection::NotAFile), "{e}");
+        }
+        Err(rustix::io::Errno::PERM) => {}
+        Err(e) => panic!("mknod: {e}"),
+    }
+
+    assert_eq!(
+        s.remove_pod(&hard.pod, &mut Budget::new(u64::MAX)).unwrap(),
+        Removal::Removed
+    );
+    assert_eq!(std::fs::read_to_string(&outside).unwrap(), "wait\n");
+}
+
+#[test]
+fn refusals_say_what_they_are() {
+    let (t, s) = setup();
+    let outside = t.path().join("outside");
+    std::fs::create_dir_all(outside.join("proxy")).unwrap();
+    std::fs::write(outside.join("proxy/exit"), "wait").unwrap();
+    std::fs::set_permissions(&outside, std::fs::Permissions::from_mode(0o700)).unwrap();
+    // A pod entry that is a link, or a file.
+    let linked = PodUid::parse("11111111-2222-3333-4444-555555555555").unwrap();
+    symlink(&outside, s.pod_path(&linked)).unwrap();
+    let e = s.check_pod_dir(&linked).unwrap_err();
+    assert_eq!(e.rejection(), Some(Rejection::Link), "{e}");
+    let k = ExitKey {
+        pod: linked.clone(),
+        container: ContainerName::parse("proxy").unwrap(),
+        place: Place::Share,
+    };
+    assert_eq!(
+        s.read_exit(&k).unwrap_err().rejection(),
+        Some(Rejection::Link)
+    );
+    assert_eq!(
+        s.prepare_container_dir(&k).unwrap_err().rejection(),
+        Some(Rejection::Link)
+    );
+    let file = PodUid::parse("22222222-2222-3333-4444-555555555555").unwrap();
+    std::fs::write(s.pod_path(&file), "x").unwrap();
+    let e = s.check_pod_dir(&file).unwrap_err();
+    assert_eq!(e.rejection(), Some(Rejection::NotADirectory), "{e}");
+    // A container entry that is a link to another pod's directory, or a FIFO.
+    let victim = key(UID, "proxy");
+    std::fs::create_dir_all(s.container_path(&victim)).unwrap();
+    std::fs::write(s.container_path(&victim).join("exit"), "wait").unwrap();
+    let thief = key("33333333-2222-3333-4444-555555555555", "proxy");
+    std::fs::create_dir_all(s.pod_path(&thief.pod)).unwrap();
+    symlink(s.container_path(&victim), s.container_path(&thief)).unwrap();
+    assert_eq!(
+        s.read_exit(&thief).unwrap_err().rejection(),
+        Some(Rejection::Link)
+    );
+    assert_eq!(
+        s.write_allow(&thief).unwrap_err().rejection(),
+        Some(Rejection::Link)
+    );
+    let fifo = key(UID, "fifo");
+    rfs::mknodat(
+        rfs::CWD,
+        s.container_path(&fifo).as_path(),
+        FileType::Fifo,
+        Mode::from_raw_mode(0o644),
+        0,
+    )
+    .unwrap();
+    assert_eq!(
+        s.prepare_container_dir(&fifo).unwrap_err().rejection(),
+        Some(Rejection::NotADirectory)
+    );
+    assert_eq!(
+        s.read_exit(&fifo).unwrap_err().rejection(),
+        Some(Rejection::NotADirectory)
+    );
+    // Nothing outside or in the other pod changed; an I/O error is no refusal.
+    assert_eq!(
+        std::fs::read_to_string(s.container_path(&victim).join("exit")).unwrap(),
+        "wait"
+    );
+    assert_eq!(
+        std::fs::read_to_string(outside.join("proxy/exit")).unwrap(),
+        "wait"
+    );
+    let mode = std::fs::metadata(&outside).unwrap().permissions().mode() & 0o7777;
+    assert_eq!(mode, 0o700);
+    assert_eq!(
+        ShareError::io("read", "/x", io::Error::other("eio")).rejection(),
+        None
+    );
+    assert!(
+        ShareError::BadName {
+            kind: "pod uid",
+            name: "x".into()
+        }
+        .rejection()
+            == Some(Rejection::BadName)
+    );
+}
+
+#[test]
+fn remove_pod_never_follows_links_out() {
+    let (t, s) = setup();
+    let outside = t.path().join("outside");
+    std::fs::create_dir_all(outside.join("sub")).unwrap();
+    std::fs::write(outside.join("sub/file"), "keep").unwrap();
+    std::fs::write(outside.join("exit"), "wait").unwrap();
+    let k = key(UID, "proxy");
+    let dir = s.container_path(&k);
+    std::fs::create_dir_all(dir.join("nested")).unwrap();
+    symlink(&outside, dir.join("escape")).unwrap();
+    symlink(&outside, dir.join("nested/escape")).unwrap();
+    // A linked exit file that says `wait` is no live wait: the directory still goes.
+    symlink(outside.join("exit"), dir.join("exit")).unwrap();
+    let fifo = key(UID, "fifo");
+    std::fs::create_dir_all(s.container_path(&fifo)).unwrap();
+    rfs::mknodat(
+        rfs::CWD,
+        s.container_path(&fifo).join("exit").as_path(),
+        FileType::Fifo,
+        Mode::from_raw_mode(0o644),
+        0,
+    )
+    .unwrap();
+    assert_eq!(
+        s.remove_pod(&k.pod, &mut Budget::new(u64::MAX)).unwrap(),
+        Removal::Removed
+    );
+    assert!(!s.pod_path(&k.pod).exists());
+    assert_eq!(
+        std::fs::read_to_string(outside.join("sub/file")).unwrap(),
+        "keep"
+    );
+    assert_eq!(
+        std::fs::read_to_string(outside.join("exit")).unwrap(),
+        "wait"
+    );
+}
+
+#[test]
+fn remove_pod_takes_any_name_and_any_depth() {
+    use std::os::unix::ffi::OsStrExt;
+    let (_t, s) = setup();
+    let k = key(UID, "proxy");
+    let dir = s.container_path(&k);
+    // What a container may plant in its own directory.
+    let mut deep = dir.clone();
+    for i in 0..200 {
+        deep = deep.join(format!("d{i}"));
+    }
+    std::fs::create_dir_all(&deep).unwrap();
+    std::fs::write(deep.join("leaf"), "x").unwrap();
+    let odd = dir.join(std::ffi::OsStr::from_bytes(b"not-utf8-\xff\xfe"));
+    std::fs::create_dir_all(odd.join(std::ffi::OsStr::from_bytes(b"\xc3"))).unwrap();
+    std::fs::write(odd.join("f"), "x").unwrap();
+    symlink("/etc", dir.join("link-to-etc")).unwrap();
+    assert_eq!(
+        s.remove_pod(&k.pod, &mut Budget::new(u64::MAX)).unwrap(),
+        Removal::Removed
+    );
+    assert!(!s.pod_path(&k.pod).exists());
+    assert!(
+        std::path::Path::new("/etc/passwd").exists(),
+        "a link is removed, not followed"
+    );
+}
+
+#[test]
+fn remove_pod_keeps_live_waits() {
+    let (_t, s) = setup();
+    let k = key(UID, "proxy");
+    let dir = s.container_path(&k);
+    std::fs::create_dir_all(dir.join("nested/deeper")).unwrap();
+    std::fs::write(dir.join("exit"), "wait").unwrap();
+    assert_ne!(
+        s.remove_pod(&k.pod, &mut Budget::new(u64::MAX)).unwrap(),
+        Removal::Removed
+    );
+    assert!(dir.exists());
+    s.write_allow(&k).unwrap();
+    assert_eq!(
+        s.remove_pod(&k.pod, &mut Budget::new(u64::MAX)).unwrap(),
+        Removal::Removed
+    );
+    assert!(!s.pod_path(&k.pod).exists());
+    // Already gone: nothing to do, and nothing to refuse.
+    assert_eq!(
+        s.remove_pod(&k.pod, &mut Budget::new(u64::MAX)).unwrap(),
+        Removal::Removed
+    );
+}
+
+/// A kubelet root with one pod's `exitorder` emptyDir holding `proxy/`.
+fn kubelet() -> (tempfile::TempDir, Share, ExitKey) {
+    let t = tempfile::tempdir().unwrap();
+    let dir = t
+        .path()
+        .join("pods")
+        .join(UID)
+        .join("volumes/kubernetes.io~empty-dir/exitorder/proxy");
+    std::fs::create_dir_all(&dir).unwrap();
+    let s = Share::open_kubelet(t.path()).unwrap();
+    let k = ExitKey {
+        pod: PodUid::parse(UID).unwrap(),
+        container: ContainerName::parse("proxy").unwrap(),
+        place: Place::PodLocal,
+    };
+    (t, s, k)
+}
+
+#[test]
+fn pod_local_exit_directories_are_where_the_kubelet_keeps_emptydirs() {
+    let (t, s, k) = kubelet();
+    let pod = t.path().join("pods").join(UID);
+    let volume = pod.join("volumes/kubernetes.io~empty-dir/exitorder");
+    assert_eq!(s.container_path(&k), volume.join("proxy"));
+    let pod_entry = Some(ShareEntry::Pod(k.pod.clone()));
+    for on_the_way in [
+        pod.clone(),
+        pod.join("volumes"),
+        pod.join("volumes/kubernetes.io~empty-dir"),
+        volume.clone(),
+    ] {
+        assert_eq!(
+            s.classify(&on_the_way).unwrap(),
+            pod_entry,
+            "{}",
+            on_the_way.display()
+        );
+    }
+    assert_eq!(
+        s.classify(&volume.join("proxy")).unwrap(),
+        Some(ShareEntry::Container(k.clone()))
+    );
+    assert_eq!(
+        s.classify(&volume.join("proxy/exit")).unwrap(),
+        Some(ShareEntry::ExitFile(k.clone()))
+    );
+    // The kubelet's other files and the pod's other volumes are none of the agent's.
+    for other in [
+        pod.join("etc-hosts"),
+        pod.join("volumes/kubernetes.io~secret"),
+        pod.join("volumes/kubernetes.io~empty-dir/cache"),
+        pod.join("volumes/kubernetes.io~empty-dir/cache/proxy/exit"),
+        volume.join("proxy/junk"),
+    ] {
+        assert_eq!(s.classify(&other).unwrap(), None, "{}", other.display());
+    }
+    assert!(s.classify(&volume.join("Bad_Name")).is_err());
+    let mut walked = Vec::new();
+    let complete = s
+        .walk_pod(&k.pod, |p| {
+            walked.push(p.to_owned());
+            Ok::<(), ()>(())
+        })
+        .unwrap()
+        .unwrap();
+    assert!(complete);
+    assert_eq!(walked.last(), Some(&volume));
+    assert_eq!(walked.len(), Place::PodLocal.container_depth() - 1);
+    assert_eq!(s.containers_in(&k.pod).unwrap(), std::slice::from_ref(&k));
+    std::fs::write(volume.join("proxy/exit"), "wait").unwrap();
+    assert_eq!(s.read_exit(&k).unwrap(), ExitState::Waiting);
+    assert_eq!(s.waiting_in(&k.pod).unwrap(), std::slice::from_ref(&k));
+    s.write_allow(&k).unwrap();
+    assert_eq!(s.read_exit(&k).unwrap(), ExitState::Allowed);
+    // The kubelet removes its pods' directories, never the agent.
+    assert_eq!(
+        s.remove_pod(&k.pod, &mut Budget::new(u64::MAX)).unwrap(),
+        Removal::Waiting
+    );
+    assert!(volume.is_dir());
+}
+
+#[test]
+fn a_pod_local_walk_stops_where_the_kubelet_has_not_made_the_rest() {
+    let t = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(t.path().join("pods").join(UID).join("volumes")).unwrap();
+    let s = Share::open_kubelet(t.path()).unwrap();
+    let pod = PodUid::parse(UID).unwrap();
+    let mut walked = 0;
+    let complete = s
+        .walk_pod(&pod, |_| {
+            walked += 1;
+            Ok::<(), ()>(())
+        })
+        .unwrap()
+        .unwrap();
+    assert!(!complete);
+    assert_eq!(walked, 2);
+    assert_eq!(s.containers_in(&pod).unwrap(), []);
+}
+
+#[test]
+fn links_on_the_way_to_pod_local_directories_are_refused() {
+    for level in ["volumes", "volumes/kubernetes.io~empty-dir/exitorder"] {
+        let (t, s, k) = kubelet();
+        let outside = t.path().join("outside");
+        std::fs::create_dir_all(outside.join("kubernetes.io~empty-dir/exitorder/proxy")).unwrap();
+        std::fs::create_dir_all(outside.join("proxy")).unwrap();
+        std::fs::write(outside.join("proxy/exit"), "wait").unwrap();
+        let at = t.path().join("pods").join(UID).join(level);
+        std::fs::remove_dir_all(&at).unwrap();
+        symlink(&outside, &at).unwrap();
+        let e = s.read_exit(&k).unwrap_err();
+        assert_eq!(e.rejection(), Some(Rejection::Link), "{level}: {e}");
+        assert!(s.write_allow(&k).is_err(), "{level}");
+        assert!(s
+            .walk_pod(&k.pod, |_| Ok::<(), ()>(()))
+            .is_err_and(|e| e.rejection() == Some(Rejection::Link)));
+        assert_eq!(
+            std::fs::read_to_string(outside.join("proxy/exit")).unwrap(),
+            "wait"
+        );
+    }
+}
+
+#[test]
+fn the_kubelets_root_is_opened_never_made() {
+    let t = tempfile::tempdir().unwrap();
+    let root = t.path().join("kubelet");
+    assert!(Share::open_kubelet(&root).is_err());
+    assert!(!root.exists());
+}
+
+#[test]
+fn removal_streams_a_flooded_directory_within_its_budget() {
+    let (_t, s) = setup();
+    let k = key(UID, "proxy");
+    let dir = s.container_path(&k);
+    std::fs::create_dir_all(&dir).unwrap();
+    for i in 0..3_000 {
+        std::fs::write(dir.join(format!("junk-{i}")), "").unwrap();
+    }
+    // Deeper than the removal descends, so moved-up directories outlive a round.
+    let mut deep = dir.clone();
+    for i in 0..(MAX_REMOVE_DEPTH * 3) {
+        deep = deep.join(format!("d{i}"));
+        std::fs::create_dir(&deep).unwrap();
+        std::fs::write(deep.join("f"), "").unwrap();
+    }
+    let count = |p: &Path| walk(p);
+    let mut rounds = 0;
+    loop {
+        let before = count(&s.pod_path(&k.pod));
+        let mut budget = Budget::new(500);
+        let r = s.remove_pod(&k.pod, &mut budget).unwrap();
+        rounds += 1;
+        if r == Removal::Removed {
+            break;
+        }
+        assert_eq!(r, Removal::Unfinished);
+        assert_eq!(budget.left(), 0);
+        let after = count(&s.pod_path(&k.pod));
+        assert!(after < before, "round {rounds}: {before} -> {after}");
+        assert!(rounds < 50, "no end in sight");
+    }
+    assert!(!s.pod_path(&k.pod).exists());
+    assert!(
+        rounds >= 6,
+        "3,000+ entries at 500 a round took {rounds} rounds"
+    );
+}
+
+/// Entries below `p`, every level.
+fn walk(p: &Path) -> usize {
+    std::fs::read_dir(p)
+        .map(|d| {
+            d.map(|e| {
+                let e = e.unwrap();
+                1 + if e.file_type().unwrap().is_dir() {
+                    walk(&e.path())
+                } else {
+                    0
+                }
+            })
+            .sum()
+        })
+        .unwrap_or(0)
+}
+
+#[test]
+fn prepare_opens_container_dir_to_its_user() {
+    let (_t, s) = setup();
+    let k = key(UID, "proxy");
+    let dir = s.container_path(&k);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o750)).unwrap();
+    s.prepare_container_dir(&k).unwrap();
+    let mode = std::fs::metadata(&dir).unwrap().permissions().mode() & 0o7777;
+    assert_eq!(mode, 0o777);
+    assert_eq!(s.containers().unwrap(), vec![k]);
+}
+
+#[test]
+fn a_share_replaced_under_it_is_no_longer_current() {
+    let (t, s) = setup();
+    assert!(s.is_current());
+    // Moved away and made again: same names, other directories.
+    std::fs::rename(t.path().join("pods"), t.path().join("pods.old")).unwrap();
+    assert!(!s.is_current());
+    std::fs::create_dir(t.path().join("pods")).unwrap();
+    assert!(!s.is_current());
+    let again = Share::open(t.path()).unwrap();
+    assert!(again.is_current());
+    // A link where `pods/` was is not the directory opened either.
+    std::fs::remove_dir(t.path().join("pods")).unwrap();
+    std::os::unix::fs::symlink(t.path().join("pods.old"), t.path().join("pods")).unwrap();
+    assert!(!again.is_current());
+}
