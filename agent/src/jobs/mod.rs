@@ -93,7 +93,7 @@ impl JobLink {
     }
 
     /// Hands the task the latest state of a completing pod.
-    pub fn snapshot(&self, snap: JobSnapshot) {
+    pub(crate) fn snapshot(&self, snap: JobSnapshot) {
         let _ = self.tx.send(JobMsg::Snapshot(snap));
     }
 }

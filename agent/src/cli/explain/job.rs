@@ -39,9 +39,16 @@ pub(super) fn job(
         return job;
     }
     // As the agent: a restart rule it cannot read leaves every sidecar running, and with no
-    // main container there is no work whose end it waits for.
-    let unreadable: Vec<String> = containers
-        .values()
+    // main container there is no work whose end it waits for. Every container, in the
+    // pod's order, as the agent reads them.
+    let unreadable: Vec<String> = pod
+        .spec
+        .iter()
+        .flat_map(|s| {
+            s.containers
+                .iter()
+                .chain(s.init_containers.iter().flatten())
+        })
         .filter_map(|c| {
             Restart::of(restart_policy.as_deref(), c)
                 .err()

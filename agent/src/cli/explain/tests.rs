@@ -286,6 +286,23 @@ fn a_job_whose_sidecars_the_agent_cannot_shut_down_says_why() {
         e.warnings
     );
     assert!(e.job.steps.is_empty());
+    // Every such container is named, in the pod's order.
+    let rule = json!([{"action": "RestartLater", "exitCodes": {"operator": "In", "values": [1]}}]);
+    let e = run(&pod(
+        json!({INJECT: "true"}),
+        json!({"restartPolicy": "Never", "containers": [
+            {"name": "zeta", "image": "a", "restartPolicy": "Never", "restartPolicyRules": rule},
+            {"name": "alpha", "image": "a", "restartPolicy": "Never", "restartPolicyRules": rule},
+            {"name": "istio-proxy", "image": "p"}]}),
+    ));
+    let message = &e
+        .warnings
+        .iter()
+        .find(|w| w.code == "restart-rules-unreadable")
+        .unwrap()
+        .message;
+    let (zeta, alpha) = (message.find("\"zeta\""), message.find("\"alpha\""));
+    assert!(zeta.is_some() && zeta < alpha, "{message}");
 }
 
 #[test]
