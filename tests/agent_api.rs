@@ -13,7 +13,7 @@ use exitorder::cri::ContainerState;
 use exitorder::decide::priority::ANNOTATION;
 use exitorder::decide::Reason;
 use exitorder::stats::Stats;
-use exitorder::{cluster, serve::metrics};
+use exitorder::{cluster, serve::openmetrics};
 use fakeapi::{FakeApi, ServedApi};
 use fakecri::pod_name;
 use rig::*;
@@ -118,25 +118,25 @@ async fn no_events_within(api: &ServedApi, span: Duration) {
     }
 }
 
-fn metric_value(stats: &Stats, sample: &str) -> Option<f64> {
-    metrics::render(stats)
+fn metric_value(stats: &Arc<Stats>, sample: &str) -> Option<f64> {
+    openmetrics::render(stats)
         .lines()
         .find_map(|l| l.strip_prefix(sample)?.trim().parse().ok())
 }
 
-fn metric(stats: &Stats, sample: &str) -> f64 {
+fn metric(stats: &Arc<Stats>, sample: &str) -> f64 {
     metric_value(stats, sample)
-        .unwrap_or_else(|| panic!("no sample {sample} in:\n{}", metrics::render(stats)))
+        .unwrap_or_else(|| panic!("no sample {sample} in:\n{}", openmetrics::render(stats)))
 }
 
 /// Waits until the rendered sample is at least `want`.
-async fn metric_reaches(stats: &Stats, sample: &str, want: f64) {
+async fn metric_reaches(stats: &Arc<Stats>, sample: &str, want: f64) {
     let end = Instant::now() + Duration::from_secs(5);
     while metric_value(stats, sample).is_none_or(|v| v < want) {
         assert!(
             Instant::now() < end,
             "{sample} never reached {want}:\n{}",
-            metrics::render(stats)
+            openmetrics::render(stats)
         );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }

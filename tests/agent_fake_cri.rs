@@ -358,7 +358,7 @@ async fn metrics_and_health_endpoints() {
     );
     assert_eq!(get(r#"exitorder_event_source{source="poll"}"#), Some(1.0));
     // Families that have no samples yet are still declared.
-    for family in ["exitorder_api_errors_total", "exitorder_pod_events_total"] {
+    for family in ["exitorder_api_errors", "exitorder_pod_events"] {
         assert!(
             body.contains(&format!("# TYPE {family} counter")),
             "{family} missing"

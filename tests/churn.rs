@@ -23,7 +23,7 @@ use exitorder::cri::ContainerState;
 use exitorder::decide::priority::ANNOTATION;
 use exitorder::decide::Reason;
 use exitorder::stats::Stats;
-use exitorder::{cluster, serve::metrics};
+use exitorder::{cluster, serve::openmetrics};
 use fakeapi::FakeApi;
 use fakecri::pod_name;
 use rig::*;
@@ -89,7 +89,7 @@ fn tune(cfg: &mut Config, share: &std::path::Path) {
 /// The per-pod series of the agent's `/metrics`, and the entries left in the share's `pods/`
 /// and `jobs/` directories.
 fn per_pod(rig: &Rig) -> BTreeMap<&'static str, f64> {
-    let all: BTreeMap<String, f64> = support::parse_metrics(&metrics::render(&rig.stats))
+    let all: BTreeMap<String, f64> = support::parse_metrics(&openmetrics::render(&rig.stats))
         .into_iter()
         .collect();
     let entries = |dir: &str| {

@@ -12,9 +12,8 @@ mod support;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::Arc;
 
-use exitorder::stats::Stats;
-use exitorder::webhook::server::WebhookStats;
 use exitorder_testbed::install::{tool_candidates, Helm, CHART_IN_TREE, NAMESPACE};
 use exitorder_testbed::manifest;
 use serde_json::Value;
@@ -105,8 +104,9 @@ fn run_promtool(promtool: &Path, what: &[&str], file: &Path) -> (bool, String) {
 /// Every metric family the agent and the webhook export, with the `label="value"` pairs
 /// their samples carry (every closed set of series is exported from the start, zero or not).
 fn exported() -> (BTreeSet<String>, BTreeSet<String>) {
-    let text =
-        exitorder::serve::metrics::render(&Stats::default()) + &WebhookStats::default().render();
+    use exitorder::serve::openmetrics::render;
+    let text = render::<exitorder::stats::Stats>(&Arc::default())
+        + &render::<exitorder::webhook::server::WebhookStats>(&Arc::default());
     let mut names = BTreeSet::new();
     let mut pairs = BTreeSet::new();
     for line in text.lines() {
@@ -115,11 +115,14 @@ fn exported() -> (BTreeSet<String>, BTreeSet<String>) {
             let (Some(name), Some(kind)) = (it.next(), it.next()) else {
                 continue;
             };
-            names.insert(name.to_owned());
-            if kind == "histogram" {
-                for suffix in ["_bucket", "_sum", "_count"] {
-                    names.insert(format!("{name}{suffix}"));
-                }
+            // OpenMetrics names the family; its samples carry the suffixes.
+            let suffixes: &[&str] = match kind {
+                "histogram" => &["", "_bucket", "_sum", "_count"],
+                "counter" => &["_total"],
+                _ => &[""],
+            };
+            for suffix in suffixes {
+                names.insert(format!("{name}{suffix}"));
             }
         } else if let Some((_, labels)) = line.split_once('{') {
             let labels = labels.split('}').next().unwrap_or_default();
@@ -555,4 +558,237 @@ fn the_selector_reader_reads_the_queries_here() {
     );
     assert_eq!(s[1].metric, "up");
     assert_eq!(s[1].matchers[0].1, "=~");
+}
+
+/// Prometheus, from the same package as [`promtool`] (`usr/bin/` beside it).
+fn prometheus() -> Option<PathBuf> {
+    let found = promtool()?.with_file_name("prometheus");
+    if found.is_file() {
+        return Some(found);
+    }
+    skip_or_fail(&format!(
+        "no prometheus beside promtool at {}",
+        found.display()
+    ));
+    None
+}
+
+/// A Prometheus scraping `target` every second, killed when dropped.
+struct Scraper {
+    child: std::process::Child,
+    addr: String,
+    dir: tempfile::TempDir,
+}
+
+impl Scraper {
+    /// Starts Prometheus on a free port, up to three times: the port is chosen by binding it
+    /// and letting it go, so another process may take it in between.
+    async fn start(binary: &Path, target: std::net::SocketAddr) -> Scraper {
+        let mut said = String::new();
+        for _ in 0..3 {
+            let port = std::net::TcpListener::bind("127.0.0.1:0")
+                .and_then(|l| l.local_addr())
+                .expect("a free port")
+                .port();
+            let dir = tempfile::tempdir().expect("tempdir");
+            let config = dir.path().join("prometheus.yml");
+            let yaml = format!(
+                "global: {{scrape_interval: 1s, scrape_timeout: 1s}}\n\
+                 scrape_configs:\n\
+                 - job_name: agent\n  static_configs: [{{targets: ['{target}']}}]\n"
+            );
+            std::fs::write(&config, yaml).expect("write the config");
+            let log = std::fs::File::create(dir.path().join("log")).expect("log file");
+            let child = Command::new(binary)
+                .arg(format!("--config.file={}", config.display()))
+                .arg(format!(
+                    "--storage.tsdb.path={}",
+                    dir.path().join("data").display()
+                ))
+                .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+                .stdout(log.try_clone().expect("log file"))
+                .stderr(log)
+                .spawn()
+                .expect("prometheus starts");
+            let mut scraper = Scraper {
+                child,
+                addr: format!("127.0.0.1:{port}"),
+                dir,
+            };
+            let end = std::time::Instant::now() + std::time::Duration::from_secs(60);
+            while std::time::Instant::now() < end {
+                if let Ok(Some(_)) = scraper.child.try_wait() {
+                    break;
+                }
+                if support::http_get(&scraper.addr, "/-/ready").await.0 == 200 {
+                    return scraper;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            }
+            said = scraper.log();
+        }
+        panic!("prometheus did not become ready:\n{said}");
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("log")).unwrap_or_default()
+    }
+
+    /// The API's `data` at `path`, once it answers 200 with status "success".
+    async fn api(&self, path: &str) -> Option<Value> {
+        let (code, body) = support::http_get(&self.addr, path).await;
+        let v: Value = serde_json::from_str(&body).ok()?;
+        (code == 200 && v["status"] == "success").then(|| v["data"].clone())
+    }
+}
+
+impl Drop for Scraper {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The `Content-Type` of `/metrics` at `addr`, asked as Prometheus asks.
+async fn content_type(addr: std::net::SocketAddr) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    s.write_all(
+        b"GET /metrics HTTP/1.0\r\nAccept: application/openmetrics-text;version=1.0.0,\
+          text/plain;version=0.0.4;q=0.5\r\n\r\n",
+    )
+    .await
+    .expect("ask");
+    let mut text = String::new();
+    tokio::time::timeout(
+        std::time::Duration::from_secs(5),
+        s.read_to_string(&mut text),
+    )
+    .await
+    .expect("an answer within 5 s")
+    .expect("read");
+    let head = text.split("\r\n\r\n").next().unwrap_or_default();
+    head.lines()
+        .find_map(|l| {
+            let (name, value) = l.split_once(':')?;
+            name.eq_ignore_ascii_case("content-type")
+                .then(|| value.trim().to_owned())
+        })
+        .unwrap_or_else(|| panic!("no Content-Type in:\n{head}"))
+}
+
+/// The families `text` declares, with their types (`# TYPE name type`).
+fn declared(text: &str) -> BTreeMap<String, String> {
+    text.lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|rest| {
+            let (name, kind) = rest.split_once(' ')?;
+            Some((name.to_owned(), kind.to_owned()))
+        })
+        .collect()
+}
+
+/// A real Prometheus scrapes the agent's `/metrics`: it asks for and reads OpenMetrics, the
+/// scrape has no error, it knows every family by the type the agent declares, and samples
+/// (a labelled counter, a histogram's bucket) read back as counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prometheus_scrapes_every_family_with_its_type() {
+    use exitorder::decide::Reason;
+    use exitorder::handshake::share::Rejection;
+    use exitorder::serve::{metrics, openmetrics};
+    use std::time::Duration;
+
+    let Some(binary) = prometheus() else {
+        return;
+    };
+    let stats = Arc::new(exitorder::stats::Stats::default());
+    stats.allowed(Reason::Ordered, Duration::from_millis(3));
+    stats.allowed(Reason::Ordered, Duration::from_millis(40));
+    stats.share_rejected(Rejection::Link);
+    stats.runtime_error("list_containers");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let target = listener.local_addr().expect("address");
+    let stop = tokio_util::sync::CancellationToken::new();
+    let server = tokio::spawn(metrics::serve(listener, Arc::clone(&stats), stop.clone()));
+    // Prometheus reads a scrape with the parser its Content-Type names: OpenMetrics' is the
+    // strict one (`# EOF`, counters' `_total`, histograms' order).
+    assert_eq!(
+        content_type(target).await,
+        exitorder::serve::openmetrics::CONTENT_TYPE
+    );
+    assert!(
+        exitorder::serve::openmetrics::CONTENT_TYPE.starts_with("application/openmetrics-text;")
+    );
+    let scraper = Scraper::start(&binary, target).await;
+
+    // Up once a scrape succeeded; a scrape that could not be parsed leaves it down with the
+    // parser's words in lastError.
+    let mut last = Value::Null;
+    let end = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Some(t) = scraper.api("/api/v1/targets").await {
+            last = t["activeTargets"][0].clone();
+            if last["health"] == "up" {
+                break;
+            }
+        }
+        assert!(
+            std::time::Instant::now() < end,
+            "the agent's target never came up: {last}\n{}",
+            scraper.log()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(last["lastError"], "", "{last}");
+
+    let families = declared(&openmetrics::render(&stats));
+    assert!(families.len() > 20, "{families:?}");
+    let metadata = scraper
+        .api("/api/v1/metadata")
+        .await
+        .expect("the metadata API answers");
+    for (family, kind) in &families {
+        assert_eq!(
+            metadata[family][0]["type"], **kind,
+            "{family}: Prometheus' metadata {}",
+            metadata[family]
+        );
+        assert_ne!(metadata[family][0]["help"], "", "{family} has no help");
+    }
+
+    let series = |data: Option<Value>| data.map(|d| d["result"].clone()).unwrap_or_default();
+    let allows = series(
+        scraper
+            .api("/api/v1/query?query=exitorder_allows_total")
+            .await,
+    );
+    let ordered = allows
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|s| s["metric"]["reason"] == "ordered")
+        .unwrap_or_else(|| panic!("no ordered allows in {allows}"));
+    assert_eq!(ordered["value"][1], "2", "{ordered}");
+    let buckets = series(
+        scraper
+            .api("/api/v1/query?query=exitorder_allow_latency_seconds_bucket")
+            .await,
+    );
+    let at = |le: &str| {
+        buckets
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|s| s["metric"]["reason"] == "ordered" && s["metric"]["le"] == le)
+            .map(|s| s["value"][1].clone())
+            .unwrap_or_else(|| panic!("no ordered bucket le={le} in {buckets}"))
+    };
+    assert_eq!(at("0.005"), "1");
+    assert_eq!(at("0.05"), "2");
+    assert_eq!(at("+Inf"), "2");
+
+    stop.cancel();
+    server.await.expect("the endpoint stops");
 }

@@ -15,7 +15,7 @@ pub const LATENCY_BUCKETS: [f64; 12] = [
     0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0, 5.0, 15.0, 30.0, 60.0,
 ];
 
-#[derive(Default)]
+#[derive(Debug, Default)]
 pub struct Histogram {
     buckets: [AtomicU64; LATENCY_BUCKETS.len()],
     count: AtomicU64,

@@ -19,8 +19,10 @@
 //!
 //! Parts:
 //! - [`metrics`]: the agent's `/metrics`, `/healthz`, `/readyz`.
+//! - [`openmetrics`]: the one encoder of both servers' metrics.
 
 pub mod metrics;
+pub mod openmetrics;
 
 use std::collections::HashMap;
 use std::future::Future;

@@ -6,7 +6,6 @@
 //! slow or endless body included, and no body is read past its limit.
 
 use std::convert::Infallible;
-use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -24,6 +23,11 @@ use tracing::{debug, info, warn, Instrument};
 use super::mutate::Settings;
 use super::review::{self, Outcome};
 use super::tls::{CertFiles, ReloadCounts, Reloading, TlsError};
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::DescriptorEncoder;
+use prometheus_client::metrics::MetricType;
+
+use crate::serve::openmetrics::{self, Families, Read};
 use crate::serve::{self, ConnStats, Limits};
 use crate::stats::Histogram;
 
@@ -82,60 +86,44 @@ impl WebhookStats {
             Outcome::Denied => denied,
         }
     }
+}
 
-    /// Its `/metrics` text.
-    pub fn render(&self) -> String {
-        let mut out = String::with_capacity(2048);
-        let _ = writeln!(
-            out,
-            "# HELP exitorder_webhook_reviews_total Admission reviews answered, by outcome.\n\
-             # TYPE exitorder_webhook_reviews_total counter"
-        );
-        for o in Outcome::ALL {
-            let n = self.reviews_of(o).load(Ordering::Relaxed);
-            let _ = writeln!(
-                out,
-                "exitorder_webhook_reviews_total{{outcome=\"{}\"}} {n}",
-                o.as_str()
-            );
-        }
-        let _ = writeln!(
-            out,
-            "exitorder_webhook_reviews_total{{outcome=\"invalid\"}} {}",
-            self.invalid.load(Ordering::Relaxed)
-        );
-        let _ = writeln!(
-            out,
-            "# HELP exitorder_webhook_review_seconds Time from a review's request head to its answer.\n\
-             # TYPE exitorder_webhook_review_seconds histogram"
-        );
-        crate::serve::metrics::write_histogram(
-            &mut out,
+/// The webhook's metric families, read from its [`WebhookStats`] at each scrape.
+impl Collector for Read<WebhookStats> {
+    fn encode(&self, enc: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let stats = &*self.0;
+        let mut f = Families(enc);
+        let counted =
+            Outcome::ALL.map(|o| (o.as_str(), stats.reviews_of(o).load(Ordering::Relaxed)));
+        let invalid = ("invalid", stats.invalid.load(Ordering::Relaxed));
+        f.labelled(
+            MetricType::Counter,
+            "exitorder_webhook_reviews",
+            "Admission reviews answered, by outcome.",
+            "outcome",
+            counted.into_iter().chain([invalid]),
+        )?;
+        f.histograms(
             "exitorder_webhook_review_seconds",
-            "",
-            &self.latency,
-        );
-        let _ = writeln!(
-            out,
-            "# HELP exitorder_webhook_certificate_reloads_total Serving certificate reloads, by result.\n\
-             # TYPE exitorder_webhook_certificate_reloads_total counter\n\
-             exitorder_webhook_certificate_reloads_total{{result=\"ok\"}} {}\n\
-             exitorder_webhook_certificate_reloads_total{{result=\"failed\"}} {}",
-            self.reloads.ok.load(Ordering::Relaxed),
-            self.reloads.failed.load(Ordering::Relaxed)
-        );
-        let _ = writeln!(
-            out,
-            "# HELP exitorder_webhook_connections Open connections.\n\
-             # TYPE exitorder_webhook_connections gauge\n\
-             exitorder_webhook_connections {}\n\
-             # HELP exitorder_webhook_connections_evicted_total Connections closed to make room for a new one, from the peer holding the most.\n\
-             # TYPE exitorder_webhook_connections_evicted_total counter\n\
-             exitorder_webhook_connections_evicted_total {}",
-            self.conns.open.load(Ordering::Relaxed),
-            self.conns.evicted.load(Ordering::Relaxed)
-        );
-        out
+            "Time from a review's request head to its answer.",
+            None,
+            [("", &stats.latency)],
+        )?;
+        f.labelled(
+            MetricType::Counter,
+            "exitorder_webhook_certificate_reloads",
+            "Serving certificate reloads, by result.",
+            "result",
+            [
+                ("ok", stats.reloads.ok.load(Ordering::Relaxed)),
+                ("failed", stats.reloads.failed.load(Ordering::Relaxed)),
+            ],
+        )?;
+        f.connections(
+            "exitorder_webhook_connections",
+            "Open connections.",
+            &stats.conns,
+        )
     }
 }
 
@@ -276,7 +264,7 @@ fn text(code: StatusCode, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
 async fn respond(
     req: Request<Incoming>,
     settings: &Settings,
-    stats: &WebhookStats,
+    stats: &Arc<WebhookStats>,
 ) -> Response<Full<Bytes>> {
     match (req.method(), req.uri().path()) {
         (&Method::POST, "/mutate") => {
@@ -292,10 +280,10 @@ async fn respond(
         // Serving at all means a certificate loaded: start-up fails without one.
         (&Method::GET, "/readyz") => text(StatusCode::OK, "ready\n"),
         (&Method::GET, "/metrics") => {
-            let mut r = text(StatusCode::OK, stats.render());
+            let mut r = text(StatusCode::OK, openmetrics::render(stats));
             r.headers_mut().insert(
                 hyper::header::CONTENT_TYPE,
-                hyper::header::HeaderValue::from_static("text/plain; version=0.0.4"),
+                hyper::header::HeaderValue::from_static(openmetrics::CONTENT_TYPE),
             );
             r
         }
