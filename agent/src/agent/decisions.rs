@@ -241,7 +241,7 @@ impl Agent {
     }
 
     fn warn_once(&mut self, pod: &PodUid, e: &dyn std::error::Error, consequence: &str) {
-        if self.first_warning(pod, e.to_string()) {
+        if self.warned.first(pod, e.to_string()) {
             warn!(pod = %pod, error = %e, "{consequence}");
         }
     }
@@ -260,7 +260,7 @@ impl Agent {
                 continue;
             }
             let key = format!("stop order: {w} <- {}", skipped.join(","));
-            if self.first_warning(pod, key) {
+            if self.warned.first(pod, key) {
                 warn!(
                     event = "stop_order",
                     pod = %pod,

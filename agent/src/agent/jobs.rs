@@ -112,7 +112,10 @@ impl Agent {
             Err((container, e)) => {
                 // A rule this version cannot read: whether the work is over cannot be told,
                 // and the sidecars are left to run, as without exitorder.
-                if self.first_warning(&pod, format!("job: restart rules of {container}")) {
+                if self
+                    .warned
+                    .first(&pod, format!("job: restart rules of {container}"))
+                {
                     warn!(pod = %pod, container = %container, error = %e, "cannot tell whether the kubelet restarts this container; the Job's sidecars are not shut down");
                 }
                 return;
@@ -123,7 +126,7 @@ impl Agent {
                 .iter()
                 .filter(|m: &&SnapMember| m.priority == 0)
                 .all(|m| m.state == RunState::Exited);
-            if done && self.first_warning(&pod, "job: left running".to_owned()) {
+            if done && self.warned.first(&pod, "job: left running".to_owned()) {
                 info!(event = "job_left_running", pod = %pod, "main containers done; sidecars left running (exitorder.io/terminate-sidecars-on-completion: \"false\")");
             }
             return;
@@ -131,7 +134,7 @@ impl Agent {
         let (urls, bad) = completion::shutdown_urls(&api.annotations);
         if let Some(bad) = bad {
             let key = format!("job: {bad}");
-            if self.first_warning(&pod, key) {
+            if self.warned.first(&pod, key) {
                 warn!(pod = %pod, problem = %bad, "sidecars without a valid shutdown URL are stopped through the runtime");
             }
         }
@@ -167,7 +170,7 @@ impl Agent {
         match ApiPod::from_record(v.sandbox.as_ref()?, v.grace())? {
             Ok(api) => Some(api),
             Err(e) => {
-                if self.first_warning(pod, "job: restart record".to_owned()) {
+                if self.warned.first(pod, "job: restart record".to_owned()) {
                     warn!(pod = %pod, error = %e, "cannot read the webhook's record of the pod's restart policies; the Job's sidecars are not shut down");
                 }
                 None

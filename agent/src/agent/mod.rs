@@ -226,11 +226,6 @@ impl Agent {
         }
     }
 
-    /// Whether `what` about `pod` is news to log: each is logged once while the pod lasts.
-    fn first_warning(&mut self, pod: &PodUid, what: String) -> bool {
-        self.warned.first(pod, what)
-    }
-
     /// Drops what is kept about pods that are gone: what was logged once about them, the Jobs
     /// task's state and the API server's deleted pods.
     /// "Gone" is only believed of a listing of a runtime that answers.

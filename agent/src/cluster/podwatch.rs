@@ -117,7 +117,7 @@ impl ApiPod {
                 .and_then(|s| s.init_containers.as_ref())
                 .into_iter()
                 .flatten()
-                .filter(|c| c.restart_policy.as_deref() == Some("Always"))
+                .filter(|c| crate::podspec::is_native(c))
                 .map(|c| c.name.clone())
                 .collect(),
             containers: record.as_ref().map(|r| r.names()).unwrap_or_default(),

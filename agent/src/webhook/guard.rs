@@ -47,18 +47,14 @@ pub fn check(object: &Value, share_dir: &str, bin_dir: &str) -> Result<(), Strin
     if reaching.is_empty() {
         return Ok(());
     }
-    let regular = spec
-        .containers
-        .iter()
-        .chain(spec.init_containers.iter().flatten())
-        .map(|c| {
-            (
-                c.name.as_str(),
-                c.volume_mounts.as_deref(),
-                c.env.as_deref(),
-                false,
-            )
-        });
+    let regular = crate::podspec::containers(spec).map(|c| {
+        (
+            c.name.as_str(),
+            c.volume_mounts.as_deref(),
+            c.env.as_deref(),
+            false,
+        )
+    });
     let ephemeral = spec.ephemeral_containers.iter().flatten().map(|c| {
         (
             c.name.as_str(),

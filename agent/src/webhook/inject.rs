@@ -67,11 +67,7 @@ pub fn share_only_as_injected(spec: &PodSpec, share_dir: &str) -> Result<(), Str
             ));
         }
     }
-    let containers = spec
-        .containers
-        .iter()
-        .chain(spec.init_containers.iter().flatten());
-    for c in containers {
+    for c in crate::podspec::containers(spec) {
         for m in c
             .volume_mounts
             .iter()

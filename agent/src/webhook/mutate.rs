@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use exitorder_contract::annotation;
-use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
+use k8s_openapi::api::core::v1::Pod;
 use serde_json::Value;
 
 pub use super::inject::HandshakeVolume;
@@ -17,6 +17,7 @@ use super::inject::{self, Sidecar};
 use crate::decide::priority::{self, PodPriorities};
 use crate::decide::restart::{RestartRecord, MAX_RECORD_BYTES};
 use crate::decide::stoporder::StopOrder;
+use crate::podspec;
 
 /// The project's image, as the chart's defaults name it: what `exitorder-install` runs.
 pub const DEFAULT_INSTALL_IMAGE: &str =
@@ -206,7 +207,7 @@ pub struct Member {
 pub fn members(pod: &Pod, named: Option<&PodPriorities>) -> Result<Vec<Member>, String> {
     pod.spec
         .iter()
-        .flat_map(ordered_containers)
+        .flat_map(podspec::ordered)
         .map(|(c, native)| {
             let env =
                 priority::from_spec_env(c).map_err(|e| format!("container {:?}: {e}", c.name))?;
@@ -230,24 +231,6 @@ pub fn stop_order(members: &[Member]) -> StopOrder {
             .map(|m| m.name.clone())
             .collect(),
     )
-}
-
-pub fn is_native(c: &Container) -> bool {
-    c.restart_policy.as_deref() == Some("Always")
-}
-
-/// The containers the agent orders, each with whether it is a native sidecar: the main
-/// containers, then the init containers with `restartPolicy: Always` (plain init containers
-/// have exited before any deletion can find them).
-pub fn ordered_containers(spec: &PodSpec) -> impl Iterator<Item = (&Container, bool)> {
-    let main = spec.containers.iter().map(|c| (c, false));
-    let native = spec
-        .init_containers
-        .iter()
-        .flatten()
-        .filter(|c| is_native(c))
-        .map(|c| (c, true));
-    main.chain(native)
 }
 
 /// Injects into `pod`.
@@ -317,7 +300,7 @@ fn inject_into(
         spec.init_containers
             .iter_mut()
             .flatten()
-            .filter(|c| is_native(c)),
+            .filter(|c| podspec::is_native(c)),
     ) {
         if sidecars.iter().any(|m| m.name == c.name) {
             sidecar.inject(c, &mut warnings)?;
@@ -383,11 +366,7 @@ fn record_restarts(pod: &mut Pod, warnings: &mut Vec<String>) {
 fn all_names(pod: &Pod) -> Vec<&str> {
     pod.spec
         .iter()
-        .flat_map(|s| {
-            s.containers
-                .iter()
-                .chain(s.init_containers.iter().flatten())
-        })
+        .flat_map(podspec::containers)
         .map(|c| c.name.as_str())
         .collect()
 }

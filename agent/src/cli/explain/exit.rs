@@ -153,7 +153,7 @@ fn shared_level(members: &[Member], warnings: &mut Vec<Warning>) {
 fn unordered(pod: &Pod) -> Vec<mutate::Member> {
     pod.spec
         .iter()
-        .flat_map(mutate::ordered_containers)
+        .flat_map(crate::podspec::ordered)
         .map(|(c, native)| mutate::Member {
             name: c.name.clone(),
             native,

@@ -44,11 +44,7 @@ pub(super) fn job(
     let unreadable: Vec<String> = pod
         .spec
         .iter()
-        .flat_map(|s| {
-            s.containers
-                .iter()
-                .chain(s.init_containers.iter().flatten())
-        })
+        .flat_map(crate::podspec::containers)
         .filter_map(|c| {
             Restart::of(restart_policy.as_deref(), c)
                 .err()

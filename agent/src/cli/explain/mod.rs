@@ -94,11 +94,7 @@ pub fn explain(object: &str, pod: &Value, options: &Options) -> Result<Explanati
     // By name, the first of a name (as a lookup in the spec finds it: the API server refuses
     // a second, explain reads whatever it is given).
     let mut containers: BTreeMap<&str, &Container> = BTreeMap::new();
-    for c in typed.spec.iter().flat_map(|s| {
-        s.containers
-            .iter()
-            .chain(s.init_containers.iter().flatten())
-    }) {
+    for c in typed.spec.iter().flat_map(crate::podspec::containers) {
         containers.entry(c.name.as_str()).or_insert(c);
     }
     let exit = exit::exit_plan(&typed, &containers, &annotations, &mut warnings);
