@@ -56,6 +56,7 @@ impl Agent {
             Some(sb) => Some((sb.namespace.clone(), sb.name.clone())),
             None => self
                 .api
+                .pods
                 .as_ref()?
                 .get_by_uid(pod.as_str())
                 .map(|a| (a.namespace, a.name)),
@@ -64,7 +65,7 @@ impl Agent {
 
     /// The API server's current view of a pending pod.
     pub(super) fn api_pod(&self, pod: &PodUid) -> Option<ApiPod> {
-        let api = self.api.as_ref()?;
+        let api = self.api.pods.as_ref()?;
         match self.sandbox(pod) {
             Some(sb) => api.get(&sb.namespace, &sb.name, pod.as_str()),
             None => api.get_by_uid(pod.as_str()),
@@ -113,7 +114,7 @@ impl Agent {
         let waiting: Vec<&str> = waiting.iter().map(String::as_str).collect();
         // Without the runtime, or before its first listing, nothing is known of container
         // states: only the deadline (or a confirmed "staying") releases.
-        if !self.runtime_ok || !self.view.is_listed() {
+        if !self.link.ok() || !self.view.is_listed() {
             return Some(facts::without_runtime(&waiting, deletion, &clock));
         }
         let known = self.view.pod(pod.as_str());
@@ -132,7 +133,7 @@ impl Agent {
                 known?;
             } else {
                 if !checking {
-                    self.reader.ask(Read::ListPod(pod.as_str().to_owned()));
+                    self.link.ask(Read::ListPod(pod.as_str().to_owned()));
                     if let Some(p) = self.waits.pending.get_mut(pod) {
                         p.checking = true;
                     }
@@ -191,7 +192,7 @@ impl Agent {
             facts::hold_unsettled(&mut ordered, &unsettled);
         }
         if (!unsettled.is_empty() || ask_early) && !checking {
-            self.reader.ask(Read::ListPod(pod.as_str().to_owned()));
+            self.link.ask(Read::ListPod(pod.as_str().to_owned()));
             if let Some(p) = self.waits.pending.get_mut(pod) {
                 p.checking = true;
             }
@@ -351,7 +352,7 @@ impl Agent {
         p.wake = wake;
         let ask = unconfirmed && !p.confirm.asked && p.confirm.retry_at.is_none_or(|t| now >= t);
         if ask {
-            if let (Some(api), Some((namespace, name))) = (&self.api, &names) {
+            if let (Some(api), Some((namespace, name))) = (&self.api.pods, &names) {
                 p.confirm.asked = true;
                 api.confirm(ConfirmRequest {
                     uid: pod.as_str().to_owned(),
@@ -489,7 +490,7 @@ impl Agent {
         still_running: Vec<String>,
         (namespace, name): (String, String),
     ) {
-        let Some(sink) = &self.pod_events else {
+        let Some(sink) = &self.api.events else {
             return;
         };
         sink.emit(ExitNotice {

@@ -25,6 +25,15 @@ pub const AGAIN_AFTER: Duration = Duration::from_secs(1);
 /// A round of removals in flight on the blocking pool.
 pub(super) type Round = JoinHandle<Report>;
 
+/// What the removals keep between rounds.
+#[derive(Default)]
+pub(super) struct Removals {
+    /// Pods a round found gone from the runtime: found gone again, their directory goes.
+    suspects: HashSet<PodUid>,
+    /// The round in flight, if any.
+    pub(super) round: Option<Round>,
+}
+
 /// What a round did.
 #[derive(Debug, Default)]
 pub(super) struct Report {
@@ -44,9 +53,9 @@ impl Agent {
         self.evaluate(dirty);
         self.waits.prune(Instant::now());
         self.forget_gone_pods();
-        if self.gc_round.is_some()
+        if self.removals.round.is_some()
             || !self.view.is_listed()
-            || !self.runtime_ok
+            || !self.link.ok()
             || self.view.pods().next().is_none()
         {
             return;
@@ -65,7 +74,7 @@ impl Agent {
             if self.view.pod(pod.as_str()).is_some() || self.waits.pending.contains_key(&pod) {
                 continue;
             }
-            if !self.gc_suspects.contains(&pod) {
+            if !self.removals.suspects.contains(&pod) {
                 suspects.insert(pod);
                 continue;
             }
@@ -81,7 +90,7 @@ impl Agent {
                 suspects.insert(pod);
             }
         }
-        self.gc_suspects = suspects;
+        self.removals.suspects = suspects;
         for record in
             crate::jobs::stale_records(&self.cfg.share_dir, |uid| self.view.pod(uid).is_some())
         {
@@ -90,7 +99,7 @@ impl Agent {
             }
         }
         if !doomed.is_empty() {
-            self.gc_round = Some(start_round(
+            self.removals.round = Some(start_round(
                 Arc::clone(&self.share),
                 doomed,
                 Arc::clone(&self.stats),
@@ -104,7 +113,7 @@ impl Agent {
         for pod in &report.removed {
             self.watcher.forget(&self.share.pod_path(pod));
         }
-        self.gc_suspects.extend(report.unfinished);
+        self.removals.suspects.extend(report.unfinished);
     }
 }
 

@@ -75,9 +75,6 @@ impl Agent {
     /// pod's spec only: read from the API server, or without one from the webhook's record
     /// on the sandbox.
     pub(super) fn job_check(&mut self, uid: &str) {
-        if self.jobs.is_none() {
-            return;
-        }
         let Ok(pod) = PodUid::parse(uid) else {
             return;
         };
@@ -152,9 +149,7 @@ impl Agent {
             urls,
         };
         debug!(pod = %snap.uid, members = ?snap.members, "completing pod: snapshot");
-        if let Some(link) = &self.jobs {
-            link.snapshot(snap);
-        }
+        self.jobs.snapshot(snap);
     }
 }
 
@@ -163,7 +158,7 @@ impl Agent {
     /// else the webhook's record ([`ApiPod::from_record`]), once warned about when it cannot
     /// be read.
     fn job_pod(&mut self, pod: &PodUid) -> Option<ApiPod> {
-        if self.api.is_some() {
+        if self.api.pods.is_some() {
             return self.api_pod(pod);
         }
         let v = self.view.pod(pod.as_str())?;

@@ -6,37 +6,45 @@
 //! a decision reads only the view.
 //!
 //! Parts:
+//! - `api`: the API server's pods, their changes, and the Events sink, when there is one;
 //! - `decisions`: deciding the pending waits and carrying the answers out;
 //! - `gc`: directories of pods that are gone removed, the share rescanned;
 //! - `jobs`: a completing pod's state handed to the Job task;
+//! - `share`: the share and the kubelet's pod directories: opened, the entrypoint installed,
+//!   opened again when replaced;
+//! - `link`: the runtime's client, reader and exit source, and what is known of its health;
 //! - `warned`: what was logged once, bounded.
 
+mod api;
 mod decisions;
 mod gc;
 mod jobs;
+mod link;
+mod share;
 mod warned;
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::BTreeSet;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Instant;
 
 use tokio::sync::mpsc;
-use tracing::{debug, error, info, warn, Instrument};
+use tracing::{debug, info, warn, Instrument};
 
-use crate::cluster::podwatch::{PodSignal, PodView};
-use crate::cluster::recorder::EventSink;
 use crate::cluster::Cluster;
 use crate::decide::bounds::Later as _;
 use crate::decide::RunState;
-use crate::handshake::share::{Place, PodUid, Share, ShareError};
+use crate::handshake::share::{PodUid, Share, ShareError};
 use crate::handshake::waits::{ShareSync, Waits};
 use crate::handshake::watch::{FsEvent, Root, ShareWatcher, WatchError};
-use crate::runtime::source::{self, SourceKind, SourceSignal};
-use crate::runtime::{Runtime, RuntimeError};
+use crate::runtime::source::{SourceKind, SourceSignal};
+use crate::runtime::RuntimeError;
 use crate::stats::{Kept, Stats};
-use crate::view::reader::{self, Read, Reader, Reply};
+use crate::view::reader::{Read, Reply};
 use crate::view::{Change, Need, NodeView};
+use api::ApiLink;
+use link::RuntimeLink;
+use share::{install_entrypoint, open_local};
 use warned::Warned;
 
 pub use crate::config::{Config, DEFAULT_POLL_INTERVAL};
@@ -73,33 +81,17 @@ pub struct Agent {
     fs_events: mpsc::UnboundedReceiver<FsEvent>,
     waits: Waits,
     view: NodeView,
-    runtime: Runtime,
-    reader: Reader,
-    replies: mpsc::UnboundedReceiver<Reply>,
-    reader_task: Option<reader::ReaderTask>,
-    signals: mpsc::UnboundedReceiver<SourceSignal>,
-    signal_tx: mpsc::UnboundedSender<SourceSignal>,
-    /// The event stream in use, while it is connected; `None` means polling.
-    live_source: Option<SourceKind>,
-    /// Whether the runtime answered its last call.
-    runtime_ok: bool,
+    link: RuntimeLink,
     /// What was logged once.
     warned: Warned,
-    gc_suspects: HashSet<PodUid>,
-    /// The removal round in flight, if any.
-    gc_round: Option<crate::agent::gc::Round>,
+    /// Directories of pods that are gone, and their removal.
+    removals: gc::Removals,
     stats: Arc<Stats>,
-    /// The API server's view of this node's pods, when there is an API server.
-    api: Option<PodView>,
-    pod_signals: Option<mpsc::UnboundedReceiver<PodSignal>>,
-    pod_events: Option<EventSink>,
-    /// Finished Jobs' sidecar shutdown (with an API server only).
-    jobs: Option<crate::jobs::JobLink>,
+    /// The API server, when there is one.
+    api: ApiLink,
+    /// Finished Jobs' sidecar shutdown, and its task until the loop runs it.
+    jobs: crate::jobs::JobLink,
     jobs_task: Option<crate::jobs::JobsTask>,
-    /// A listing was asked after a reconnect: its answer is logged, as the proof that what
-    /// happened while the runtime or its stream was gone was caught up on.
-    relist_pending: bool,
-    connected_once: bool,
     /// What ends the run with an error (the share's root removed).
     fatal: Option<AgentError>,
     /// Containers' mounts waiting to be checked for breaches, and the check in flight.
@@ -124,10 +116,8 @@ impl Agent {
                 "the share holds the entrypoint directory of an earlier exitorder; it is no longer written (pods injected before the upgrade may still run it): remove it once they are gone"
             );
         }
-        let runtime = Runtime::connect(&cfg.cri_socket)?;
-        let (reader, replies, reader_task) = reader::start(runtime.clone());
+        let link = RuntimeLink::connect(&cfg.cri_socket)?;
         let (tx, fs_events) = mpsc::unbounded_channel();
-        let (signal_tx, signals) = mpsc::unbounded_channel();
         let local = open_local(&cfg.kubelet_root_dir);
         let roots = std::iter::once(&share)
             .chain(&local)
@@ -145,10 +135,13 @@ impl Agent {
         let tombstone_ttl = cfg.tombstone_ttl;
         let own_pod_uid = cfg.own_pod_uid.clone();
         let kernel = if cfg.kernel_exit_source {
-            crate::runtime::kernel::KernelExits::new(signal_tx.clone(), stats.clone())
+            crate::runtime::kernel::KernelExits::new(link.signal_sender(), stats.clone())
         } else {
             crate::runtime::kernel::KernelExits::off(stats.clone())
         };
+        // Without an API server, Jobs complete from the webhook's record on their sandboxes.
+        let (jobs, jobs_task) =
+            crate::jobs::start(link.runtime.clone(), &cfg.share_dir, None, stats.clone());
         let mut agent = Agent {
             cfg,
             share: Arc::new(share),
@@ -157,31 +150,17 @@ impl Agent {
             fs_events,
             waits: Waits::default(),
             view: NodeView::with_tombstone_ttl(tombstone_ttl),
-            runtime,
-            reader,
-            replies,
-            reader_task: Some(reader_task),
-            signals,
-            signal_tx,
-            live_source: None,
-            runtime_ok: true,
+            link,
             warned: Warned::default(),
-            gc_suspects: HashSet::new(),
-            gc_round: None,
+            removals: gc::Removals::default(),
             stats,
-            api: None,
-            pod_signals: None,
-            pod_events: None,
-            jobs: None,
-            jobs_task: None,
-            relist_pending: false,
-            connected_once: false,
+            api: ApiLink::default(),
+            jobs,
+            jobs_task: Some(jobs_task),
             fatal: None,
             audit: crate::handshake::breach::Audit::new(own_pod_uid),
             kernel,
         };
-        // Without an API server, Jobs complete from the webhook's record on their sandboxes.
-        agent.start_jobs(None);
         let mut dirty = BTreeSet::new();
         agent.waits.starting = true;
         agent.sync().rescan(&mut dirty);
@@ -195,31 +174,21 @@ impl Agent {
     /// Decides with the API server's view of the pods (deletion state, grace period,
     /// annotations) and posts Kubernetes Events about held exits.
     pub fn with_cluster(mut self, cluster: Cluster) -> Self {
-        self.api = Some(cluster.view);
-        self.pod_signals = Some(cluster.signals);
-        self.start_jobs(Some(cluster.events.clone()));
-        self.pod_events = Some(cluster.events);
-        self
-    }
-
-    /// The Job task, posting Events through `events` when there is an API server; its
-    /// predecessor, not run yet, is dropped.
-    fn start_jobs(&mut self, events: Option<crate::cluster::recorder::EventSink>) {
-        let (link, task) = crate::jobs::start(
-            self.runtime.clone(),
+        // The Job task again, posting Events; its predecessor, not run yet, is dropped.
+        let (jobs, task) = crate::jobs::start(
+            self.link.runtime.clone(),
             &self.cfg.share_dir,
-            events,
+            Some(cluster.events.clone()),
             self.stats.clone(),
         );
-        self.jobs = Some(link);
+        self.jobs = jobs;
         self.jobs_task = Some(task);
+        self.api.attach(cluster);
+        self
     }
 
     /// [`job_check`](Self::job_check) of every pod the node view has.
     fn job_check_all(&mut self) {
-        if self.jobs.is_none() {
-            return;
-        }
         let uids: Vec<String> = self.view.pods().map(|(uid, _)| uid.clone()).collect();
         for uid in uids {
             self.job_check(&uid);
@@ -235,17 +204,15 @@ impl Agent {
             view.pod(uid).is_some() || PodUid::parse(uid).is_ok_and(|p| pending.contains_key(&p))
         };
         self.warned.keep_pods(live);
-        if view.is_listed() && self.runtime_ok {
+        if view.is_listed() && self.link.ok() {
             // The Jobs task's records on disk say what it needs again, should such a pod
             // come back.
-            if let Some(jobs) = &self.jobs {
-                jobs.keep_only(
-                    view.pods()
-                        .filter_map(|(uid, _)| PodUid::parse(uid).ok())
-                        .collect(),
-                );
-            }
-            if let Some(api) = &self.api {
+            self.jobs.keep_only(
+                view.pods()
+                    .filter_map(|(uid, _)| PodUid::parse(uid).ok())
+                    .collect(),
+            );
+            if let Some(api) = &self.api.pods {
                 self.stats
                     .set_kept(Kept::ApiTombstones, api.keep_tombstones(live));
             }
@@ -262,14 +229,6 @@ impl Agent {
         self.stats.set_kept(Kept::Watches, self.watcher.len());
         self.stats
             .set_kept(Kept::ViewTombstones, self.view.tombstones());
-    }
-
-    /// Where the exit directories of `place` are, when the agent serves it.
-    fn place(&self, place: Place) -> Option<&Share> {
-        match place {
-            Place::Share => Some(&self.share),
-            Place::PodLocal => self.local.as_deref(),
-        }
     }
 
     pub fn pending_count(&self) -> usize {
@@ -289,48 +248,19 @@ impl Agent {
     /// Runs until `shutdown` completes. Pending waits are left in place for the next agent
     /// (or the entrypoint's own timeout): answering them on the way out would break the order.
     pub async fn run(mut self, shutdown: impl Future<Output = ()>) -> Result<(), AgentError> {
-        let version = match self.runtime.version().await {
-            Ok(v) => {
-                self.stats.set_runtime_ok(true);
-                info!(
-                    runtime = %v.runtime_name,
-                    version = %v.runtime_version,
-                    api = %v.runtime_api_version,
-                    "runtime connected"
-                );
-                Some(v)
-            }
-            Err(e) => {
-                self.runtime_ok = false;
-                self.stats.runtime_error(e.kind());
-                warn!(error = %e, "runtime not reachable yet; deciding from what the share shows until it is");
-                None
-            }
-        };
+        let version = self.link.hello(&self.stats).await;
         info!(
             share = %self.cfg.share_dir.display(),
             pending = self.pending_count(),
             watches = self.watcher.len(),
             "agent ready"
         );
-        let reader_task = self
-            .reader_task
-            .take()
-            .map(|t| tokio::spawn(t.run().instrument(tracing::info_span!("runtime_reader"))));
+        let link_tasks = self.link.spawn(self.cfg.exit_source, version);
         let jobs_task = self
             .jobs_task
             .take()
             .map(|t| tokio::spawn(t.run().instrument(tracing::info_span!("jobs"))));
-        let source_task = tokio::spawn(
-            source::run(
-                self.runtime.channel(),
-                self.cfg.exit_source,
-                version,
-                self.signal_tx.clone(),
-            )
-            .instrument(tracing::info_span!("exit_source")),
-        );
-        self.reader.ask(Read::List);
+        self.link.ask(Read::List);
         let all: BTreeSet<PodUid> = self.waits.pending.keys().cloned().collect();
         self.evaluate(all);
 
@@ -367,41 +297,37 @@ impl Agent {
                     }
                     self.check_share(&mut dirty);
                 }
-                Some(sig) = self.signals.recv() => {
+                Some(sig) = self.link.signals.recv() => {
                     self.on_signal(sig, &mut dirty);
-                    while let Ok(sig) = self.signals.try_recv() {
+                    while let Ok(sig) = self.link.signals.try_recv() {
                         self.on_signal(sig, &mut dirty);
                     }
                 }
-                Some(reply) = self.replies.recv() => {
+                Some(reply) = self.link.replies.recv() => {
                     self.on_reply(reply, &mut dirty);
-                    while let Ok(reply) = self.replies.try_recv() {
+                    while let Ok(reply) = self.link.replies.try_recv() {
                         self.on_reply(reply, &mut dirty);
                     }
                 }
-                sig = recv_some(&mut self.pod_signals) => match sig {
+                sig = self.api.next() => match sig {
                     Some(sig) => {
                         self.on_pod_signal(sig, &mut dirty);
-                        while let Some(Ok(sig)) = self.pod_signals.as_mut().map(|rx| rx.try_recv()) {
+                        while let Some(sig) = self.api.queued() {
                             self.on_pod_signal(sig, &mut dirty);
                         }
                     }
-                    // The watch ended (shutdown): decide by the runtime's rules from now on.
-                    None => {
-                        self.pod_signals = None;
-                        self.api = None;
-                    }
+                    None => self.api.watch_ended(),
                 },
                 () = sleep_until(wake), if wake.is_some() => {
                     dirty.extend(self.waits.pending.keys().cloned());
-                    if self.live_source.is_none() && !self.waits.pending.is_empty() {
+                    if self.link.polling() && !self.waits.pending.is_empty() {
                         // Polling: the decision comes with the listing's answer.
-                        self.reader.ask(Read::List);
+                        self.link.ask(Read::List);
                     }
                 }
                 _ = reconcile.tick() => {
                     self.check_share(&mut dirty);
-                    self.reader.ask(Read::List);
+                    self.link.ask(Read::List);
                 }
                 _ = gc.tick() => self.gc(),
                 breaches = finished(&mut self.audit.round) => {
@@ -412,7 +338,7 @@ impl Agent {
                                 crate::handshake::breach::report(
                                     b,
                                     |uid| self.pod_ref(uid),
-                                    self.pod_events.as_ref(),
+                                    self.api.events.as_ref(),
                                     &self.stats,
                                 );
                             }
@@ -421,8 +347,8 @@ impl Agent {
                     }
                     self.audit.start(self.places());
                 }
-                report = finished(&mut self.gc_round) => {
-                    self.gc_round = None;
+                report = finished(&mut self.removals.round) => {
+                    self.removals.round = None;
                     match report {
                         Ok(report) => {
                             if !report.unfinished.is_empty() {
@@ -435,7 +361,7 @@ impl Agent {
                 }
             }
             for need in self.view.needs(Instant::now()) {
-                self.reader.ask(Read::Need(need));
+                self.link.ask(Read::Need(need));
             }
             if !dirty.is_empty() {
                 self.evaluate(dirty);
@@ -444,10 +370,7 @@ impl Agent {
                 break;
             }
         }
-        source_task.abort();
-        if let Some(t) = reader_task {
-            t.abort();
-        }
+        link_tasks.abort();
         if let Some(t) = jobs_task {
             t.abort();
         }
@@ -459,56 +382,13 @@ impl Agent {
         }
     }
 
-    /// Opens the share again when its directories were replaced under the agent (removed
-    /// and created again by an operator or a node cleanup): the kubelet creates new pods'
-    /// directories in the new one, which the old watches and handles never see. The
-    /// entrypoint is installed again, as `bin/` went with it.
-    fn check_share(&mut self, dirty: &mut BTreeSet<PodUid>) {
-        if self.share.is_current() {
-            return;
-        }
-        let share = match Share::open(&self.cfg.share_dir) {
-            Ok(s) => s,
-            Err(e) => {
-                self.stats.share_error();
-                self.stats.set_watching(false);
-                if crate::handshake::share::is_removed(&self.cfg.share_dir) {
-                    error!(event = "share_lost", error = %e, "the share's root was removed under the agent");
-                    self.fatal = Some(AgentError::ShareRootRemoved {
-                        path: self.cfg.share_dir.clone(),
-                    });
-                    return;
-                }
-                warn!(event = "share_lost", error = %e, "the share was replaced and cannot be opened again; trying on the next change or reconcile");
-                return;
-            }
-        };
-        self.watcher.forget(self.share.root());
-        if let Err(e) = self.watcher.watch(&share.pods_path()) {
-            self.stats.share_error();
-            self.stats.set_watching(false);
-            warn!(event = "share_lost", error = %e, "cannot watch the new share; trying on the next change or reconcile");
-            return;
-        }
-        self.share = Arc::new(share);
-        self.sync().rescan(dirty);
-        dirty.extend(self.waits.pending.keys().cloned());
-        self.stats.set_watching(true);
-        warn!(
-            event = "share_reopened",
-            share = %self.cfg.share_dir.display(),
-            pending = self.pending_count(),
-            "the share was replaced under the agent; watching the new one"
-        );
-    }
-
     /// When the waits must be decided again without an event: the earliest deadline, settle
     /// time or coalesced churn; a failed read's retry; while polling, the poll interval.
     fn next_wake(&self) -> Option<Instant> {
         let now = Instant::now();
         let mut wake = self.view.next_retry();
         if !self.waits.pending.is_empty() {
-            if self.live_source.is_none() {
+            if self.link.polling() {
                 let poll = now.later(self.cfg.poll_interval);
                 wake = Some(wake.map_or(poll, |w| w.min(poll)));
             }
@@ -524,26 +404,9 @@ impl Agent {
     fn on_signal(&mut self, sig: SourceSignal, dirty: &mut BTreeSet<PodUid>) {
         match sig {
             SourceSignal::Change(change) => self.apply_change(change, dirty),
-            SourceSignal::Connected(kind) => {
-                info!(source = kind.as_str(), "exit source connected");
-                self.live_source = Some(kind);
-                self.stats.set_event_source(kind.as_str());
-                // What happened while the stream was not there.
-                self.reader.ask(Read::List);
-                // The first connection is no reconnect: the start's own listing is not news.
-                self.relist_pending |= self.connected_once;
-                self.connected_once = true;
-            }
-            SourceSignal::Down(kind) => {
-                if self.live_source.take().is_some() {
-                    info!(
-                        source = kind.as_str(),
-                        "exit source down; polling while exits are pending"
-                    );
-                }
-                self.stats.set_event_source(SourceKind::Poll.as_str());
-                self.reader.ask(Read::List);
-            }
+            // What happened while the stream was not there is listed.
+            SourceSignal::Connected(kind) => self.link.source(kind, true, &self.stats),
+            SourceSignal::Down(kind) => self.link.source(kind, false, &self.stats),
         }
     }
 
@@ -605,17 +468,7 @@ impl Agent {
                 self.audit.start(self.places());
             }
             Reply::Health(ok) => {
-                if ok != self.runtime_ok {
-                    if ok {
-                        info!("runtime answers again");
-                        self.reader.ask(Read::List);
-                        self.relist_pending = true;
-                    } else {
-                        error!("runtime not answering; only deadlines release waits until it does");
-                    }
-                }
-                self.runtime_ok = ok;
-                self.stats.set_runtime_ok(ok);
+                self.link.health(ok, &self.stats);
                 dirty.extend(self.waits.pending.keys().cloned());
             }
         }
@@ -630,7 +483,7 @@ impl Agent {
             // Described while only created, it had no process: read it now that it runs
             // (a container the view does not know yet is described with its process).
             Change::Started { id } if self.kernel.wants(id) && self.view.knows(id) => {
-                self.reader.ask(Read::Pid(id.clone()));
+                self.link.ask(Read::Pid(id.clone()));
             }
             _ => {}
         }
@@ -658,7 +511,7 @@ impl Agent {
         }
         if let Some(id) = pid_due {
             if self.view.state_of(&id) == Some(RunState::Running) {
-                self.reader.ask(Read::Pid(id));
+                self.link.ask(Read::Pid(id));
             }
         }
         self.stats
@@ -666,7 +519,7 @@ impl Agent {
         self.stats
             .set_kept(Kept::ViewTombstones, self.view.tombstones());
         if listing {
-            if std::mem::take(&mut self.relist_pending) {
+            if self.link.listed(&self.stats) {
                 info!(
                     event = "relisted",
                     containers = self.view.container_count(),
@@ -675,8 +528,6 @@ impl Agent {
                     "runtime listed again after a reconnect"
                 );
             }
-            self.runtime_ok = true;
-            self.stats.set_runtime_ok(true);
             dirty.extend(self.waits.pending.keys().cloned());
             self.job_check_all();
             return;
@@ -700,13 +551,6 @@ impl Agent {
 }
 
 impl Agent {
-    /// The places of exit directories the agent serves.
-    fn places(&self) -> Vec<Arc<Share>> {
-        std::iter::once(self.share.clone())
-            .chain(self.local.clone())
-            .collect()
-    }
-
     /// A pod's namespace and name, as its sandbox tells them.
     fn pod_ref(&self, uid: &str) -> Option<crate::cluster::recorder::PodRef> {
         let s = self.view.pod(uid)?.sandbox.as_ref()?;
@@ -715,47 +559,6 @@ impl Agent {
             name: s.name.clone(),
             uid: uid.to_owned(),
         })
-    }
-}
-
-/// Installs the entrypoint after checking it can run in sidecar images: only a static
-/// binary for this node's architecture does; anything else would fail in every preStop hook,
-/// silently leaving pods unordered. It is refused, and the agent stays not ready.
-fn install_entrypoint(
-    bin_dir: &std::path::Path,
-    src: &std::path::Path,
-    stats: &Stats,
-) -> Result<(), AgentError> {
-    match crate::handshake::elf::check_static_executable(src) {
-        Ok(()) => {
-            let dst = crate::handshake::bindir::install(bin_dir, src).map_err(|source| {
-                AgentError::Install {
-                    path: src.to_owned(),
-                    source,
-                }
-            })?;
-            info!(from = %src.display(), to = %dst.display(), "entrypoint installed");
-        }
-        Err(e) => {
-            let why = format!(
-                "entrypoint {} refused: {e}; sidecar images need a static build: \
-                 scripts/static entrypoint (`cargo rustc -p exitorder-entrypoint --release \
-                 --bin exitorder-entrypoint -- -C target-feature=+crt-static -C \
-                 panic=abort`), as the exitorder image has it, given with --entrypoint-binary",
-                src.display()
-            );
-            error!(event = "entrypoint_refused", file = %src.display(), problem = %e, "{why}");
-            stats.refuse_entrypoint(why);
-        }
-    }
-    Ok(())
-}
-
-/// The next item of an optional channel; never, without one.
-async fn recv_some<T>(rx: &mut Option<mpsc::UnboundedReceiver<T>>) -> Option<T> {
-    match rx {
-        Some(rx) => rx.recv().await,
-        None => std::future::pending().await,
     }
 }
 
@@ -772,21 +575,5 @@ async fn finished<T>(
     match task {
         Some(t) => t.await,
         None => std::future::pending().await,
-    }
-}
-
-/// The kubelet's directory of pods under `root`, for pod-local handshakes. Without one (a
-/// wrong `--kubelet-root-dir`, or a host that runs no kubelet) only the share is served,
-/// and the log says why.
-fn open_local(root: &std::path::Path) -> Option<Share> {
-    match Share::open_kubelet(root) {
-        Ok(s) => {
-            info!(dir = %s.pods_path().display(), "serving pod-local exit directories");
-            Some(s)
-        }
-        Err(e) => {
-            warn!(error = %e, "pod-local exit directories are not served: the kubelet's directory of pods cannot be opened (set --kubelet-root-dir to the kubelet's --root-dir)");
-            None
-        }
     }
 }

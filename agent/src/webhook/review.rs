@@ -1,6 +1,14 @@
 //! admission.k8s.io/v1 AdmissionReview in and out: the request body's bytes to the response
 //! body's bytes, around the pure [`mutate`](super::mutate::mutate). Anything that is not a
 //! review is refused with a reason (the HTTP layer answers 400), never a panic.
+//!
+//! The review types are written here rather than taken from kube's `admission` feature:
+//! kube-core 5's `AdmissionResponse` writes `patch` as an array of numbers, where the API
+//! documents base64 for every `[]byte` (kube-rs/kube#1781), and its `AdmissionRequest`
+//! reads the object's metadata through typed `ObjectMeta`, so a request it cannot type is
+//! refused before the mutation sees it. These read only the six fields the answer needs and
+//! hand the object to [`mutate`](super::mutate::mutate) exactly as sent, so the patch is
+//! made against the bytes the API server will apply it to.
 
 use base64::Engine as _;
 use serde::{Deserialize, Serialize};

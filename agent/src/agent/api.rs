@@ -1,0 +1,45 @@
+//! The loop's side of the API server, when there is one: the pods as it tells them, their
+//! changes as they come, and the sink of the Kubernetes Events the agent posts.
+
+use tokio::sync::mpsc;
+
+use crate::cluster::podwatch::{PodSignal, PodView};
+use crate::cluster::recorder::EventSink;
+use crate::cluster::Cluster;
+
+#[derive(Default)]
+pub(super) struct ApiLink {
+    /// The API server's view of this node's pods; `None` without an API server, or once its
+    /// watch ended (the runtime's rules decide then).
+    pub(super) pods: Option<PodView>,
+    signals: Option<mpsc::UnboundedReceiver<PodSignal>>,
+    pub(super) events: Option<EventSink>,
+}
+
+impl ApiLink {
+    pub(super) fn attach(&mut self, cluster: Cluster) {
+        self.pods = Some(cluster.view);
+        self.signals = Some(cluster.signals);
+        self.events = Some(cluster.events);
+    }
+
+    /// The next change the pod watch tells; `None` once the watch ended (at shutdown), and
+    /// never without an API server.
+    pub(super) async fn next(&mut self) -> Option<PodSignal> {
+        match &mut self.signals {
+            Some(rx) => rx.recv().await,
+            None => std::future::pending().await,
+        }
+    }
+
+    /// A change already queued, if any.
+    pub(super) fn queued(&mut self) -> Option<PodSignal> {
+        self.signals.as_mut().and_then(|rx| rx.try_recv().ok())
+    }
+
+    /// The watch ended: decide by the runtime's rules from now on.
+    pub(super) fn watch_ended(&mut self) {
+        self.signals = None;
+        self.pods = None;
+    }
+}
