@@ -12,12 +12,15 @@
 //! when garbage collection finds the pod gone from the runtime (and removes its record).
 //!
 //! Parts:
-//! - [`completion`]: the rules of a finishing Job, pure.
+//! - [`completion`]: the rules of a finishing Job, pure;
+//! - `shutdown`: one sidecar shut down, and the runtime's word on exits;
+//! - `records`: what was done, written to the share so that no agent repeats it.
 
 pub mod completion;
+mod records;
+mod shutdown;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
@@ -26,22 +29,18 @@ use tokio::sync::mpsc;
 use tracing::{debug, info, warn, Instrument};
 
 use crate::cluster::recorder::{EventSink, PodRef, ShutdownNotice};
-use crate::decide::bounds::Later as _;
 use crate::decide::restart::Restart;
 use crate::decide::RunState;
 use crate::handshake::share::PodUid;
 use crate::jobs::completion::{Completes, InPlace, Member, Step};
 use crate::runtime::{ExitStatus, Runtime};
 use crate::stats::Stats;
+pub use records::stale_records;
+use records::{append, load, records_dir};
+use shutdown::{exit_code, how, shut_down, Shutdown};
 
 /// Where the shutdown records are, under the share.
 pub const JOBS_DIR: &str = "jobs";
-/// How long a sidecar's HTTP shutdown may take.
-const HTTP_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(10);
-/// How long an announced exit may take to show in the runtime's container status.
-const EXIT_CODE_WAIT: Duration = Duration::from_secs(5);
-/// A record lists container names; nothing valid is this large.
-const MAX_RECORD_BYTES: u64 = 64 * 1024;
 
 /// One container of a completing pod's spec (its newest attempt).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -390,221 +389,4 @@ impl JobsTask {
             }
         }
     }
-}
-
-/// The exit code of a container whose exit the runtime has announced. containerd's CRI
-/// status says "exited" a little after its exit event: asked again for a short while, but
-/// not for a container the runtime no longer has, whose status never comes (one task serves
-/// every Job of the node: pods removed as soon as they finish must not hold it up).
-async fn exit_code(
-    runtime: &Runtime,
-    id: &str,
-) -> Result<ExitStatus, crate::runtime::RuntimeError> {
-    let deadline = tokio::time::Instant::now().later(EXIT_CODE_WAIT);
-    loop {
-        match runtime.exit_status(id).await? {
-            ExitStatus::NotYet if tokio::time::Instant::now() < deadline => {
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-            status => return Ok(status),
-        }
-    }
-}
-
-/// Whether the container exits (or is gone) within `limit` (its status read a few times a
-/// second).
-async fn exited_within(runtime: &Runtime, id: &str, limit: Duration) -> bool {
-    // `limit` is the pod's grace period: any int64 the pod set, bounded only here.
-    let deadline = tokio::time::Instant::now().later(limit);
-    loop {
-        if matches!(
-            runtime.exit_status(id).await,
-            Ok(ExitStatus::Exited(_) | ExitStatus::Gone)
-        ) {
-            return true;
-        }
-        if tokio::time::Instant::now() >= deadline {
-            return false;
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-}
-
-fn how(urls: &BTreeMap<String, String>, name: &str) -> String {
-    match urls.get(name) {
-        Some(url) => format!("HTTP shutdown {url}"),
-        None => "StopContainer".to_owned(),
-    }
-}
-
-/// One sidecar to shut down.
-struct Shutdown {
-    runtime: Runtime,
-    dir: PathBuf,
-    pod: PodUid,
-    name: String,
-    id: String,
-    url: Option<String>,
-    grace: Duration,
-}
-
-/// One sidecar's shutdown: its HTTP endpoint through the entrypoint in the sidecar (distroless
-/// images have no client of their own), else, or when that fails, the runtime's stop. Recorded
-/// once it took effect: an agent that stops before that leaves it to its successor.
-async fn shut_down(s: Shutdown, stats: Arc<Stats>) {
-    let (pod, name) = (&s.pod, &s.name);
-    let done = format!("shutdown {}", s.id);
-    if let Some(url) = &s.url {
-        let cmd = vec![
-            exitorder_contract::mount::ENTRYPOINT.to_owned(),
-            "shutdown".to_owned(),
-            "--post".to_owned(),
-            url.clone(),
-            "--timeout".to_owned(),
-            format!(
-                "{}s",
-                HTTP_SHUTDOWN_TIMEOUT.as_secs().saturating_sub(2).max(1)
-            ),
-        ];
-        let res = s.runtime.exec_sync(&s.id, cmd, HTTP_SHUTDOWN_TIMEOUT).await;
-        // A sidecar that exits on the request can take the entrypoint with it (the kernel
-        // kills what is left in its PID namespace) before it reports success.
-        let took = match &res {
-            Ok((0, _)) => true,
-            // Its status says "exited" a little after the exit itself.
-            _ => matches!(
-                exit_code(&s.runtime, &s.id).await,
-                Ok(ExitStatus::Exited(_) | ExitStatus::Gone)
-            ),
-        };
-        if took {
-            append(&s.dir, pod, &done, &stats);
-            info!(event = "job_shutdown", pod = %pod, container = %name, how = "http", url = %url, "sidecar asked to shut down: the Job's main containers have finished");
-            // One that answers and runs on would keep the Job from ever completing: it gets
-            // the pod's grace period to exit, then the runtime stops it.
-            if exited_within(&s.runtime, &s.id, s.grace).await {
-                return;
-            }
-            warn!(event = "job_shutdown_ignored", pod = %pod, container = %name, url = %url, grace_seconds = s.grace.as_secs(), "the sidecar answered its shutdown but still runs after the grace period; stopping it through the runtime");
-        } else {
-            match res {
-                Ok((code, out)) => {
-                    warn!(pod = %pod, container = %name, url = %url, exit_code = code, output = %out, "HTTP shutdown failed; stopping the sidecar through the runtime");
-                }
-                Err(e) => {
-                    stats.runtime_error(e.kind());
-                    warn!(pod = %pod, container = %name, url = %url, error = %e, "HTTP shutdown could not run; stopping the sidecar through the runtime");
-                }
-            }
-        }
-    }
-    // Recorded first: StopContainer returns only once the sidecar has stopped, and the
-    // runtime finishes a stop it accepted whether or not the agent is still there.
-    append(&s.dir, pod, &done, &stats);
-    info!(event = "job_shutdown", pod = %pod, container = %name, how = "stop", grace_seconds = s.grace.as_secs(), "stopping the sidecar: the Job's main containers have finished");
-    if let Err(e) = s.runtime.stop_container(&s.id, s.grace).await {
-        stats.runtime_error(e.kind());
-        warn!(pod = %pod, container = %name, error = %e, "cannot stop the sidecar");
-    }
-}
-
-fn record(dir: &Path, pod: &PodUid) -> PathBuf {
-    dir.join(pod.as_str())
-}
-
-/// The records' directory: created if missing, and refused unless it is a real directory
-/// (the agent runs as root and follows no link in the share).
-fn records_dir(dir: &Path) -> std::io::Result<()> {
-    use std::os::unix::fs::DirBuilderExt;
-    match std::fs::DirBuilder::new().mode(0o700).create(dir) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-        Err(e) => return Err(e),
-    }
-    let meta = std::fs::symlink_metadata(dir)?;
-    if meta.is_dir() {
-        Ok(())
-    } else {
-        Err(std::io::Error::other(format!(
-            "{} is not a directory",
-            dir.display()
-        )))
-    }
-}
-
-fn open_record(dir: &Path, pod: &PodUid, append: bool) -> std::io::Result<std::fs::File> {
-    use std::os::unix::fs::OpenOptionsExt;
-    records_dir(dir)?;
-    let mut opts = std::fs::OpenOptions::new();
-    if append {
-        opts.create(true).append(true).mode(0o600);
-    } else {
-        opts.read(true);
-    }
-    opts.custom_flags(nofollow()).open(record(dir, pod))
-}
-
-/// `O_NOFOLLOW`: a link in place of a record is refused, not followed.
-fn nofollow() -> i32 {
-    rustix::fs::OFlags::NOFOLLOW.bits() as i32
-}
-
-/// What the record says: the attempts shut down, and those whose exit was reported.
-fn load(dir: &Path, pod: &PodUid) -> (BTreeSet<String>, BTreeSet<String>) {
-    use std::io::Read as _;
-    let mut text = String::new();
-    let read = open_record(dir, pod, false)
-        .and_then(|f| f.take(MAX_RECORD_BYTES).read_to_string(&mut text));
-    let (mut asked, mut reported) = (BTreeSet::new(), BTreeSet::new());
-    if let Err(e) = read {
-        if e.kind() != std::io::ErrorKind::NotFound {
-            warn!(pod = %pod, error = %e, "cannot read the Job's record; starting from nothing");
-        }
-        return (asked, reported);
-    }
-    for line in text.lines() {
-        match line.split_once(' ') {
-            Some(("shutdown", id)) => {
-                asked.insert(id.trim().to_owned());
-            }
-            Some(("reported", id)) => {
-                reported.insert(id.trim().to_owned());
-            }
-            _ => {}
-        }
-    }
-    (asked, reported)
-}
-
-/// Adds a line to the pod's record: appended (`O_APPEND`: the shutdowns of one level, in
-/// their own tasks, never interleave), synced before the caller goes on.
-fn append(dir: &Path, pod: &PodUid, line: &str, stats: &Stats) {
-    let res = open_record(dir, pod, true).and_then(|mut f| {
-        f.write_all(format!("{line}\n").as_bytes())?;
-        f.sync_data()
-    });
-    if let Err(e) = res {
-        stats.share_error();
-        warn!(pod = %pod, line = %line, error = %e, "cannot write the Job's record; an agent restarted now would repeat it");
-    }
-}
-
-/// Records of pods the runtime no longer has (deleted before their Job finished).
-pub fn stale_records(share_dir: &Path, live: impl Fn(&str) -> bool) -> Vec<PathBuf> {
-    let dir = share_dir.join(JOBS_DIR);
-    if !std::fs::symlink_metadata(&dir).is_ok_and(|m| m.is_dir()) {
-        return Vec::new();
-    }
-    let Ok(entries) = std::fs::read_dir(&dir) else {
-        return Vec::new();
-    };
-    entries
-        .flatten()
-        .filter(|e| {
-            let name = e.file_name();
-            let name = name.to_string_lossy();
-            PodUid::parse(&name).is_ok() && !live(&name)
-        })
-        .map(|e| e.path())
-        .collect()
 }

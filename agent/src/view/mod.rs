@@ -11,9 +11,14 @@
 //! - a listing replaces what it covers, but keeps what appeared after it was taken.
 //!
 //! Parts:
+//! - `entry`: what the view holds of a pod and of a container;
 //! - [`reader`]: runtime reads for the view, off the decision path.
 
+mod entry;
 pub mod reader;
+
+use entry::SandboxRead;
+pub use entry::{ContainerEntry, ContainerInfo, EnvPriority, Listing, PodEntry, SandboxInfo};
 
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
@@ -21,123 +26,6 @@ use std::time::{Duration, Instant};
 use crate::decide::bounds::Later as _;
 use crate::decide::priority::PriorityError;
 use crate::decide::RunState;
-
-/// One container attempt as the runtime describes it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ContainerInfo {
-    pub id: String,
-    pub pod_uid: String,
-    pub name: String,
-    pub attempt: u32,
-    /// Runtime creation time, Unix ns.
-    pub created_at: i64,
-    pub state: RunState,
-    /// The pod's grace period as the kubelet recorded it on the container.
-    pub grace: Option<Duration>,
-}
-
-/// A pod's sandbox as the runtime describes it.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct SandboxInfo {
-    /// The sandbox's id: its pause container's, whose task events are not a container's.
-    pub id: String,
-    pub pod_uid: String,
-    pub namespace: String,
-    pub name: String,
-    /// The pod's annotations, as the kubelet copied them to the sandbox.
-    pub annotations: HashMap<String, String>,
-    pub created_at: i64,
-}
-
-/// Everything the runtime lists, and when the listing was asked for (Unix ns, the runtime's
-/// clock): containers created after that are not expected in it.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Listing {
-    pub asked_at_ns: i64,
-    /// When it was asked for, on the agent's own clock (`None`: not known): what a pod's
-    /// listing shows includes every container created before then.
-    pub asked: Option<Instant>,
-    pub sandboxes: Vec<SandboxInfo>,
-    pub containers: Vec<ContainerInfo>,
-}
-
-/// What is known of a container's own exit priority (its env).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum EnvPriority {
-    /// Not read yet (a read is due).
-    Unread,
-    /// A read is in flight; the earlier ones failed `failures` times.
-    Reading { failures: u32 },
-    /// Read: the priority its env gives, if any, or why the env is malformed.
-    Known(Result<Option<u8>, PriorityError>),
-    /// The read failed `failures` times; the next is due at `retry_at`.
-    Failed { failures: u32, retry_at: Instant },
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ContainerEntry {
-    pub info: ContainerInfo,
-    pub env: EnvPriority,
-    /// When the view first learnt that the container had exited: what an allow waited on
-    /// the runtime to tell, apart from what it waited on the agent.
-    pub exit_seen: Option<Instant>,
-    /// When the kernel told that the container's first process was gone (the kernel exit
-    /// source), as its waiting thread woke.
-    pub kernel_exit: Option<Instant>,
-    /// The kernel source was the first to tell the view of the exit (else the runtime, by an
-    /// event or a listing).
-    pub exit_by_kernel: bool,
-}
-
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct PodEntry {
-    /// The sandbox (the pod's annotations): from a listing. A pod first seen through a
-    /// container's start event has none until its own listing comes back.
-    pub sandbox: Option<SandboxInfo>,
-    pub containers: HashMap<String, ContainerEntry>,
-    /// The pod's listing is asked for (`None`), or due again after a failure (`Some(at)`).
-    sandbox_read: Option<SandboxRead>,
-    /// When the newest listing that covered the pod was asked for (the agent's clock), or a
-    /// look at its cgroup found no container the view does not know (the same knowledge).
-    pub listed_at: Option<Instant>,
-    /// The pod's cgroup directory, learnt with a container's process (see
-    /// [`crate::runtime::podcgroup`]).
-    pub cgroup_dir: Option<std::path::PathBuf>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum SandboxRead {
-    Asked,
-    Failed { failures: u32, retry_at: Instant },
-}
-
-impl ContainerEntry {
-    fn note_exit(&mut self, now: Instant) {
-        if self.info.state == RunState::Exited && self.exit_seen.is_none() {
-            self.exit_seen = Some(now);
-        }
-    }
-}
-
-impl PodEntry {
-    pub fn new(sandbox: Option<SandboxInfo>, containers: Vec<ContainerEntry>) -> Self {
-        PodEntry {
-            sandbox,
-            containers: containers
-                .into_iter()
-                .map(|c| (c.info.id.clone(), c))
-                .collect(),
-            sandbox_read: None,
-            listed_at: None,
-            cgroup_dir: None,
-        }
-    }
-
-    /// The pod's grace period, from its containers' kubelet annotation.
-    pub fn grace(&self) -> Option<Duration> {
-        self.containers.values().find_map(|c| c.info.grace)
-    }
-}
 
 /// What the runtime said happened.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -9,18 +9,28 @@
 //! 4. The admission webhook's answer time over HTTPS (no containerd needed).
 //! 5. Only when asked for (`--only churn`, minutes): the agent's memory while thousands of
 //!    pods are created and deleted.
+//!
+//! Parts: `detect` (1), `returns` (2), `resources` (3), `webhook` (4), `churn` (5); the
+//! measures (`measure`, `summary`), the table and JSON (`report`), the baseline
+//! (`baseline`), the kernel's exit stamps (`kernelclock`) and the agent's usage (`proc`).
+
+/// Progress goes to stderr: stdout holds the table and the JSON line only.
+macro_rules! progress {
+    ($($arg:tt)*) => { eprintln!("bench: {}", format_args!($($arg)*)) };
+}
 
 pub mod baseline;
 pub mod churn;
+mod detect;
 pub mod kernelclock;
 pub mod measure;
 pub mod proc;
 pub mod report;
+mod resources;
 pub mod returns;
 pub mod summary;
 pub mod webhook;
 
-use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -29,16 +39,14 @@ use tracing::Instrument;
 
 use crate::kubelet::{DeleteOptions, Deletion, RunOptions, RunningPod};
 use crate::node::{AgentOptions, AgentProcess, Node, NodeOptions, TestbedError};
-use exitorder::handshake::share::{ContainerName, ExitKey, PodUid, Share};
+use exitorder::handshake::share::Share;
 
 use crate::agentlog::AllowLog;
-use baseline::{KruiseDaemon, KRUISE_SCAN};
+use baseline::KRUISE_SCAN;
+use detect::{detect_with_agent, detect_with_kruise};
 use kernelclock::KernelClock;
-use measure::{assess, Allow, PreStop, Trial};
-use proc::{mib, Sample};
-use report::{
-    BurstRow, DetectRow, DetectSection, IdleRow, Report, ReturnRow, ReturnSection, Settings, Usage,
-};
+use report::{DetectSection, Report, ReturnRow, ReturnSection, Settings};
+use resources::resources;
 
 const APP: &str = "app";
 const PROXY: &str = "proxy";
@@ -174,11 +182,6 @@ impl BenchArgs {
             churn_sample_every: self.churn_sample_every,
         }
     }
-}
-
-/// Progress goes to stderr: stdout holds the table and the JSON line only.
-macro_rules! progress {
-    ($($arg:tt)*) => { eprintln!("bench: {}", format_args!($($arg)*)) };
 }
 
 /// Runs the benchmark on a private containerd and prints the report.
@@ -393,89 +396,6 @@ async fn delete_all(
     out
 }
 
-/// Whether the proxy's preStop waited, from the deletion's record of it.
-fn prestop_of(res: &Result<Deletion, TestbedError>) -> PreStop {
-    let hook = res
-        .as_ref()
-        .ok()
-        .and_then(|d| d.container(PROXY))
-        .and_then(|c| c.prestop.as_ref())
-        .map(|h| (h.ok, h.detail.as_str()));
-    match measure::never_waited(hook) {
-        None => PreStop::Waited,
-        Some(why) => PreStop::NeverWaited(why),
-    }
-}
-
-/// When the app exited: what the proxy waits for. As the kernel saw it (the test bed's own
-/// pidfd), else as the runtime stamped it (`finished_at`, after its bookkeeping); the earlier
-/// of the two, as either stamp can come late on a busy node.
-fn trigger_ns(d: &Deletion, clock: &KernelClock) -> Option<i64> {
-    let app = d.container(APP)?;
-    Some(match clock.stamp(&app.id) {
-        Some(kernel) => kernel.min(app.finished_at_ns),
-        None => app.finished_at_ns,
-    })
-}
-
-/// Has the kernel clock await every pod's app.
-async fn watch_apps(node: &Node, clock: &mut KernelClock, pods: &[RunningPod]) {
-    for p in pods {
-        if let Some(id) = p.container_id(APP) {
-            clock.watch(node, &id).await;
-        }
-    }
-}
-
-/// Removes deleted pods' share directories (the kubelet would, with the pod's volumes) so
-/// later phases start from a share that holds only live pods.
-fn forget_pods<'a>(share: &Share, uids: impl IntoIterator<Item = &'a str>) {
-    for uid in uids {
-        if let Ok(pod) = PodUid::parse(uid) {
-            let _ = share.remove_pod(
-                &pod,
-                &mut exitorder::handshake::share::Budget::new(u64::MAX),
-            );
-        }
-    }
-}
-
-/// Deletes `args.deletions` fresh pods in batches of `args.batch`; the pods of each batch are
-/// started just before it. Any pod that does not start is an error: every deletion asked
-/// for is measured.
-async fn delete_in_batches(
-    node: &Node,
-    args: &BenchArgs,
-    tag: &str,
-    clock: &mut KernelClock,
-) -> anyhow::Result<Vec<(String, Result<Deletion, TestbedError>)>> {
-    let share = Share::open(node.share_dir()).context("opening the share")?;
-    let mut out = Vec::with_capacity(args.deletions);
-    let mut batch_no = 0;
-    while out.len() < args.deletions {
-        let n = args.batch.min(args.deletions - out.len());
-        let specs = (0..n)
-            .map(|i| bench_pod(format!("{tag}-{batch_no}-{i}"), args.app_drain))
-            .collect::<anyhow::Result<Vec<_>>>()?;
-        let (pods, errors) = start_pods(node, specs, args.start_concurrency).await;
-        if let Some(e) = errors.into_iter().next() {
-            bail!("a pod of {tag} batch {batch_no} did not start: {e}");
-        }
-        watch_apps(node, clock, &pods).await;
-        // A random pause, so that periodic work (a poll, the baseline's 1 s scan) meets each
-        // batch at a random phase rather than locked to the rhythm of the batches.
-        tokio::time::sleep(BATCH_JITTER.mul_f64(random_fraction())).await;
-        let done = delete_all(pods, args.stagger).await;
-        forget_pods(&share, done.iter().map(|(uid, _)| uid.as_str()));
-        out.extend(done);
-        batch_no += 1;
-        if batch_no % 5 == 0 || out.len() == args.deletions {
-            progress!("{tag}: {}/{} pods deleted", out.len(), args.deletions);
-        }
-    }
-    Ok(out)
-}
-
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum AgentSource {
     Events,
@@ -546,147 +466,13 @@ async fn agent_allows(agent: &AgentProcess, uids: &[String]) -> anyhow::Result<A
     }
 }
 
-/// Trials from deletions and the agent's log.
-fn agent_trials(
-    deleted: &[(String, Result<Deletion, TestbedError>)],
-    log: &AllowLog,
-    clock: &KernelClock,
-) -> Vec<Trial> {
-    deleted
-        .iter()
-        .map(|(uid, res)| {
-            let key = (uid.clone(), PROXY.to_owned());
-            Trial {
-                exit_ns: res.as_ref().ok().and_then(|d| trigger_ns(d, clock)),
-                allow: log.allows.get(&key).map(|a| Allow {
-                    at_ns: a.at_ns,
-                    reason: a.reason.clone(),
-                    wait_since_ns: a.wait_since_ns,
-                    decided_ns: a.decided_ns,
-                    told_by: a.exit_told_by.clone(),
-                }),
-                prestop: prestop_of(res),
-                deletion_failed: res.is_err(),
-            }
-        })
-        .collect()
-}
-
-async fn detect_with_agent(
-    node: &Node,
-    args: &BenchArgs,
-    bin: &Binaries,
-    source: AgentSource,
-) -> anyhow::Result<DetectRow> {
-    progress!(
-        "{}: the agent with EXITORDER_EXIT_SOURCE={}; {} deletions, {} at once",
-        source.name(),
-        source.env_value(),
-        args.deletions,
-        args.batch
-    );
-    let mut agent = start_agent(node, bin, Some(source)).await?;
-    let connected = connected_source(&agent).await;
-    let expected = match source {
-        AgentSource::Events => Some(source.name()),
-        AgentSource::Poll => None,
-    };
-    if connected.as_deref() != expected {
-        bail!(
-            "the agent asked for {} connected {:?}; its log ends with:\n{}",
-            source.name(),
-            connected,
-            agent.log_tail(20)
-        );
+/// Has the kernel clock await every pod's app.
+async fn watch_apps(node: &Node, clock: &mut KernelClock, pods: &[RunningPod]) {
+    for p in pods {
+        if let Some(id) = p.container_id(APP) {
+            clock.watch(node, &id).await;
+        }
     }
-    let mut clock = KernelClock::start();
-    let deleted = delete_in_batches(node, args, source.name(), &mut clock).await?;
-    let uids: Vec<String> = deleted.iter().map(|(u, _)| u.clone()).collect();
-    let log = agent_allows(&agent, &uids).await?;
-    // A stream that dropped mid-run would make this a mix of sources.
-    let reconnects = agent
-        .lines()
-        .iter()
-        .filter(|l| l.message() == Some("exit source connected"))
-        .count();
-    if reconnects > usize::from(expected.is_some()) {
-        bail!(
-            "the agent's exit source reconnected during the {} run",
-            source.name()
-        );
-    }
-    agent.kill();
-    Ok(DetectRow::new(
-        source.name(),
-        deleted.len(),
-        &assess(&agent_trials(&deleted, &log, &clock)),
-    ))
-}
-
-async fn detect_with_kruise(
-    node: &Node,
-    args: &BenchArgs,
-    bin: &Binaries,
-) -> anyhow::Result<DetectRow> {
-    const NAME: &str = "kruise_daemon";
-    progress!(
-        "{NAME}: the Kruise proposal's daemon (scan every {} ms); {} deletions, {} at once",
-        KRUISE_SCAN.as_millis(),
-        args.deletions,
-        args.batch
-    );
-    // Without the agent, nobody else installs the entrypoint the preStop runs.
-    Share::open(node.share_dir())
-        .and_then(|_| exitorder::handshake::bindir::install(&node.bin_dir(), &bin.entrypoint))
-        .context("installing the entrypoint")?;
-    let daemon = KruiseDaemon::new(node.share_dir(), node.client(), KRUISE_SCAN)
-        .context("starting the Kruise-style daemon")?;
-    let allows = daemon.allows();
-    let (stop, stopped) = tokio::sync::watch::channel(false);
-    // Owned here: dropped (on an error or an interrupt), the set aborts the daemon.
-    let mut tasks = tokio::task::JoinSet::new();
-    tasks.spawn(
-        daemon
-            .run(stopped)
-            .instrument(tracing::info_span!("kruise_daemon")),
-    );
-    let mut clock = KernelClock::start();
-    let deleted = delete_in_batches(node, args, NAME, &mut clock).await;
-    let _ = stop.send(true);
-    while tasks.join_next().await.is_some() {}
-    let deleted = deleted?;
-    let allows = match allows.lock() {
-        Ok(g) => g.clone(),
-        Err(poisoned) => poisoned.into_inner().clone(),
-    };
-    let proxy = ContainerName::parse(PROXY)?;
-    let trials: Vec<Trial> = deleted
-        .iter()
-        .map(|(uid, res)| {
-            let allow = PodUid::parse(uid).ok().and_then(|pod| {
-                allows.get(&ExitKey {
-                    pod,
-                    container: proxy.clone(),
-                    place: exitorder::handshake::share::Place::Share,
-                })
-            });
-            Trial {
-                exit_ns: res.as_ref().ok().and_then(|d| trigger_ns(d, &clock)),
-                allow: allow.map(|a| Allow {
-                    at_ns: a.at_ns,
-                    reason: a.reason.to_owned(),
-                    // The daemon only looks once a second; when the wait began is read from
-                    // the exit file's mtime.
-                    wait_since_ns: a.wait_since_ns,
-                    decided_ns: None,
-                    told_by: None,
-                }),
-                prestop: prestop_of(res),
-                deletion_failed: res.is_err(),
-            }
-        })
-        .collect();
-    Ok(DetectRow::new(NAME, deleted.len(), &assess(&trials)))
 }
 
 async fn allow_to_return(
@@ -736,141 +522,6 @@ async fn allow_to_return(
         entrypoint: ReturnRow::new("exitorder-entrypoint wait (inotify)", &ep),
         sh_poll: ReturnRow::new("sh loop polling every 1 s (Kruise-style)", &sh),
     })
-}
-
-/// How long the runtime takes to list every container (what the agent does on each decision
-/// round), every [`PROBE_PERIOD`] until `stop`: tells a slow agent from a saturated runtime.
-async fn list_latencies(
-    client: exitorder::cri::runtime_service_client::RuntimeServiceClient<tonic::transport::Channel>,
-    mut stop: tokio::sync::watch::Receiver<bool>,
-) -> Vec<f64> {
-    let mut out = Vec::new();
-    loop {
-        let mut c = client.clone();
-        let t0 = Instant::now();
-        let mut req = tonic::Request::new(exitorder::cri::ListContainersRequest { filter: None });
-        req.set_timeout(Duration::from_secs(120));
-        let call = c.list_containers(req);
-        tokio::select! {
-            res = call => {
-                if res.is_ok() {
-                    out.push(t0.elapsed().as_secs_f64() * 1e3);
-                }
-            }
-            _ = stop.changed() => return out,
-        }
-        tokio::select! {
-            () = tokio::time::sleep(PROBE_PERIOD) => {}
-            _ = stop.changed() => return out,
-        }
-    }
-}
-
-fn usage(before: &Sample, after: &Sample) -> Usage {
-    Usage {
-        rss_mib: mib(after.memory.rss_kib),
-        peak_rss_mib: mib(after.memory.peak_kib),
-        cpu_seconds: (after.cpu_seconds - before.cpu_seconds).max(0.0),
-        cpu_wait_seconds: (after.cpu_wait_seconds - before.cpu_wait_seconds).max(0.0),
-    }
-}
-
-async fn resources(
-    node: &Node,
-    args: &BenchArgs,
-    bin: &Binaries,
-) -> anyhow::Result<(IdleRow, BurstRow)> {
-    let mut agent = start_agent(node, bin, None).await?;
-    let pid = agent.pid().ok_or_else(|| anyhow!("the agent has no pid"))?;
-    let source = connected_source(&agent).await;
-    progress!(
-        "resources: agent pid {pid}, exit source {}; starting {} pods, {} at once",
-        source.as_deref().unwrap_or("poll"),
-        args.idle_pods,
-        args.start_concurrency
-    );
-    let specs = (0..args.idle_pods)
-        .map(|i| bench_pod(format!("idle-{i}"), args.app_drain))
-        .collect::<anyhow::Result<Vec<_>>>()?;
-    let (mut pods, errors) = start_pods(node, specs, args.start_concurrency).await;
-    if let Some(e) = errors.first() {
-        progress!(
-            "{} of {} idle pods did not start: {e}",
-            errors.len(),
-            args.idle_pods
-        );
-    }
-    progress!(
-        "resources: idle for {:?} with {} pods",
-        args.idle,
-        pods.len()
-    );
-    let before = Sample::take(pid)?;
-    let t0 = Instant::now();
-    tokio::time::sleep(args.idle).await;
-    let after = Sample::take(pid)?;
-    let u = usage(&before, &after);
-    let idle = IdleRow::new(pods.len(), t0.elapsed().as_secs_f64(), u);
-
-    let extra = args.burst_pods.saturating_sub(pods.len());
-    if extra > 0 {
-        progress!("resources: starting {extra} more pods for the burst");
-        let specs = (0..extra)
-            .map(|i| bench_pod(format!("burst-{i}"), args.app_drain))
-            .collect::<anyhow::Result<Vec<_>>>()?;
-        let (more, errors) = start_pods(node, specs, args.start_concurrency).await;
-        if let Some(e) = errors.first() {
-            progress!(
-                "{} of {extra} burst pods did not start (carrying on with the {} that did): {e}",
-                errors.len(),
-                pods.len() + more.len()
-            );
-        }
-        pods.extend(more);
-    }
-    let started = pods.len();
-    let mut clock = KernelClock::start();
-    watch_apps(node, &mut clock, &pods).await;
-    progress!("resources: deleting {started} pods at once");
-    let before = Sample::take(pid)?;
-    let t0 = Instant::now();
-    let (stop, stopped) = tokio::sync::watch::channel(false);
-    let mut probe = tokio::task::JoinSet::new();
-    probe.spawn(
-        list_latencies(node.client(), stopped).instrument(tracing::info_span!("runtime_probe")),
-    );
-    let deleted = delete_all(pods, Duration::ZERO).await;
-    let seconds = t0.elapsed().as_secs_f64();
-    let _ = stop.send(true);
-    let list_ms = probe
-        .join_next()
-        .await
-        .and_then(Result::ok)
-        .unwrap_or_default();
-    let uids: Vec<String> = deleted.iter().map(|(u, _)| u.clone()).collect();
-    let log = agent_allows(&agent, &uids).await?;
-    let after = Sample::take(pid)?;
-    let ok = deleted.iter().filter(|(_, r)| r.is_ok()).count();
-    let failed: HashSet<&str> = deleted
-        .iter()
-        .filter(|(_, r)| r.is_err())
-        .map(|(u, _)| u.as_str())
-        .collect();
-    if let Some((_, Err(e))) = deleted.iter().find(|(_, r)| r.is_err()) {
-        progress!("{} deletions failed, the first: {e}", failed.len());
-    }
-    agent.kill();
-    if let Ok(share) = Share::open(node.share_dir()) {
-        forget_pods(&share, uids.iter().map(String::as_str));
-    }
-    let mut burst = BurstRow::new(
-        (args.burst_pods, started, ok),
-        seconds,
-        usage(&before, &after),
-        &assess(&agent_trials(&deleted, &log, &clock)),
-    );
-    burst.set_runtime_list(&list_ms);
-    Ok((idle, burst))
 }
 
 #[cfg(test)]
