@@ -13,6 +13,7 @@ pub mod install;
 pub mod kubelet;
 pub mod manifest;
 pub mod node;
+pub mod skip;
 pub mod verdict;
 
 pub use kubelet::{

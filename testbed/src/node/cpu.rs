@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 /// The chart's `resources.requests.cpu` for the agent (`deploy/helm/exitorder/values.yaml`),
-/// in millicores; `tests/install.rs` checks the two agree.
+/// in millicores; `e2e/tests/install.rs` checks the two agree.
 pub const AGENT_CPU_REQUEST_MILLI: u64 = 100;
 
 const SYSTEM: &str = "system";

@@ -1,0 +1,361 @@
+//! A small Kubernetes API server over plain HTTP: pod list and watch (the way kube-rs's
+//! watcher asks), events.k8s.io/v1 Event creation, and an outage switch. Enough to drive the
+//! agent's pod watch and Events for real, over the wire, with kube's own client.
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use bytes::Bytes;
+use http_body_util::{combinators::BoxBody, BodyExt, Full, StreamBody};
+use hyper::body::{Frame, Incoming};
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use serde_json::{json, Value};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::UnboundedReceiverStream;
+use tokio_stream::StreamExt;
+
+type Body = BoxBody<Bytes, Infallible>;
+
+#[derive(Default)]
+struct State {
+    /// Pods by UID, as last written.
+    pods: BTreeMap<String, Value>,
+    rv: u64,
+    watchers: Vec<mpsc::UnboundedSender<Bytes>>,
+    /// Every watch event sent, by resourceVersion: a watch from version N gets those after N
+    /// first, as from a real API server's watch cache.
+    history: Vec<(u64, Bytes)>,
+    events: Vec<Value>,
+    down: bool,
+    /// Watch events written but not yet delivered (a lagging watch); `None` when delivered
+    /// at once.
+    held: Option<Vec<(u64, Bytes)>>,
+    /// Watch requests answer 403 (a role without `watch`).
+    forbid_watch: bool,
+    /// Path and query of every request, in order.
+    requests: Vec<String>,
+}
+
+#[derive(Clone, Default)]
+pub struct FakeApi {
+    state: Arc<Mutex<State>>,
+}
+
+pub struct ServedApi {
+    pub addr: SocketAddr,
+    pub api: FakeApi,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for ServedApi {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl ServedApi {
+    /// Writes a kubeconfig for this server (no credentials) in `dir`; its path.
+    pub fn write_kubeconfig(&self, dir: &std::path::Path) -> std::path::PathBuf {
+        write_kubeconfig(dir, &self.addr.to_string())
+    }
+
+    /// A client for this server, configured as the agent configures its own.
+    pub fn client(&self) -> kube::Client {
+        let url = format!("http://{}", self.addr).parse().expect("url");
+        exitorder::cluster::client_for(kube::Config::new(url)).expect("kube client")
+    }
+}
+
+/// A kubeconfig in `dir` for an API server at `addr` over plain HTTP, without credentials.
+pub fn write_kubeconfig(dir: &std::path::Path, addr: &str) -> std::path::PathBuf {
+    let path = dir.join("kubeconfig");
+    std::fs::write(
+        &path,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n    server: http://{addr}\n\
+             contexts:\n- name: fake\n  context:\n    cluster: fake\n    user: fake\n\
+             current-context: fake\nusers:\n- name: fake\n  user: {{}}\n"
+        ),
+    )
+    .expect("write kubeconfig");
+    path
+}
+
+/// A pod as the API server returns it. `deleted` is (seconds from now until the kill,
+/// deletionGracePeriodSeconds).
+pub fn pod(uid: &str, name: &str, node: &str, deleted: Option<(i64, i64)>) -> Value {
+    let mut meta = json!({
+        "name": name,
+        "namespace": "default",
+        "uid": uid,
+        "annotations": {"exitorder.io/container-exit-priority": "{\"proxy\":1}"},
+    });
+    if let Some((in_secs, grace)) = deleted {
+        let now = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .expect("clock after 1970")
+            .as_secs() as i64;
+        let ts = k8s_openapi::jiff::Timestamp::from_second(now + in_secs).expect("time");
+        meta["deletionTimestamp"] = json!(ts.to_string());
+        meta["deletionGracePeriodSeconds"] = json!(grace);
+    }
+    json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": meta,
+        "spec": {
+            "nodeName": node,
+            "terminationGracePeriodSeconds": 30,
+            "restartPolicy": "Always",
+            "containers": [{"name": "app", "image": "app"}, {"name": "proxy", "image": "proxy"}],
+        },
+        "status": {"phase": "Running"},
+    })
+}
+
+/// `pod` in another phase (the kubelet sets Failed when it evicts a pod).
+pub fn with_phase(mut pod: Value, phase: &str) -> Value {
+    pod["status"]["phase"] = json!(phase);
+    pod
+}
+
+fn status(code: StatusCode, message: &str) -> Response<Body> {
+    let body = json!({
+        "apiVersion": "v1", "kind": "Status", "status": "Failure",
+        "message": message, "code": code.as_u16(),
+    });
+    let mut r = Response::new(Full::new(Bytes::from(body.to_string())).boxed());
+    *r.status_mut() = code;
+    r
+}
+
+fn json_response(code: StatusCode, v: &Value) -> Response<Body> {
+    let mut r = Response::new(Full::new(Bytes::from(v.to_string())).boxed());
+    *r.status_mut() = code;
+    r.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static("application/json"),
+    );
+    r
+}
+
+impl FakeApi {
+    pub fn serve(self) -> ServedApi {
+        let std_listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind fake API");
+        std_listener.set_nonblocking(true).expect("nonblocking");
+        let addr = std_listener.local_addr().expect("addr");
+        let listener = tokio::net::TcpListener::from_std(std_listener).expect("listener");
+        let api = self.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    continue;
+                };
+                let api = api.clone();
+                tokio::spawn(async move {
+                    let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
+                        let api = api.clone();
+                        async move { Ok::<_, Infallible>(api.handle(req).await) }
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), svc)
+                        .await;
+                });
+            }
+        });
+        ServedApi {
+            addr,
+            api: self,
+            task,
+        }
+    }
+
+    async fn handle(&self, req: Request<Incoming>) -> Response<Body> {
+        let path = req.uri().path().to_owned();
+        let query = req.uri().query().unwrap_or("").to_owned();
+        let method = req.method().clone();
+        {
+            let mut s = self.state.lock().unwrap();
+            s.requests.push(format!("{method} {path}?{query}"));
+            if s.down {
+                return status(StatusCode::SERVICE_UNAVAILABLE, "fake API server is down");
+            }
+        }
+        if method == Method::GET && path == "/api/v1/pods" {
+            return if query.split('&').any(|kv| kv == "watch=true") {
+                if self.state.lock().unwrap().forbid_watch {
+                    return status(StatusCode::FORBIDDEN, "pods is forbidden: cannot watch");
+                }
+                let from = query
+                    .split('&')
+                    .find_map(|kv| kv.strip_prefix("resourceVersion="))
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(0);
+                self.watch(from)
+            } else {
+                self.list()
+            };
+        }
+        if method == Method::GET {
+            if let Some(rest) = path.strip_prefix("/api/v1/namespaces/") {
+                if let Some((ns, name)) = rest.split_once("/pods/") {
+                    return self.get(ns, name);
+                }
+            }
+        }
+        if method == Method::POST
+            && path.starts_with("/apis/events.k8s.io/v1/namespaces/")
+            && path.ends_with("/events")
+        {
+            let body = match req.into_body().collect().await {
+                Ok(b) => b.to_bytes(),
+                Err(_) => return status(StatusCode::BAD_REQUEST, "unreadable body"),
+            };
+            let Ok(ev) = serde_json::from_slice::<Value>(&body) else {
+                return status(StatusCode::BAD_REQUEST, "not JSON");
+            };
+            self.state.lock().unwrap().events.push(ev.clone());
+            return json_response(StatusCode::CREATED, &ev);
+        }
+        status(StatusCode::NOT_FOUND, "not in the fake")
+    }
+
+    /// A read of one pod: what was last written, whatever the watches have delivered.
+    fn get(&self, ns: &str, name: &str) -> Response<Body> {
+        let s = self.state.lock().unwrap();
+        let found = s
+            .pods
+            .values()
+            .find(|p| p["metadata"]["namespace"] == ns && p["metadata"]["name"] == name);
+        match found {
+            Some(p) => json_response(StatusCode::OK, p),
+            None => status(StatusCode::NOT_FOUND, "pods not found"),
+        }
+    }
+
+    fn list(&self) -> Response<Body> {
+        let s = self.state.lock().unwrap();
+        let body = json!({
+            "apiVersion": "v1",
+            "kind": "PodList",
+            "metadata": {"resourceVersion": s.rv.to_string()},
+            "items": s.pods.values().cloned().collect::<Vec<_>>(),
+        });
+        json_response(StatusCode::OK, &body)
+    }
+
+    fn watch(&self, from: u64) -> Response<Body> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        {
+            let mut s = self.state.lock().unwrap();
+            for (_, line) in s.history.iter().filter(|(rv, _)| *rv > from) {
+                let _ = tx.send(line.clone());
+            }
+            s.watchers.push(tx);
+        }
+        let stream = UnboundedReceiverStream::new(rx).map(|b| Ok::<_, Infallible>(Frame::data(b)));
+        let mut r = Response::new(BodyExt::boxed(StreamBody::new(stream)));
+        r.headers_mut().insert(
+            hyper::header::CONTENT_TYPE,
+            hyper::header::HeaderValue::from_static("application/json"),
+        );
+        r
+    }
+
+    fn publish(&self, kind: &str, mut pod: Value) {
+        let mut s = self.state.lock().unwrap();
+        s.rv += 1;
+        pod["metadata"]["resourceVersion"] = json!(s.rv.to_string());
+        let uid = pod["metadata"]["uid"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        if kind == "DELETED" {
+            s.pods.remove(&uid);
+        } else {
+            s.pods.insert(uid, pod.clone());
+        }
+        let line = Bytes::from(format!("{}\n", json!({"type": kind, "object": pod})));
+        let rv = s.rv;
+        if let Some(held) = s.held.as_mut() {
+            held.push((rv, line));
+            return;
+        }
+        s.history.push((rv, line.clone()));
+        s.watchers.retain(|w| w.send(line.clone()).is_ok());
+    }
+
+    /// Creates or updates a pod (ADDED the first time, MODIFIED after).
+    pub fn apply(&self, pod: Value) {
+        let uid = pod["metadata"]["uid"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        let kind = if self.state.lock().unwrap().pods.contains_key(&uid) {
+            "MODIFIED"
+        } else {
+            "ADDED"
+        };
+        self.publish(kind, pod);
+    }
+
+    pub fn delete(&self, pod: Value) {
+        self.publish("DELETED", pod);
+    }
+
+    /// Down: every request answers 503 and open watches end. Up again: requests are served.
+    pub fn set_down(&self, down: bool) {
+        let mut s = self.state.lock().unwrap();
+        s.down = down;
+        if down {
+            s.watchers.clear();
+        }
+    }
+
+    /// Lagging watches: while on, changes are stored (reads see them) but not delivered;
+    /// turned off, what was held is delivered.
+    pub fn hold_watches(&self, hold: bool) {
+        let mut s = self.state.lock().unwrap();
+        if hold {
+            s.held.get_or_insert_with(Vec::new);
+        } else if let Some(lines) = s.held.take() {
+            for (rv, line) in lines {
+                s.history.push((rv, line.clone()));
+                s.watchers.retain(|w| w.send(line.clone()).is_ok());
+            }
+        }
+    }
+
+    /// Watch requests answer 403 while on.
+    pub fn forbid_watch(&self, forbid: bool) {
+        self.state.lock().unwrap().forbid_watch = forbid;
+    }
+
+    pub fn events(&self) -> Vec<Value> {
+        self.state.lock().unwrap().events.clone()
+    }
+
+    pub fn requests(&self) -> Vec<String> {
+        self.state.lock().unwrap().requests.clone()
+    }
+
+    /// Waits until `n` events were posted, or panics after `within`.
+    pub async fn wait_events(&self, n: usize, within: Duration) -> Vec<Value> {
+        let end = Instant::now() + within;
+        loop {
+            let evs = self.events();
+            if evs.len() >= n {
+                return evs;
+            }
+            assert!(
+                Instant::now() < end,
+                "{} events posted, expected {n}: {evs:?}",
+                evs.len()
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+}

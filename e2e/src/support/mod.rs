@@ -1,0 +1,456 @@
+//! Helpers for the end-to-end tests: a node with the real agent on it, the static entrypoint
+//! built once per test process, and assertions on deletion timelines.
+
+pub mod flood;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use exitorder::handshake::elf::check_static_executable;
+use exitorder_testbed::kubelet::{pod_from_yaml, RunOptions, RunningPod};
+use exitorder_testbed::{AgentOptions, AgentProcess, Deletion, LogLine, Node};
+use serde_json::Value;
+
+/// The agent executable under test, built (or found up to date) once per test process.
+/// `EXITORDER_AGENT_BIN` names one built elsewhere instead.
+///
+/// Cargo gives `CARGO_BIN_EXE_*` only to a package's own tests, and these tests live apart
+/// from the agent's package (no package depends on itself); cargo is not locked while tests
+/// run, so the build here waits on nothing.
+pub fn agent_bin() -> &'static Path {
+    static BUILT: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    let built = BUILT.get_or_init(|| {
+        if let Some(bin) = std::env::var_os("EXITORDER_AGENT_BIN") {
+            return Ok(PathBuf::from(bin));
+        }
+        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+        let mut cmd = Command::new(&cargo);
+        // The workspace's features, as `cargo test --workspace` resolves them: the binary is
+        // then linked from that build's artifacts, and neither build undoes the other's.
+        cmd.current_dir(crate::repo()).args([
+            "build",
+            "--workspace",
+            "--bin",
+            "exitorder",
+            "--message-format=json-render-diagnostics",
+        ]);
+        if !cfg!(debug_assertions) {
+            cmd.arg("--release");
+        }
+        let out = cmd
+            .output()
+            .map_err(|e| format!("cannot run {}: {e}", cargo.to_string_lossy()))?;
+        if !out.status.success() {
+            return Err(format!(
+                "the agent's build failed ({}):\n{}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            // The library is an artifact named `exitorder` too, with no executable.
+            .filter(|m| m["reason"] == "compiler-artifact" && m["target"]["name"] == "exitorder")
+            .find_map(|m| m["executable"].as_str().map(PathBuf::from))
+            .ok_or_else(|| "the agent's build named no executable".to_owned())
+    });
+    match built {
+        Ok(p) => p,
+        Err(e) => panic!("{e}"),
+    }
+}
+
+/// Builds `exitorder-entrypoint` statically (it runs inside busybox containers) into
+/// target/static, once per test process. A separate target dir, so this never waits on the
+/// lock of the build that is running the tests.
+pub fn static_entrypoint() -> &'static Path {
+    static BUILT: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    let built = BUILT.get_or_init(|| {
+        let root = crate::repo();
+        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+        let out = Command::new(&cargo)
+            .current_dir(root)
+            .args([
+                "rustc",
+                "-p",
+                "exitorder-entrypoint",
+                "--release",
+                "--bin",
+                "exitorder-entrypoint",
+                "--target-dir",
+                "target/static",
+                "--",
+                "-C",
+                "target-feature=+crt-static",
+                "-C",
+                "panic=abort",
+            ])
+            .output()
+            .map_err(|e| format!("cannot run {}: {e}", cargo.to_string_lossy()))?;
+        if !out.status.success() {
+            return Err(format!(
+                "static entrypoint build failed ({}):\n{}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
+        let bin = root.join("target/static/release/exitorder-entrypoint");
+        match check_static_executable(&bin) {
+            Ok(()) => Ok(bin),
+            Err(e) => Err(format!("{}: {e}", bin.display())),
+        }
+    });
+    match built {
+        Ok(p) => p,
+        Err(e) => panic!("{e}"),
+    }
+}
+
+pub use exitorder_testbed::skip::{node_or_skip, node_with_or_skip, skip_or_fail};
+
+/// A node with the agent running on it.
+pub struct Bed {
+    // Declared first so it is killed before the node goes away.
+    pub agent: AgentProcess,
+    pub agent_opts: AgentOptions,
+    pub node: Node,
+}
+
+/// On containerd the agent must detect exits from containerd's own event service (on 1.x the
+/// CRI stream has a single subscriber, the kubelet's; on 2.x it comes late): asserted from the
+/// agent's report.
+async fn expect_containerd_events(agent: &AgentProcess) {
+    agent
+        .wait_for(
+            "\"exit source connected\" with containerd_events",
+            Duration::from_secs(10),
+            |l| l.says("exit source connected", &[("source", "containerd_events")]),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+}
+
+impl Bed {
+    /// Starts a node and the agent (reserve as given); `None` as for [`node_or_skip`].
+    pub async fn start(grace_reserve: Duration) -> Option<Bed> {
+        let node = node_or_skip().await?;
+        let mut agent_opts = AgentOptions::new(agent_bin(), &node, static_entrypoint());
+        agent_opts.grace_reserve = grace_reserve;
+        let agent = match AgentProcess::start(&agent_opts).await {
+            Ok(a) => a,
+            Err(e) => panic!("agent did not start: {e}"),
+        };
+        expect_containerd_events(&agent).await;
+        Some(Bed {
+            agent,
+            agent_opts,
+            node,
+        })
+    }
+
+    /// The agent on `node` with `agent_opts`, once it reports containerd's event stream.
+    pub async fn with_agent(node: Node, agent_opts: AgentOptions) -> Bed {
+        let agent = match AgentProcess::start(&agent_opts).await {
+            Ok(a) => a,
+            Err(e) => panic!("agent did not start: {e}"),
+        };
+        expect_containerd_events(&agent).await;
+        Bed {
+            agent,
+            agent_opts,
+            node,
+        }
+    }
+
+    /// Kills the agent with SIGKILL and starts a fresh one with the same options.
+    pub async fn restart_agent(&mut self) -> Result<(), String> {
+        self.agent.kill();
+        self.agent = AgentProcess::start(&self.agent_opts)
+            .await
+            .map_err(|e| e.to_string())?;
+        expect_containerd_events(&self.agent).await;
+        Ok(())
+    }
+
+    /// Asserts `later` exited after `earlier` and was let go by the order (`ordered`).
+    pub async fn assert_ordered(&self, d: &Deletion, uid: &str, later: &str, earlier: &str) {
+        assert_exited_after(self, d, later, earlier);
+        self.allowed_ordered(uid, later, &self.context(d)).await;
+    }
+
+    /// Waits until the agent holds `container` of pod `uid` (its preStop waits, in order).
+    pub async fn held(&self, uid: &str, container: &str) {
+        self.agent
+            .wait_for(
+                &format!("the agent holding {container}"),
+                Duration::from_secs(15),
+                |l| l.is("held", &[("pod", uid), ("container", container)]),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+    }
+
+    /// Waits for the agent's allow of `container` of pod `uid` and asserts the order let it
+    /// go (`reason=ordered`); `context` ends the failure's message.
+    pub async fn allowed_ordered(&self, uid: &str, container: &str, context: &str) -> LogLine {
+        let allow = self.allowed(uid, container).await;
+        assert_reason_ordered(&allow, &format!("{container}{context}"));
+        allow
+    }
+
+    /// Waits for the agent's allow of `container` of pod `uid`.
+    pub async fn allowed(&self, uid: &str, container: &str) -> LogLine {
+        self.agent
+            .wait_for(
+                &format!("the allow of {container}"),
+                Duration::from_secs(10),
+                |l| l.is("allow", &[("pod", uid), ("container", container)]),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// Runs `pod` (on the node's network whatever it asks: there is no CNI here) and waits
+    /// until it is ready.
+    pub async fn run_ready(&self, pod: &Value) -> RunningPod {
+        run_ready(&self.node, pod).await
+    }
+
+    /// Stops the agent, then tears the node down; fails the test if anything is left.
+    pub async fn finish(self) {
+        let Bed {
+            mut agent, node, ..
+        } = self;
+        agent.kill();
+        if let Err(e) = node.shutdown().await {
+            panic!("node teardown: {e}");
+        }
+    }
+
+    /// Prints the deletion's timeline (shown with `--nocapture`, or when the test fails).
+    pub fn show(&self, test: &str, d: &Deletion) {
+        eprintln!("--- {test}: deletion timeline ---\n{}", d.describe());
+    }
+
+    /// Context for a failed assertion: the deletion's steps and the agent's last lines.
+    pub fn context(&self, d: &Deletion) -> String {
+        format!(
+            "\n--- deletion ---\n{}\n--- agent log ---\n{}",
+            d.describe(),
+            self.agent.log_tail(25)
+        )
+    }
+}
+
+/// Runs `pod` on `node` (on the node's network) and waits until it is ready.
+pub async fn run_ready(node: &Node, pod: &Value) -> RunningPod {
+    let opts = RunOptions {
+        force_host_network: true,
+        ..RunOptions::default()
+    };
+    let running = node
+        .run_pod(pod, &opts)
+        .await
+        .unwrap_or_else(|e| panic!("run pod: {e}"));
+    running
+        .wait_ready(Duration::from_secs(60))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    running
+}
+
+/// The two-level example with its proxy's exit directory moved into the pod's `emptyDir`:
+/// `exitorder` is the pod's own volume, mounted with `subPath: proxy`; only the entrypoint
+/// still comes from the node (its bin directory).
+pub fn pod_local(name: &str) -> Value {
+    let mut p = example("two-level");
+    p["metadata"]["name"] = name.into();
+    let proxy = container_mut(&mut p, "proxy");
+    proxy["volumeMounts"] = serde_json::json!([
+        {"name": "exitorder", "mountPath": "/var/run/exitorder", "subPath": "proxy"},
+        {"name": "exitorder-bin", "mountPath": "/var/run/exitorder-bin", "readOnly": true},
+    ]);
+    p["spec"]["volumes"] = serde_json::json!([
+        {"name": "exitorder", "emptyDir": {}},
+        {"name": "exitorder-bin", "hostPath": {"path": "/var/lib/exitorder-bin", "type": "Directory"}},
+    ]);
+    p
+}
+
+/// A pod of deploy/examples/, as users start from it.
+pub fn example(name: &str) -> Value {
+    let path = crate::repo()
+        .join("deploy/examples")
+        .join(format!("{name}.yaml"));
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    pod_from_yaml(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// A pod from YAML text.
+pub fn pod(yaml: &str) -> Value {
+    pod_from_yaml(yaml).unwrap_or_else(|e| panic!("{e}\n{yaml}"))
+}
+
+/// The container named `name` of `pod` (main or init).
+pub fn container_mut<'a>(pod: &'a mut Value, name: &str) -> &'a mut Value {
+    let spec = &mut pod["spec"];
+    for list in ["containers", "initContainers"] {
+        if let Some(i) = spec[list]
+            .as_array()
+            .and_then(|cs| cs.iter().position(|c| c["name"] == name))
+        {
+            return &mut spec[list][i];
+        }
+    }
+    panic!("no container {name} in the pod")
+}
+
+/// Replaces `from` by `to` in the shell script of `container` (`command: [sh, -c, SCRIPT]`).
+pub fn edit_script(pod: &mut Value, container: &str, from: &str, to: &str) {
+    let script = &mut container_mut(pod, container)["command"][2];
+    let text = script.as_str().expect("a shell script").to_owned();
+    assert!(
+        text.contains(from),
+        "{from:?} not in the script of {container}: {text}"
+    );
+    *script = Value::String(text.replace(from, to));
+}
+
+/// Sets the pod's grace period and every exitorder preStop's `--timeout` to it.
+pub fn set_grace(pod: &mut Value, seconds: u64) {
+    pod["spec"]["terminationGracePeriodSeconds"] = seconds.into();
+    for list in ["containers", "initContainers"] {
+        for c in pod["spec"][list].as_array_mut().into_iter().flatten() {
+            let Some(cmd) = c
+                .pointer_mut("/lifecycle/preStop/exec/command")
+                .and_then(Value::as_array_mut)
+            else {
+                continue;
+            };
+            if let Some(i) = cmd.iter().position(|a| a == "--timeout") {
+                if let Some(v) = cmd.get_mut(i + 1) {
+                    *v = Value::String(format!("{seconds}s"));
+                }
+            }
+        }
+    }
+}
+
+/// Asserts the runtime saw `later` exit after `earlier`.
+pub fn assert_exited_after(bed: &Bed, d: &Deletion, later: &str, earlier: &str) {
+    let l = d.container(later).expect("container in deletion");
+    let e = d.container(earlier).expect("container in deletion");
+    assert!(
+        l.finished_at_ns > e.finished_at_ns,
+        "{later} finished at {:.0} ms, not after {earlier} at {:.0} ms{}",
+        d.finished_ms(later).unwrap_or(f64::NAN),
+        d.finished_ms(earlier).unwrap_or(f64::NAN),
+        bed.context(d)
+    );
+}
+
+/// The agent's metrics address, from its "metrics listening" line.
+pub async fn metrics_addr(agent: &AgentProcess) -> String {
+    agent
+        .wait_for("\"metrics listening\"", Duration::from_secs(10), |l| {
+            l.says("metrics listening", &[])
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .field("addr")
+        .expect("metrics address")
+}
+
+/// GET `path` on `addr` (HTTP/1.0, one connection): (status, body); (0, why) when it cannot
+/// be asked within 5 s.
+pub async fn http_get(addr: &str, path: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let ask = async {
+        let mut s = tokio::net::TcpStream::connect(addr).await?;
+        s.write_all(format!("GET {path} HTTP/1.0\r\nHost: agent\r\n\r\n").as_bytes())
+            .await?;
+        let mut text = String::new();
+        s.read_to_string(&mut text).await?;
+        Ok::<_, std::io::Error>(text)
+    };
+    match tokio::time::timeout(Duration::from_secs(5), ask).await {
+        Ok(Ok(text)) => {
+            let status = text
+                .split(' ')
+                .nth(1)
+                .and_then(|c| c.parse().ok())
+                .unwrap_or(0);
+            let body = text
+                .split_once("\r\n\r\n")
+                .map(|(_, b)| b.to_owned())
+                .unwrap_or_default();
+            (status, body)
+        }
+        Ok(Err(e)) => (0, e.to_string()),
+        Err(_) => (0, "timed out".to_owned()),
+    }
+}
+
+/// Polls `check` until it holds, failing the test with `what` after `within`.
+pub async fn until<F, Fut>(what: &str, within: Duration, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let end = std::time::Instant::now() + within;
+    loop {
+        if check().await {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < end,
+            "{what}: not within {within:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Parses Prometheus text into (series with labels, value), checking every line's shape.
+pub fn parse_metrics(text: &str) -> Vec<(String, f64)> {
+    text.lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .map(|l| {
+            let (series, value) = l.rsplit_once(' ').expect("series and value");
+            (
+                series.to_owned(),
+                value.parse::<f64>().expect("numeric value"),
+            )
+        })
+        .collect()
+}
+
+/// The project's image archive (`scripts/image` writes it). `None` when it was not built and
+/// this is not CI (the test then returns, having said why); in CI a missing image fails.
+pub fn project_image_archive() -> Option<PathBuf> {
+    let archive = crate::repo().join(exitorder_testbed::install::IMAGE_IN_TREE);
+    if !archive.is_file() {
+        skip_or_fail(&format!(
+            "the project's image {} is not built (scripts/image)",
+            archive.display()
+        ));
+        return None;
+    }
+    Some(archive)
+}
+
+/// Imports the project's image into `node` as the demo does; its reference, the one the chart
+/// and the webhook name by default. `None` as for [`project_image_archive`].
+pub fn project_image(node: &Node) -> Option<String> {
+    let archive = project_image_archive()?;
+    let image = exitorder_testbed::demo::import_project_image(node, &archive)
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    Some(image.to_owned())
+}
+
+/// Asserts an allow was the order's (`reason=ordered`), not the deadline's or another.
+pub fn assert_reason_ordered(allow: &LogLine, what: &str) {
+    assert_eq!(allow.field("reason").as_deref(), Some("ordered"), "{what}");
+}

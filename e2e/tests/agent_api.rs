@@ -1,0 +1,557 @@
+//! The agent with its cluster link: a real kube-rs pod watch and Events recorder against a
+//! fake API server over HTTP, beside the fake CRI runtime.
+
+use exitorder_e2e::fakeapi;
+use exitorder_e2e::fakecri;
+use exitorder_e2e::rig;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use exitorder::cluster::recorder::{REASON_ALLOWED, REASON_DEADLINE, REPORTING_CONTROLLER};
+use exitorder::cri::ContainerState;
+use exitorder::decide::priority::ANNOTATION;
+use exitorder::decide::Reason;
+use exitorder::stats::Stats;
+use exitorder::{cluster, serve::openmetrics};
+use fakeapi::{FakeApi, ServedApi};
+use fakecri::pod_name;
+use rig::*;
+use serde_json::Value;
+use tokio::sync::watch;
+
+const NODE: &str = "node-a";
+
+struct Linked {
+    rig: Rig,
+    api: ServedApi,
+    stop: watch::Sender<bool>,
+    tasks: tokio::task::JoinHandle<()>,
+    app: String,
+}
+
+impl Linked {
+    /// A two-container pod (app 0, proxy 1) in the runtime with `runtime_grace` seconds, and
+    /// the API server saying `api_pod` about it (or nothing, when `None`).
+    fn new(runtime_grace: u64, api_pod: Option<Value>) -> Linked {
+        let rig = Rig::new();
+        rig.cri()
+            .add_pod(APP_UID, &[(ANNOTATION, r#"{"proxy":1}"#)]);
+        let app = rig.cri().add_container(APP_UID, "app", 0, runtime_grace);
+        rig.cri().add_container(APP_UID, "proxy", 0, runtime_grace);
+        let api = FakeApi::default().serve();
+        if let Some(p) = api_pod {
+            api.api.apply(p);
+        }
+        let (stop, _) = watch::channel(false);
+        Linked {
+            rig,
+            api,
+            stop,
+            tasks: tokio::spawn(async {}),
+            app,
+        }
+    }
+
+    fn start(&mut self, settle: Duration) {
+        self.rig.stats = Arc::new(Stats::default());
+        let (link, tasks) = cluster::start(self.api.client(), NODE, self.rig.stats.clone());
+        self.tasks = tokio::spawn(tasks.run(self.stop.subscribe()));
+        self.rig.start_agent_linked(
+            |cfg| {
+                cfg.poll_interval = Duration::from_millis(10);
+                cfg.api_settle = settle;
+            },
+            Some(link),
+        );
+    }
+
+    async fn stop(mut self) {
+        self.rig.stop_agent().await;
+        let _ = self.stop.send(true);
+        tokio::time::timeout(Duration::from_secs(5), &mut self.tasks)
+            .await
+            .expect("cluster tasks stop within their bound")
+            .expect("cluster tasks");
+    }
+
+    fn app_exits(&self) {
+        self.rig
+            .cri()
+            .set_state(&self.app, ContainerState::ContainerExited);
+    }
+}
+
+impl Linked {
+    /// Asserts the proxy's wait `f` is held over `span` while the app runs, and allowed as
+    /// ordered once the app exits.
+    async fn held_until_app_exits(&self, f: &std::path::Path, span: Duration) {
+        stays_waiting(f, span).await;
+        self.app_exits();
+        assert!(allowed_within(f, Duration::from_secs(2)).await);
+        allows_reach(&self.rig.stats, Reason::Ordered, 1).await;
+    }
+}
+
+fn api_pod(deleted: Option<(i64, i64)>) -> Value {
+    fakeapi::pod(APP_UID, &pod_name(APP_UID), NODE, deleted)
+}
+
+async fn watch_state_becomes(stats: &Stats, state: &str, within: Duration) {
+    let end = Instant::now() + within;
+    while stats.api_watch() != state {
+        assert!(
+            Instant::now() < end,
+            "pod watch is {} (expected {state})",
+            stats.api_watch()
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Asserts no Event is posted over `span`.
+async fn no_events_within(api: &ServedApi, span: Duration) {
+    let end = Instant::now() + span;
+    while Instant::now() < end {
+        assert!(api.api.events().is_empty(), "{:?}", api.api.events());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+fn metric_value(stats: &Arc<Stats>, sample: &str) -> Option<f64> {
+    openmetrics::render(stats)
+        .lines()
+        .find_map(|l| l.strip_prefix(sample)?.trim().parse().ok())
+}
+
+fn metric(stats: &Arc<Stats>, sample: &str) -> f64 {
+    metric_value(stats, sample)
+        .unwrap_or_else(|| panic!("no sample {sample} in:\n{}", openmetrics::render(stats)))
+}
+
+/// Waits until the rendered sample is at least `want`.
+async fn metric_reaches(stats: &Arc<Stats>, sample: &str, want: f64) {
+    let end = Instant::now() + Duration::from_secs(5);
+    while metric_value(stats, sample).is_none_or(|v| v < want) {
+        assert!(
+            Instant::now() < end,
+            "{sample} never reached {want}:\n{}",
+            openmetrics::render(stats)
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleted_pod_waits_is_ordered_and_tells() {
+    let mut l = Linked::new(60, Some(api_pod(Some((60, 60)))));
+    l.start(Duration::from_millis(250));
+    watch_state_becomes(&l.rig.stats, "up", Duration::from_secs(5)).await;
+    let f = l.rig.request_exit(APP_UID, "proxy");
+    // Longer than the settle time: a deleted pod is ordered, whatever its age.
+    l.held_until_app_exits(&f, Duration::from_millis(500)).await;
+
+    let evs = l.api.api.wait_events(1, Duration::from_secs(5)).await;
+    let ev = &evs[0];
+    assert_eq!(ev["reason"], REASON_ALLOWED);
+    assert_eq!(ev["type"], "Normal");
+    assert_eq!(ev["reportingController"], REPORTING_CONTROLLER);
+    assert_eq!(ev["reportingInstance"], NODE);
+    assert_eq!(ev["regarding"]["kind"], "Pod");
+    assert_eq!(ev["regarding"]["uid"], APP_UID);
+    assert_eq!(ev["regarding"]["name"], pod_name(APP_UID).as_str());
+    assert_eq!(ev["regarding"]["fieldPath"], "spec.containers{proxy}");
+    assert_eq!(ev["metadata"]["namespace"], "default");
+    let note = ev["note"].as_str().unwrap_or_default();
+    assert!(note.contains("container proxy"), "{note}");
+    assert!(note.contains("reason ordered"), "{note}");
+    assert!(note.contains("after waiting "), "{note}");
+    // Counted once the API server has answered.
+    metric_reaches(
+        &l.rig.stats,
+        "exitorder_pod_events_total{outcome=\"posted\"}",
+        1.0,
+    )
+    .await;
+
+    // The watch asked for this node's pods only.
+    let reqs = l.api.api.requests();
+    assert!(
+        reqs.iter()
+            .any(|r| r.starts_with("GET /api/v1/pods?") && r.contains("spec.nodeName%3Dnode-a")),
+        "{reqs:?}"
+    );
+    l.stop().await;
+}
+
+/// The API server's spec is what says which containers are native sidecars (no annotation on
+/// the sandbox): `logs`, declared after `istio-proxy`, is stopped first by the kubelet, so it
+/// never waits for it, whatever the priorities say. It still waits for the main containers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn native_sidecars_from_the_spec_keep_the_kubelets_stop_order() {
+    let mut pod = api_pod(Some((60, 60)));
+    pod["metadata"]["annotations"][ANNOTATION] = r#"{"proxy":2,"istio-proxy":1,"logs":2}"#.into();
+    pod["spec"]["initContainers"] = serde_json::json!([
+        {"name": "istio-proxy", "image": "p", "restartPolicy": "Always"},
+        {"name": "logs", "image": "l", "restartPolicy": "Always"},
+    ]);
+    let mut l = Linked::new(60, Some(pod));
+    l.rig.cri().add_container(APP_UID, "istio-proxy", 0, 60);
+    l.rig.cri().add_container(APP_UID, "logs", 0, 60);
+    l.start(Duration::from_millis(250));
+    watch_state_becomes(&l.rig.stats, "up", Duration::from_secs(5)).await;
+    let f = l.rig.request_exit(APP_UID, "logs");
+    // Waits for the app (a main container, stopped first)...
+    stays_waiting(&f, Duration::from_millis(300)).await;
+    l.app_exits();
+    // ...and not for istio-proxy, which still runs.
+    assert!(allowed_within(&f, Duration::from_secs(2)).await);
+    allows_reach(&l.rig.stats, Reason::Ordered, 1).await;
+    l.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pod_not_deleted_is_allowed_at_once() {
+    let mut l = Linked::new(60, Some(api_pod(None)));
+    l.start(Duration::ZERO);
+    watch_state_becomes(&l.rig.stats, "up", Duration::from_secs(5)).await;
+    let f = l.rig.request_exit(APP_UID, "proxy");
+    // The app still runs: only "not being deleted" can allow this.
+    assert!(allowed_within(&f, Duration::from_secs(2)).await);
+    allows_reach(&l.rig.stats, Reason::NotTerminating, 1).await;
+    assert_eq!(l.rig.stats.allows(Reason::Ordered), 0);
+    // Not held, so nothing to tell.
+    no_events_within(&l.api, Duration::from_millis(200)).await;
+    l.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart_waits_only_the_settle_time() {
+    let mut l = Linked::new(60, Some(api_pod(None)));
+    l.start(Duration::from_millis(300));
+    watch_state_becomes(&l.rig.stats, "up", Duration::from_secs(5)).await;
+    let f = l.rig.request_exit(APP_UID, "proxy");
+    stays_waiting(&f, Duration::from_millis(150)).await;
+    assert!(allowed_within(&f, Duration::from_secs(2)).await);
+    allows_reach(&l.rig.stats, Reason::NotTerminating, 1).await;
+    // A restart's short pause is not a hold worth an Event.
+    no_events_within(&l.api, Duration::from_millis(200)).await;
+    l.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deletion_seen_late_within_the_settle_time_keeps_order() {
+    let mut l = Linked::new(60, Some(api_pod(None)));
+    l.start(Duration::from_millis(400));
+    watch_state_becomes(&l.rig.stats, "up", Duration::from_secs(5)).await;
+    let f = l.rig.request_exit(APP_UID, "proxy");
+    // The kubelet acted on a deletion the agent's watch delivers only now.
+    l.api.api.apply(api_pod(Some((60, 60))));
+    // Well past the settle time: still held, because the pod is now known to be deleted.
+    l.held_until_app_exits(&f, Duration::from_millis(900)).await;
+    assert_eq!(l.rig.stats.allows(Reason::NotTerminating), 0);
+    l.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deadline_comes_from_the_pods_own_grace_period() {
+    // The runtime says 60 s (the spec); this deletion asked for 6 s (`--grace-period=6`).
+    let mut l = Linked::new(60, Some(api_pod(Some((6, 6)))));
+    l.rig.reserve = Duration::from_secs(5);
+    l.start(Duration::from_millis(250));
+    watch_state_becomes(&l.rig.stats, "up", Duration::from_secs(5)).await;
+    let f = l.rig.request_exit(APP_UID, "proxy");
+    // Released about 1 s in (6 s - 5 s reserve), with the app still running; from the
+    // runtime's 60 s it would be 55 s.
+    stays_waiting(&f, Duration::from_millis(500)).await;
+    assert!(allowed_within(&f, Duration::from_secs(4)).await);
+    allows_reach(&l.rig.stats, Reason::Deadline, 1).await;
+
+    let evs = l.api.api.wait_events(1, Duration::from_secs(5)).await;
+    assert_eq!(evs[0]["reason"], REASON_DEADLINE);
+    assert_eq!(evs[0]["type"], "Warning");
+    let note = evs[0]["note"].as_str().unwrap_or_default();
+    assert!(note.contains("container proxy"), "{note}");
+    assert!(note.contains("still running: app"), "{note}");
+    l.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn force_deleted_pod_stays_ordered() {
+    let mut l = Linked::new(60, Some(api_pod(None)));
+    l.start(Duration::ZERO);
+    watch_state_becomes(&l.rig.stats, "up", Duration::from_secs(5)).await;
+    // `kubectl delete --force --grace-period=0`: the object is gone at once, but the kubelet
+    // still stops the containers with the spec's grace period.
+    l.api.api.delete(api_pod(Some((0, 0))));
+    let f = l.rig.request_exit(APP_UID, "proxy");
+    l.held_until_app_exits(&f, Duration::from_millis(400)).await;
+    l.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn evicted_pod_stays_ordered_without_any_deletion() {
+    // Node-pressure eviction, node shutdown and activeDeadlineSeconds kill the whole pod
+    // with no deletionTimestamp; the kubelet sets phase Failed.
+    let mut l = Linked::new(60, Some(fakeapi::with_phase(api_pod(None), "Failed")));
+    l.start(Duration::ZERO);
+    watch_state_becomes(&l.rig.stats, "up", Duration::from_secs(5)).await;
+    let f = l.rig.request_exit(APP_UID, "proxy");
+    l.held_until_app_exits(&f, Duration::from_millis(400)).await;
+    assert_eq!(l.rig.stats.allows(Reason::NotTerminating), 0);
+    l.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lagging_watch_is_caught_by_the_confirming_read() {
+    let mut l = Linked::new(60, Some(api_pod(None)));
+    l.start(Duration::ZERO);
+    watch_state_becomes(&l.rig.stats, "up", Duration::from_secs(5)).await;
+    // The pod is deleted; the kubelet acts on it, but the agent's watch does not deliver it.
+    l.api.api.hold_watches(true);
+    l.api.api.apply(api_pod(Some((60, 60))));
+    let f = l.rig.request_exit(APP_UID, "proxy");
+    l.held_until_app_exits(&f, Duration::from_millis(400)).await;
+    assert_eq!(l.rig.stats.allows(Reason::NotTerminating), 0);
+    let reads = l
+        .api
+        .api
+        .requests()
+        .iter()
+        .filter(|r| r.starts_with("GET /api/v1/namespaces/default/pods/"))
+        .count();
+    assert!(reads >= 1, "{:?}", l.api.api.requests());
+    l.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_started_mid_drain_dates_the_wait_from_the_deletion_not_its_own_start() {
+    // Deleted 19 s ago with a 20 s grace period, and the proxy already waiting when the agent
+    // (re)starts: the kubelet's SIGKILL is about a second away. Dated from the agent's own
+    // sight the wait would run another 19 s; the API server's record of the deletion (never
+    // the exit file's times) says it is due now.
+    let mut l = Linked::new(60, Some(api_pod(Some((1, 20)))));
+    let f = l.rig.request_exit(APP_UID, "proxy");
+    l.start(Duration::ZERO);
+    assert!(allowed_within(&f, Duration::from_secs(10)).await);
+    allows_reach(&l.rig.stats, Reason::Deadline, 1).await;
+    l.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deletion_seen_late_by_the_kubelet_gets_the_full_grace_period() {
+    // Deleted a minute ago (a node back from NotReady): the kubelet starts its 30 s grace
+    // now, so the deadline is 30 s from the exit file, not the past deletionTimestamp.
+    let mut l = Linked::new(60, Some(api_pod(Some((-60, 30)))));
+    l.start(Duration::ZERO);
+    watch_state_becomes(&l.rig.stats, "up", Duration::from_secs(5)).await;
+    let f = l.rig.request_exit(APP_UID, "proxy");
+    l.held_until_app_exits(&f, Duration::from_millis(500)).await;
+    assert_eq!(l.rig.stats.allows(Reason::Deadline), 0);
+    l.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failing_watch_after_a_good_list_backs_off() {
+    let l = Linked::new(60, Some(api_pod(None)));
+    l.api.api.forbid_watch(true);
+    let mut l = l;
+    l.start(Duration::ZERO);
+    watch_state_becomes(&l.rig.stats, "down", Duration::from_secs(5)).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    // Backoff 0.5 s, 1 s, 2 s...: at most 4 lists in 3 s, not one every half second.
+    let lists = l
+        .api
+        .api
+        .requests()
+        .iter()
+        .filter(|r| r.starts_with("GET /api/v1/pods?") && !r.contains("watch=true"))
+        .count();
+    assert!(
+        (2..=4).contains(&lists),
+        "{lists} lists: {:?}",
+        l.api.api.requests()
+    );
+    assert!(
+        metric(
+            &l.rig.stats,
+            "exitorder_api_errors_total{kind=\"watch_start\"}"
+        ) >= 1.0
+    );
+    l.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn api_down_at_start_decides_by_the_runtime_rules() {
+    let mut l = Linked::new(60, Some(api_pod(None)));
+    l.api.api.set_down(true);
+    l.start(Duration::ZERO);
+    watch_state_becomes(&l.rig.stats, "down", Duration::from_secs(5)).await;
+    let f = l.rig.request_exit(APP_UID, "proxy");
+    // The API server would say "not deleted"; unheard, the pod is ordered.
+    l.held_until_app_exits(&f, Duration::from_millis(400)).await;
+    assert!(metric(&l.rig.stats, "exitorder_api_errors_total{kind=\"list\"}") >= 1.0);
+    assert_eq!(
+        metric(&l.rig.stats, "exitorder_api_watch{state=\"down\"}"),
+        1.0
+    );
+
+    // Back up: the watch recovers on its own.
+    l.api.api.set_down(false);
+    watch_state_becomes(&l.rig.stats, "up", Duration::from_secs(10)).await;
+    l.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn api_down_mid_run_decides_by_the_runtime_rules() {
+    let mut l = Linked::new(60, Some(api_pod(None)));
+    l.start(Duration::ZERO);
+    watch_state_becomes(&l.rig.stats, "up", Duration::from_secs(5)).await;
+    l.api.api.set_down(true);
+    watch_state_becomes(&l.rig.stats, "down", Duration::from_secs(5)).await;
+    let f = l.rig.request_exit(APP_UID, "proxy");
+    // The last thing heard was "not deleted", but it is no longer current.
+    l.held_until_app_exits(&f, Duration::from_millis(400)).await;
+    assert_eq!(l.rig.stats.allows(Reason::NotTerminating), 0);
+    l.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_failing_never_hold_an_allow() {
+    let mut l = Linked::new(60, Some(api_pod(Some((60, 60)))));
+    l.start(Duration::ZERO);
+    watch_state_becomes(&l.rig.stats, "up", Duration::from_secs(5)).await;
+    let f = l.rig.request_exit(APP_UID, "proxy");
+    stays_waiting(&f, Duration::from_millis(200)).await;
+    l.api.api.set_down(true);
+    l.app_exits();
+    assert!(allowed_within(&f, Duration::from_secs(2)).await);
+    allows_reach(&l.rig.stats, Reason::Ordered, 1).await;
+    metric_reaches(
+        &l.rig.stats,
+        "exitorder_pod_events_total{outcome=\"failed\"}",
+        1.0,
+    )
+    .await;
+    assert!(
+        metric(
+            &l.rig.stats,
+            "exitorder_api_errors_total{kind=\"event_create\"}"
+        ) >= 1.0
+    );
+    l.stop().await;
+}
+
+fn agent_options(rig: &Rig, env: Vec<(String, String)>) -> exitorder_testbed::AgentOptions {
+    let binary = std::path::PathBuf::from(exitorder_e2e::support::agent_bin());
+    exitorder_testbed::AgentOptions {
+        cri_socket: rig.served.socket.clone(),
+        share_dir: rig.share.clone(),
+        // No kubelet here: the share alone is served.
+        kubelet_root_dir: rig.share.join("no-kubelet"),
+        // Refused (dynamically linked): these tests are about the pod watch, not the share.
+        entrypoint_binary: binary.clone(),
+        bin_dir: rig.share.join("bin-dir"),
+        binary,
+        grace_reserve: Duration::from_secs(1),
+        poll_interval: Duration::from_millis(10),
+        ready_timeout: Duration::from_secs(20),
+        env,
+        cpu: None,
+    }
+}
+
+/// The `exitorder agent` binary finds the API server through KUBECONFIG and watches the pods
+/// of the node NODE_NAME names.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_binary_watches_pods_through_kubeconfig() {
+    let l = Linked::new(60, Some(api_pod(None)));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let kubeconfig = l.api.write_kubeconfig(dir.path());
+    let env = vec![
+        ("KUBECONFIG".to_owned(), kubeconfig.display().to_string()),
+        ("NODE_NAME".to_owned(), NODE.to_owned()),
+    ];
+    let agent = exitorder_testbed::AgentProcess::start(&agent_options(&l.rig, env))
+        .await
+        .expect("agent starts");
+    agent
+        .wait_for("pod watch current", Duration::from_secs(10), |line| {
+            line.says("pod watch current", &[("node", NODE), ("pods", "1")])
+        })
+        .await
+        .expect("the pod watch syncs");
+    let f = l.rig.request_exit(APP_UID, "proxy");
+    assert!(allowed_within(&f, Duration::from_secs(3)).await);
+    agent
+        .wait_for("the allow", Duration::from_secs(5), |line| {
+            line.is("allow", &[("reason", "not_terminating")])
+        })
+        .await
+        .expect("allowed because the pod is not being deleted");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_binary_without_api_server_says_so_once() {
+    let l = Linked::new(60, None);
+    let env = vec![
+        ("KUBECONFIG".to_owned(), String::new()),
+        ("KUBERNETES_SERVICE_HOST".to_owned(), String::new()),
+    ];
+    let agent = exitorder_testbed::AgentProcess::start(&agent_options(&l.rig, env))
+        .await
+        .expect("agent starts");
+    let f = l.rig.request_exit(APP_UID, "proxy");
+    stays_waiting(&f, Duration::from_millis(300)).await;
+    l.app_exits();
+    assert!(allowed_within(&f, Duration::from_secs(3)).await);
+    let said = agent
+        .lines()
+        .iter()
+        .filter(|line| {
+            line.message()
+                .is_some_and(|m| m.contains("runtime-only mode"))
+        })
+        .count();
+    assert_eq!(said, 1, "{}", agent.log_tail(20));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_logs_to_a_pipe_without_colour_codes() {
+    use std::io::{BufRead, BufReader};
+    let l = Linked::new(60, None);
+    let mut child = std::process::Command::new(exitorder_e2e::support::agent_bin())
+        .args(["agent", "--cri-socket"])
+        .arg(&l.rig.served.socket)
+        .arg("--share-dir")
+        .arg(&l.rig.share)
+        .args(["--metrics-addr", "127.0.0.1:0"])
+        .env("EXITORDER_LOG_FORMAT", "plain")
+        .env_remove("NO_COLOR")
+        .env_remove("KUBECONFIG")
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("agent starts");
+    let stderr = child.stderr.take().expect("piped");
+    let lines = tokio::task::spawn_blocking(move || {
+        let mut seen = Vec::new();
+        for line in BufReader::new(stderr).lines() {
+            let Ok(line) = line else { break };
+            let done = line.contains("agent ready");
+            seen.push(line);
+            if done {
+                break;
+            }
+        }
+        seen
+    });
+    let lines = tokio::time::timeout(Duration::from_secs(20), lines)
+        .await
+        .expect("agent ready within 20 s")
+        .expect("reader");
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(lines.iter().any(|l| l.contains("agent ready")), "{lines:?}");
+    assert!(lines.iter().all(|l| !l.contains('\u{1b}')), "{lines:?}");
+}

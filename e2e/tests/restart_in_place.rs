@@ -1,0 +1,92 @@
+//! A completing pod restarted in place (KEP-5532, `RestartAllContainers`), on the fake
+//! runtime: the kubelet kills every container at once, and on a real one the agent sees the
+//! app dead while the proxy still runs only by chance; here it always does. The agent runs
+//! without an API server and reads the rules from the webhook's record on the sandbox.
+
+use exitorder_e2e::fakecri;
+use exitorder_e2e::rig;
+
+use std::time::{Duration, Instant};
+
+use exitorder::cri::ContainerEventType;
+use exitorder::decide::restart::RestartRecord;
+use exitorder_contract::annotation;
+use fakecri::FakeCri;
+use rig::{source_becomes, Rig, APP_UID};
+
+/// Waits for `check`, at most 5 s.
+async fn until(what: &str, check: impl Fn() -> bool) {
+    let end = Instant::now() + Duration::from_secs(5);
+    while !check() {
+        assert!(Instant::now() < end, "{what}: not within 5 s");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// The pod's containers, running, at `attempt`: watcher, app, proxy.
+fn run(cri: &FakeCri, attempt: u32) -> [String; 3] {
+    ["watcher", "app", "proxy"].map(|name| {
+        let id = cri.add_container(APP_UID, name, attempt, 30);
+        cri.send_event(&id, ContainerEventType::ContainerStartedEvent);
+        id
+    })
+}
+
+/// A Job pod whose native sidecar `watcher` restarts every container when it exits 88. The
+/// watcher has exited 88 and the kubelet's kill has reached the app (137, a failure its
+/// policy, Never, does not retry) while the proxy still runs: the agent's first look at the
+/// pod (it starts now, as one restarted mid-restart does) shows all of it at once. That is not
+/// the end of the Job, and the proxy is left alone. In the pod's next run the proxy is shut
+/// down once, after the app's success.
+#[tokio::test]
+async fn a_restart_of_every_container_is_not_the_end_of_the_job() {
+    let spec = serde_json::json!({
+        "restartPolicy": "Never",
+        "initContainers": [{"name": "watcher", "restartPolicy": "Always", "restartPolicyRules": [
+            {"action": "RestartAllContainers", "exitCodes": {"operator": "In", "values": [88]}}]}],
+        "containers": [{"name": "app"}, {"name": "proxy"}]});
+    let spec = serde_json::from_value(spec).expect("a pod spec");
+    let record = RestartRecord::of_spec(&spec)
+        .to_annotation()
+        .expect("a small record");
+    let mut rig = Rig::new();
+    let cri = rig.cri().clone();
+    // A runtime that tells of every change, as the kubelet's own does.
+    cri.with_events("cri-o", "1.30.2");
+    cri.add_pod(
+        APP_UID,
+        &[
+            (annotation::PRIORITY, r#"{"proxy": 1}"#),
+            (annotation::RESTARTS, &record),
+        ],
+    );
+    let [watcher, app, old_proxy] = run(&cri, 0);
+    cri.exit(&watcher, 88);
+    cri.exit(&app, 137);
+    rig.start_agent();
+    source_becomes(&rig.stats, "cri_events").await;
+    let stats = rig.stats.clone();
+    // Counted by the very look that would otherwise have shut the proxy down.
+    until("the restart in place seen", || {
+        stats.job_restarts_in_place() == 1
+    })
+    .await;
+    assert_eq!(
+        cri.stopped(),
+        Vec::<String>::new(),
+        "the proxy was shut down"
+    );
+
+    // The kubelet's kill reaches the proxy; every container is removed and runs again.
+    cri.exit(&old_proxy, 137);
+    for id in [&watcher, &app, &old_proxy] {
+        cri.remove(id);
+        cri.send_event(id, ContainerEventType::ContainerDeletedEvent);
+    }
+    let [_, app, proxy] = run(&cri, 1);
+    cri.exit(&app, 0);
+    until("the proxy shut down", || !cri.stopped().is_empty()).await;
+    assert_eq!(cri.stopped(), [proxy], "not the new proxy, or not once");
+    assert_eq!(stats.job_restarts_in_place(), 1);
+    rig.stop_agent().await;
+}
