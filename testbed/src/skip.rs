@@ -7,7 +7,7 @@ use std::io::Write as _;
 use crate::node::{Node, NodeOptions};
 
 /// Whether this run must not skip: CI sets `CI`.
-pub fn mandatory() -> bool {
+fn mandatory() -> bool {
     std::env::var_os("CI").is_some_and(|v| !v.is_empty() && v != "0" && v != "false")
 }
 

@@ -27,8 +27,10 @@ pub fn agent_bin() -> &'static Path {
         }
         let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
         let mut cmd = Command::new(&cargo);
-        // The workspace's features, as `cargo test --workspace` resolves them: the binary is
-        // then linked from that build's artifacts, and neither build undoes the other's.
+        // The workspace's features, as `cargo test --workspace` (scripts/test) resolves them:
+        // the binary is then linked from that build's artifacts, and neither build undoes the
+        // other's. A run of some tests only (`--test NAME`) resolves a smaller set, so each
+        // such run builds the agent's crate again (some 15 s here).
         cmd.current_dir(crate::repo()).args([
             "build",
             "--workspace",
@@ -36,8 +38,12 @@ pub fn agent_bin() -> &'static Path {
             "exitorder",
             "--message-format=json-render-diagnostics",
         ]);
-        if !cfg!(debug_assertions) {
-            cmd.arg("--release");
+        // Into the target dir and profile this test was built with (`--release`, a
+        // `--target-dir`); a cross build (`--target`) names its agent in EXITORDER_AGENT_BIN.
+        if let Some((target_dir, profile)) = build_place() {
+            cmd.arg("--target-dir")
+                .arg(target_dir)
+                .args(["--profile", &profile]);
         }
         let out = cmd
             .output()
@@ -63,9 +69,22 @@ pub fn agent_bin() -> &'static Path {
     }
 }
 
+/// Where this test binary was built, `<target dir>/<profile's dir>/deps/<test>`: the target
+/// dir and the profile (`debug` is the dev and test profiles' dir).
+fn build_place() -> Option<(PathBuf, String)> {
+    let exe = std::env::current_exe().ok()?;
+    let profile_dir = exe.parent()?.parent()?;
+    let target_dir = profile_dir.parent()?;
+    let profile = match profile_dir.file_name()?.to_str()? {
+        "debug" => "dev",
+        other => other,
+    };
+    Some((target_dir.to_path_buf(), profile.to_owned()))
+}
+
 /// Builds `exitorder-entrypoint` statically (it runs inside busybox containers) into
-/// target/static, once per test process. A separate target dir, so this never waits on the
-/// lock of the build that is running the tests.
+/// target/static, once per test process. A target dir of its own: its flags (static,
+/// `panic=abort`) would otherwise make the workspace's artifacts be built again.
 pub fn static_entrypoint() -> &'static Path {
     static BUILT: OnceLock<Result<PathBuf, String>> = OnceLock::new();
     let built = BUILT.get_or_init(|| {
