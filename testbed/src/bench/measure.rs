@@ -114,9 +114,12 @@ pub struct Outcome {
 }
 
 /// How far an allow may precede the test bed's stamp of the exit and still be the agent
-/// hearing the kernel first: beyond it, the order was broken (an app drains for hundreds of
-/// ms after TERM).
-pub const CLOCK_SLACK_NS: i64 = 5_000_000;
+/// hearing the kernel first: beyond it, the order was broken. Well under an app's drain
+/// (500 ms unless `--app-drain` says otherwise): an allow out of order comes at TERM, a whole
+/// drain before the exit. Well over how late the test bed's stamping thread runs on a
+/// saturated node: in a burst of pods deleted at once on 2 busy cores it came up to 8 ms
+/// after the agent had heard the same exit.
+pub const CLOCK_SLACK_NS: i64 = 100_000_000;
 
 /// Sorts each trial into a delay or the reason it gives none.
 pub fn assess(trials: &[Trial]) -> Outcome {
@@ -226,7 +229,7 @@ mod tests {
             trial(Some(s), Some((s - 1_000_000, ORDERED, Some(s - 9_000_000)))),
             trial(
                 Some(s),
-                Some((s - 50_000_000, ORDERED, Some(s - 90_000_000))),
+                Some((s - 300_000_000, ORDERED, Some(s - 900_000_000))),
             ),
         ]);
         assert_eq!((out.tally.ordered, out.ahead_of_clock), (1, 1));
@@ -246,8 +249,8 @@ mod tests {
             trial(Some(s), Some((s + 2_500_000, ORDERED, Some(s - 5)))),
             // The wait began 1 ms after the exit: the trigger is the exit file.
             trial(Some(s), Some((s + 1_500_000, ORDERED, Some(s + 1_000_000)))),
-            // Far (50 ms) ahead of the app's exit: the order was broken.
-            trial(Some(s), Some((s - 50_000_000, ORDERED, None))),
+            // Far (300 ms) ahead of the app's exit: the order was broken.
+            trial(Some(s), Some((s - 300_000_000, ORDERED, None))),
             trial(Some(s), Some((s + 500, DEADLINE, None))),
             trial(Some(s), Some((s + 500, "unknown", None))),
             trial(Some(s), None),
