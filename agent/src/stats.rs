@@ -15,6 +15,9 @@ pub const LATENCY_BUCKETS: [f64; 12] = [
     0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0, 5.0, 15.0, 30.0, 60.0,
 ];
 
+/// Each observation lands in one bucket, the first whose bound it is within (above every
+/// bound, in the count only): one increment on the decision loop, the cumulative view is the
+/// encoder's to make.
 #[derive(Debug, Default)]
 pub struct Histogram {
     buckets: [AtomicU64; LATENCY_BUCKETS.len()],
@@ -25,17 +28,20 @@ pub struct Histogram {
 impl Histogram {
     pub fn observe(&self, d: Duration) {
         let secs = d.as_secs_f64();
-        for (bucket, le) in self.buckets.iter().zip(LATENCY_BUCKETS) {
-            if secs <= le {
-                bucket.fetch_add(1, Ordering::Relaxed);
-            }
+        if let Some((bucket, _)) = self
+            .buckets
+            .iter()
+            .zip(LATENCY_BUCKETS)
+            .find(|(_, le)| secs <= *le)
+        {
+            bucket.fetch_add(1, Ordering::Relaxed);
         }
         self.count.fetch_add(1, Ordering::Relaxed);
         let micros = u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
         self.sum_micros.fetch_add(micros, Ordering::Relaxed);
     }
 
-    /// Cumulative bucket counts, total count and sum in seconds.
+    /// Each bucket's own count (not cumulative), the total count and the sum in seconds.
     pub fn read(&self) -> (Vec<u64>, u64, f64) {
         let b = self
             .buckets

@@ -4,10 +4,10 @@
 //! counters): the decision loop never takes a lock a scrape could hold, which the crate's own
 //! `Family` and `Histogram` would. Each scrape reads them through a [`Collector`].
 
-use prometheus_client::collector::Collector;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric, MetricEncoder};
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
@@ -130,18 +130,14 @@ fn sample(kind: MetricType, n: u64, to: MetricEncoder) -> Written {
     }
 }
 
-/// A histogram's sum, count and per-bucket (not cumulative) counts with `+Inf` last, as the
-/// encoder takes them. The atomics are read one by one while the loop may observe: a bucket
-/// can be read ahead of the count, so differences saturate rather than wrap.
+/// A histogram's sum, count and per-bucket counts with `+Inf` last, as the encoder takes them.
+/// The atomics are read one by one while the loop may observe: a bucket can be read ahead of
+/// the count, so `+Inf`'s share saturates rather than wraps.
 fn per_bucket(h: &Histogram) -> (f64, u64, Vec<(f64, u64)>) {
-    let (cumulative, count, sum) = h.read();
-    let mut below = 0;
-    let mut out = Vec::with_capacity(LATENCY_BUCKETS.len().saturating_add(1));
-    for (le, n) in LATENCY_BUCKETS.iter().zip(cumulative) {
-        out.push((*le, n.saturating_sub(below)));
-        below = below.max(n);
-    }
-    out.push((f64::INFINITY, count.saturating_sub(below)));
+    let (buckets, count, sum) = h.read();
+    let within: u64 = buckets.iter().sum();
+    let mut out: Vec<(f64, u64)> = LATENCY_BUCKETS.iter().copied().zip(buckets).collect();
+    out.push((f64::INFINITY, count.saturating_sub(within)));
     (sum, count, out)
 }
 
