@@ -651,22 +651,13 @@ impl Drop for Scraper {
 
 /// The `Content-Type` of `/metrics` at `addr`, asked as Prometheus asks.
 async fn content_type(addr: std::net::SocketAddr) -> String {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
-    s.write_all(
-        b"GET /metrics HTTP/1.0\r\nAccept: application/openmetrics-text;version=1.0.0,\
-          text/plain;version=0.0.4;q=0.5\r\n\r\n",
+    let text = support::http_answer(
+        &addr.to_string(),
+        "/metrics",
+        "Accept: application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5\r\n",
     )
     .await
-    .expect("ask");
-    let mut text = String::new();
-    tokio::time::timeout(
-        std::time::Duration::from_secs(5),
-        s.read_to_string(&mut text),
-    )
-    .await
-    .expect("an answer within 5 s")
-    .expect("read");
+    .unwrap_or_else(|why| panic!("GET /metrics: {why}"));
     let head = text.split("\r\n\r\n").next().unwrap_or_default();
     head.lines()
         .find_map(|l| {

@@ -18,9 +18,9 @@ use exitorder::serve::Limits;
 use exitorder::stats::Stats;
 use exitorder::webhook::{CertFiles, Settings, Webhook, WebhookConfig};
 use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
-use serde_json::{json, Value};
+use serde_json::Value;
 use support::flood::raise_nofile;
-use support::{example, parse_metrics, until};
+use support::{example, parse_metrics, review_body, until};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio_rustls::TlsConnector;
 use tokio_util::sync::CancellationToken;
@@ -407,31 +407,6 @@ impl Pki {
             key: self.dir.path().join("tls.key"),
         }
     }
-}
-
-/// An AdmissionReview of `pod`'s creation, as the API server sends it.
-fn review_body(pod: &Value) -> Vec<u8> {
-    serde_json::to_vec(&json!({
-        "apiVersion": "admission.k8s.io/v1",
-        "kind": "AdmissionReview",
-        "request": {
-            "uid": "7e0e7f3c-1d2b-4d7e-9a43-2f1c0f1e1a01",
-            "kind": {"group": "", "version": "v1", "kind": "Pod"},
-            "resource": {"group": "", "version": "v1", "resource": "pods"},
-            "requestKind": {"group": "", "version": "v1", "kind": "Pod"},
-            "requestResource": {"group": "", "version": "v1", "resource": "pods"},
-            "name": pod["metadata"]["name"],
-            "namespace": "default",
-            "operation": "CREATE",
-            "userInfo": {"username": "system:serviceaccount:kube-system:replicaset-controller",
-                         "groups": ["system:serviceaccounts", "system:authenticated"]},
-            "object": pod,
-            "oldObject": null,
-            "dryRun": false,
-            "options": {"kind": "CreateOptions", "apiVersion": "meta.k8s.io/v1"}
-        }
-    }))
-    .expect("review JSON")
 }
 
 #[test]

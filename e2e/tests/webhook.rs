@@ -16,7 +16,7 @@ use exitorder::webhook::{CertFiles, Settings, Webhook, WebhookConfig};
 use k8s_openapi::api::core::v1::{Container, Pod};
 use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
 use serde_json::{json, Value};
-use support::{assert_exited_after, example, Bed};
+use support::{assert_exited_after, example, review_body, Bed};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 
@@ -213,31 +213,6 @@ fn review_of(pod: &Value, operation: &str, sub_resource: Option<&str>) -> Vec<u8
         v["request"]["oldObject"] = pod.clone();
     }
     serde_json::to_vec(&v).expect("review JSON")
-}
-
-/// An AdmissionReview of a pod creation, as the API server sends it.
-fn review_body(pod: &Value) -> Vec<u8> {
-    serde_json::to_vec(&json!({
-        "apiVersion": "admission.k8s.io/v1",
-        "kind": "AdmissionReview",
-        "request": {
-            "uid": "7e0e7f3c-1d2b-4d7e-9a43-2f1c0f1e1a01",
-            "kind": {"group": "", "version": "v1", "kind": "Pod"},
-            "resource": {"group": "", "version": "v1", "resource": "pods"},
-            "requestKind": {"group": "", "version": "v1", "kind": "Pod"},
-            "requestResource": {"group": "", "version": "v1", "resource": "pods"},
-            "name": pod["metadata"]["name"],
-            "namespace": "default",
-            "operation": "CREATE",
-            "userInfo": {"username": "system:serviceaccount:kube-system:replicaset-controller",
-                         "groups": ["system:serviceaccounts", "system:authenticated"]},
-            "object": pod,
-            "oldObject": null,
-            "dryRun": false,
-            "options": {"kind": "CreateOptions", "apiVersion": "meta.k8s.io/v1"}
-        }
-    }))
-    .expect("review JSON")
 }
 
 /// Applies an allowed response's patch; also checks the result is a valid Pod.

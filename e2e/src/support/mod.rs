@@ -25,37 +25,27 @@ pub fn agent_bin() -> &'static Path {
         if let Some(bin) = std::env::var_os("EXITORDER_AGENT_BIN") {
             return Ok(PathBuf::from(bin));
         }
-        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-        let mut cmd = Command::new(&cargo);
         // The workspace's features, as `cargo test --workspace` (scripts/test) resolves them:
         // the binary is then linked from that build's artifacts, and neither build undoes the
         // other's. A run of some tests only (`--test NAME`) resolves a smaller set, so each
         // such run builds the agent's crate again (some 15 s here).
-        cmd.current_dir(crate::repo()).args([
+        let mut args: Vec<std::ffi::OsString> = [
             "build",
             "--workspace",
             "--bin",
             "exitorder",
             "--message-format=json-render-diagnostics",
-        ]);
+        ]
+        .map(Into::into)
+        .into();
         // Into the target dir and profile this test was built with (`--release`, a
         // `--target-dir`); a cross build (`--target`) names its agent in EXITORDER_AGENT_BIN.
         if let Some((target_dir, profile)) = build_place() {
-            cmd.arg("--target-dir")
-                .arg(target_dir)
-                .args(["--profile", &profile]);
+            args.extend(["--target-dir".into(), target_dir.into_os_string()]);
+            args.extend(["--profile".into(), profile.into()]);
         }
-        let out = cmd
-            .output()
-            .map_err(|e| format!("cannot run {}: {e}", cargo.to_string_lossy()))?;
-        if !out.status.success() {
-            return Err(format!(
-                "the agent's build failed ({}):\n{}",
-                out.status,
-                String::from_utf8_lossy(&out.stderr)
-            ));
-        }
-        String::from_utf8_lossy(&out.stdout)
+        let stdout = cargo("the agent's build", &args)?;
+        String::from_utf8_lossy(&stdout)
             .lines()
             .filter_map(|l| serde_json::from_str::<Value>(l).ok())
             // The library is an artifact named `exitorder` too, with no executable.
@@ -66,6 +56,26 @@ pub fn agent_bin() -> &'static Path {
     match built {
         Ok(p) => p,
         Err(e) => panic!("{e}"),
+    }
+}
+
+/// Runs the cargo that runs these tests (`CARGO`) with `args` in the repository: its
+/// standard output, or why `what` failed.
+fn cargo(what: &str, args: &[impl AsRef<std::ffi::OsStr>]) -> Result<Vec<u8>, String> {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let out = Command::new(&cargo)
+        .current_dir(crate::repo())
+        .args(args)
+        .output()
+        .map_err(|e| format!("cannot run {}: {e}", cargo.to_string_lossy()))?;
+    if out.status.success() {
+        Ok(out.stdout)
+    } else {
+        Err(format!(
+            "{what} failed ({}):\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        ))
     }
 }
 
@@ -89,10 +99,9 @@ pub fn static_entrypoint() -> &'static Path {
     static BUILT: OnceLock<Result<PathBuf, String>> = OnceLock::new();
     let built = BUILT.get_or_init(|| {
         let root = crate::repo();
-        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-        let out = Command::new(&cargo)
-            .current_dir(root)
-            .args([
+        cargo(
+            "the static entrypoint's build",
+            &[
                 "rustc",
                 "-p",
                 "exitorder-entrypoint",
@@ -106,16 +115,8 @@ pub fn static_entrypoint() -> &'static Path {
                 "target-feature=+crt-static",
                 "-C",
                 "panic=abort",
-            ])
-            .output()
-            .map_err(|e| format!("cannot run {}: {e}", cargo.to_string_lossy()))?;
-        if !out.status.success() {
-            return Err(format!(
-                "static entrypoint build failed ({}):\n{}",
-                out.status,
-                String::from_utf8_lossy(&out.stderr)
-            ));
-        }
+            ],
+        )?;
         let bin = root.join("target/static/release/exitorder-entrypoint");
         match check_static_executable(&bin) {
             Ok(()) => Ok(bin),
@@ -386,17 +387,8 @@ pub async fn metrics_addr(agent: &AgentProcess) -> String {
 /// GET `path` on `addr` (HTTP/1.0, one connection): (status, body); (0, why) when it cannot
 /// be asked within 5 s.
 pub async fn http_get(addr: &str, path: &str) -> (u16, String) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let ask = async {
-        let mut s = tokio::net::TcpStream::connect(addr).await?;
-        s.write_all(format!("GET {path} HTTP/1.0\r\nHost: agent\r\n\r\n").as_bytes())
-            .await?;
-        let mut text = String::new();
-        s.read_to_string(&mut text).await?;
-        Ok::<_, std::io::Error>(text)
-    };
-    match tokio::time::timeout(Duration::from_secs(5), ask).await {
-        Ok(Ok(text)) => {
+    match http_answer(addr, path, "").await {
+        Ok(text) => {
             let status = text
                 .split(' ')
                 .nth(1)
@@ -408,8 +400,27 @@ pub async fn http_get(addr: &str, path: &str) -> (u16, String) {
                 .unwrap_or_default();
             (status, body)
         }
-        Ok(Err(e)) => (0, e.to_string()),
-        Err(_) => (0, "timed out".to_owned()),
+        Err(why) => (0, why),
+    }
+}
+
+/// The whole answer (head and body) to a GET of `path` on `addr` (HTTP/1.0, one
+/// connection), sent with `headers` (each line ending in CRLF); why not, when it cannot be
+/// had within 5 s.
+pub async fn http_answer(addr: &str, path: &str, headers: &str) -> Result<String, String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let ask = async {
+        let mut s = tokio::net::TcpStream::connect(addr).await?;
+        s.write_all(format!("GET {path} HTTP/1.0\r\nHost: agent\r\n{headers}\r\n").as_bytes())
+            .await?;
+        let mut text = String::new();
+        s.read_to_string(&mut text).await?;
+        Ok::<_, std::io::Error>(text)
+    };
+    match tokio::time::timeout(Duration::from_secs(5), ask).await {
+        Ok(Ok(text)) => Ok(text),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(_) => Err("timed out".to_owned()),
     }
 }
 
@@ -472,4 +483,29 @@ pub fn project_image(node: &Node) -> Option<String> {
 /// Asserts an allow was the order's (`reason=ordered`), not the deadline's or another.
 pub fn assert_reason_ordered(allow: &LogLine, what: &str) {
     assert_eq!(allow.field("reason").as_deref(), Some("ordered"), "{what}");
+}
+
+/// An AdmissionReview of a pod creation, as the API server sends it.
+pub fn review_body(pod: &Value) -> Vec<u8> {
+    serde_json::to_vec(&serde_json::json!({
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": "7e0e7f3c-1d2b-4d7e-9a43-2f1c0f1e1a01",
+            "kind": {"group": "", "version": "v1", "kind": "Pod"},
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "requestKind": {"group": "", "version": "v1", "kind": "Pod"},
+            "requestResource": {"group": "", "version": "v1", "resource": "pods"},
+            "name": pod["metadata"]["name"],
+            "namespace": "default",
+            "operation": "CREATE",
+            "userInfo": {"username": "system:serviceaccount:kube-system:replicaset-controller",
+                         "groups": ["system:serviceaccounts", "system:authenticated"]},
+            "object": pod,
+            "oldObject": null,
+            "dryRun": false,
+            "options": {"kind": "CreateOptions", "apiVersion": "meta.k8s.io/v1"}
+        }
+    }))
+    .expect("review JSON")
 }
