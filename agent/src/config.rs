@@ -35,7 +35,7 @@ pub struct Config {
     /// The host directory the entrypoint is installed in, apart from the share.
     pub bin_dir: PathBuf,
     /// The agent's own pod, whose mounts are not checked for breaches.
-    pub own_pod_uid: Option<String>,
+    pub own_pod_uid: Option<crate::pod::PodUid>,
     /// Whether container exits are also awaited from the kernel (pidfds).
     pub kernel_exit_source: bool,
     /// How old a wait must be before the API server's "not being deleted" releases it: time

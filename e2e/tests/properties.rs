@@ -18,6 +18,7 @@ use exitorder::decide::stoporder::StopOrder;
 use exitorder::decide::{
     decide, newest_attempts, Attempt, Deletion, PodFacts, Reason, RunState, Verdict,
 };
+use exitorder::pod::PodUid;
 use exitorder::view::{Change, ContainerInfo, Listing, NodeView, SandboxInfo};
 use proptest::prelude::*;
 
@@ -248,7 +249,7 @@ proptest! {
                 Change::Described {
                     info: ContainerInfo {
                         id,
-                        pod_uid: UID.to_owned(),
+                        pod_uid: uid(UID),
                         name: NAMES[*i].to_owned(),
                         attempt: 0,
                         created_at: 1,
@@ -264,7 +265,7 @@ proptest! {
             };
             view.apply(change, now);
         }
-        let pod = view.pod(UID);
+        let pod = view.pod(&uid(UID));
         prop_assert!(pod.is_some(), "the pod is in the view");
         let Some(pod) = pod else { return Ok(()) };
         for (i, (exits, _)) in lives.iter().enumerate() {
@@ -298,7 +299,7 @@ proptest! {
                     view.apply(change.into_change(&r, start), at(t));
                 }
             }
-            let Some(pod) = view.pod(RESTART_UID) else { continue };
+            let Some(pod) = view.pod(&uid(RESTART_UID)) else { continue };
             let newest = pod
                 .containers
                 .values()
@@ -384,7 +385,7 @@ impl Told {
                     .collect();
                 containers.push(ContainerInfo {
                     id: "proxy-0".into(),
-                    pod_uid: RESTART_UID.into(),
+                    pod_uid: uid(RESTART_UID),
                     name: "proxy".into(),
                     attempt: 0,
                     created_at: 0,
@@ -396,14 +397,21 @@ impl Told {
                     asked: Some(at(ms)),
                     sandboxes: vec![SandboxInfo {
                         id: "sandbox".into(),
-                        pod_uid: RESTART_UID.into(),
-                        ..Default::default()
+                        pod_uid: uid(RESTART_UID),
+                        namespace: String::new(),
+                        name: String::new(),
+                        annotations: Default::default(),
+                        created_at: 0,
                     }],
                     containers,
                 })
             }
         }
     }
+}
+
+fn uid(s: &str) -> PodUid {
+    PodUid::parse(s).expect("a pod uid")
 }
 
 fn app_id(i: usize) -> String {
@@ -420,7 +428,7 @@ impl Restarts {
         let (created, exit) = self.attempts[i];
         ContainerInfo {
             id: app_id(i),
-            pod_uid: RESTART_UID.into(),
+            pod_uid: uid(RESTART_UID),
             name: "app".into(),
             attempt: u32::try_from(i).unwrap_or(u32::MAX),
             created_at: ns(created),

@@ -11,8 +11,8 @@
 //! payload: a prost-encoded CRI ContainerEventResponse or a containerd task start, task exit
 //! or container delete).
 //!
-//! Oracle: no panic; the listing holds the sandboxes and containers the kubelet labelled and
-//! only those, with their labels' UID and name and a grace period of at most a year; a
+//! Oracle: no panic; the listing holds the sandboxes and containers the kubelet labelled (a
+//! pod-UID label that is a pod UID) and only those, with their labels' UID and name and a grace period of at most a year; a
 //! described container is one the kubelet labelled, and an env priority it gives is an env
 //! value it has; the view keeps every container indexed once under its own pod; and every
 //! pod of the view passes the checks of `common::pod` (priorities, deadline, decisions, Job
@@ -30,6 +30,7 @@ use exitorder::cri::{
 };
 use exitorder::decide::bounds::{self, MAX_SPAN};
 use exitorder::decide::priority::{ENV, ENV_KRUISE};
+use exitorder::pod::PodUid;
 use exitorder::runtime::source;
 use exitorder::runtime::{self, ANNOTATION_GRACE, LABEL_CONTAINER_NAME, LABEL_POD_UID};
 use exitorder::view::{Change, NodeView};
@@ -75,26 +76,21 @@ fuzz_target!(|data: &[u8]| {
 
     // The listing: the kubelet's sandboxes and containers, and only those.
     let listing = runtime::listing(7, sandboxes.clone(), containers.clone());
-    let labelled: Vec<_> = sandboxes
-        .iter()
-        .filter(|s| s.labels.contains_key(LABEL_POD_UID))
-        .collect();
+    let labelled: Vec<_> = sandboxes.iter().filter(|s| kubelets(&s.labels)).collect();
     assert_eq!(listing.sandboxes.len(), labelled.len());
     for (info, sb) in listing.sandboxes.iter().zip(labelled) {
         assert_eq!(info.id, sb.id);
-        assert_eq!(Some(&info.pod_uid), sb.labels.get(LABEL_POD_UID));
+        assert_eq!(Some(info.pod_uid.as_str()), uid_label(&sb.labels));
         assert_eq!(info.annotations, sb.annotations);
     }
     let labelled: Vec<_> = containers
         .iter()
-        .filter(|c| {
-            c.labels.contains_key(LABEL_POD_UID) && c.labels.contains_key(LABEL_CONTAINER_NAME)
-        })
+        .filter(|c| kubelets(&c.labels) && c.labels.contains_key(LABEL_CONTAINER_NAME))
         .collect();
     assert_eq!(listing.containers.len(), labelled.len());
     for (info, c) in listing.containers.iter().zip(labelled) {
         assert_eq!(info.id, c.id);
-        assert_eq!(Some(&info.pod_uid), c.labels.get(LABEL_POD_UID));
+        assert_eq!(Some(info.pod_uid.as_str()), uid_label(&c.labels));
         assert_eq!(Some(&info.name), c.labels.get(LABEL_CONTAINER_NAME));
         assert_eq!(info.created_at, c.created_at);
         check_grace(info.grace, &c.annotations);
@@ -154,6 +150,15 @@ fuzz_target!(|data: &[u8]| {
     );
 });
 
+fn uid_label(labels: &HashMap<String, String>) -> Option<&str> {
+    labels.get(LABEL_POD_UID).map(String::as_str)
+}
+
+/// Labels the kubelet could have written: a pod-UID label that is a pod UID.
+fn kubelets(labels: &HashMap<String, String>) -> bool {
+    uid_label(labels).is_some_and(|u| PodUid::parse(u).is_ok())
+}
+
 /// A grace period from the kubelet's annotation: bounded, and none only when there is no
 /// number.
 fn check_grace(grace: Option<std::time::Duration>, annotations: &HashMap<String, String>) {
@@ -178,7 +183,7 @@ fn describe(view: &mut NodeView, id: &str, st: ContainerStatusResponse, now: Ins
     match runtime::described(id, st) {
         Ok(Some(d)) => {
             assert_eq!(d.info.id, id);
-            assert_eq!(Some(&d.info.pod_uid), labels.get(LABEL_POD_UID));
+            assert_eq!(Some(d.info.pod_uid.as_str()), uid_label(&labels));
             assert_eq!(Some(&d.info.name), labels.get(LABEL_CONTAINER_NAME));
             check_grace(d.info.grace, &annotations);
             let env = d.env.clone();
@@ -197,9 +202,7 @@ fn describe(view: &mut NodeView, id: &str, st: ContainerStatusResponse, now: Ins
             view.apply(change, now);
         }
         Ok(None) => {
-            assert!(
-                !(labels.contains_key(LABEL_POD_UID) && labels.contains_key(LABEL_CONTAINER_NAME))
-            );
+            assert!(!(kubelets(&labels) && labels.contains_key(LABEL_CONTAINER_NAME)));
             view.apply(Change::NotAContainer { id: id.to_owned() }, now);
         }
         Err(_) => {

@@ -6,7 +6,7 @@
 //!
 //! Input: the Pod's JSON.
 //!
-//! Oracle: no panic; an object without a UID is not read, any other is; the grace periods
+//! Oracle: no panic; an object without a pod UID is not read, any other is; the grace periods
 //! are bounded (at most a year; the kubelet's at least 1 s); the native sidecars are exactly
 //! the init containers with `restartPolicy: Always`, in order; the main containers are the
 //! spec's, in order; and the pod (its containers in the states its status gives, their env
@@ -24,6 +24,7 @@ use exitorder::cluster::podwatch::ApiPod;
 use exitorder::decide::bounds::MAX_SPAN;
 use exitorder::decide::priority;
 use exitorder::decide::RunState;
+use exitorder::pod::PodUid;
 use exitorder::view::{ContainerEntry, ContainerInfo, EnvPriority, PodEntry, SandboxInfo};
 use k8s_openapi::api::core::v1::{Container, ContainerState, Pod};
 use libfuzzer_sys::fuzz_target;
@@ -33,10 +34,17 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     let Some(api) = ApiPod::from_pod(&object) else {
-        assert!(object.metadata.uid.is_none(), "a pod with a UID is read");
+        assert!(
+            object
+                .metadata
+                .uid
+                .as_deref()
+                .is_none_or(|u| PodUid::parse(u).is_err()),
+            "a pod with a pod UID is read"
+        );
         return;
     };
-    assert_eq!(Some(&api.uid), object.metadata.uid.as_ref());
+    assert_eq!(Some(api.uid.as_str()), object.metadata.uid.as_deref());
     assert_eq!(api.deleting, object.metadata.deletion_timestamp.is_some());
     assert!(api.grace.is_none_or(|g| g <= MAX_SPAN));
     assert!(api.deletion_grace.is_none_or(|g| g <= MAX_SPAN));

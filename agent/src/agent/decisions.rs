@@ -14,7 +14,8 @@ use crate::decide::bounds::Later as _;
 use crate::decide::facts::{self, Clock};
 use crate::decide::stoporder::StopOrder;
 use crate::decide::{self, Deletion, PodFacts, Reason, RunState, Verdict};
-use crate::handshake::share::{ExitKey, PodUid};
+use crate::handshake::share::ExitKey;
+use crate::pod::PodUid;
 use crate::view::reader::Read;
 
 /// How far behind the clock a file's timestamp may be (a kernel tick is 1 to 10 ms).
@@ -45,7 +46,7 @@ impl Agent {
     /// The pod's sandbox, when the runtime described it with its names.
     fn sandbox(&self, pod: &PodUid) -> Option<&crate::view::SandboxInfo> {
         self.view
-            .pod(pod.as_str())
+            .pod(pod)
             .and_then(|p| p.sandbox.as_ref())
             .filter(|sb| !sb.name.is_empty())
     }
@@ -58,7 +59,7 @@ impl Agent {
                 .api
                 .pods
                 .as_ref()?
-                .get_by_uid(pod.as_str())
+                .get_by_uid(pod)
                 .map(|a| (a.namespace, a.name)),
         }
     }
@@ -67,8 +68,8 @@ impl Agent {
     pub(super) fn api_pod(&self, pod: &PodUid) -> Option<ApiPod> {
         let api = self.api.pods.as_ref()?;
         match self.sandbox(pod) {
-            Some(sb) => api.get(&sb.namespace, &sb.name, pod.as_str()),
-            None => api.get_by_uid(pod.as_str()),
+            Some(sb) => api.get(&sb.namespace, &sb.name, pod),
+            None => api.get_by_uid(pod),
         }
     }
 
@@ -77,7 +78,7 @@ impl Agent {
     /// listing asked now would tell, in microseconds instead of a call that a node busy with
     /// a burst of deletions answers in seconds.
     fn settle_by_cgroup(&mut self, pod: &PodUid, stopping: Instant) {
-        let Some(v) = self.view.pod(pod.as_str()) else {
+        let Some(v) = self.view.pod(pod) else {
             return;
         };
         if v.listed_at.is_some_and(|at| at >= stopping) {
@@ -93,7 +94,7 @@ impl Agent {
         };
         match crate::runtime::podcgroup::strangers(dir, known) {
             Some(false) => {
-                self.view.settled(pod.as_str(), looked);
+                self.view.settled(pod, looked);
                 self.stats.settled_by_cgroup();
             }
             found => {
@@ -117,7 +118,7 @@ impl Agent {
         if !self.link.ok() || !self.view.is_listed() {
             return Some(facts::without_runtime(&waiting, deletion, &clock));
         }
-        let known = self.view.pod(pod.as_str());
+        let known = self.view.pod(pod);
         let complete = known.is_some_and(|v| {
             waiting
                 .iter()
@@ -133,7 +134,7 @@ impl Agent {
                 known?;
             } else {
                 if !checking {
-                    self.link.ask(Read::ListPod(pod.as_str().to_owned()));
+                    self.link.ask(Read::ListPod(pod.clone()));
                     if let Some(p) = self.waits.pending.get_mut(pod) {
                         p.checking = true;
                     }
@@ -142,7 +143,7 @@ impl Agent {
             }
         }
         self.settle_by_cgroup(pod, stopping);
-        let v = self.view.pod(pod.as_str())?;
+        let v = self.view.pod(pod)?;
         let api_annotations = api.as_ref().map(|a| &a.annotations);
         let named = facts::pod_priorities(v, api_annotations);
         let stop_order = facts::stop_order(v, api.as_ref().map(|a| &a.native_sidecars[..]));
@@ -192,7 +193,7 @@ impl Agent {
             facts::hold_unsettled(&mut ordered, &unsettled);
         }
         if (!unsettled.is_empty() || ask_early) && !checking {
-            self.link.ask(Read::ListPod(pod.as_str().to_owned()));
+            self.link.ask(Read::ListPod(pod.clone()));
             if let Some(p) = self.waits.pending.get_mut(pod) {
                 p.checking = true;
             }
@@ -235,7 +236,7 @@ impl Agent {
         let clock = Clock {
             first_seen,
             api_grace: api.and_then(ApiPod::grace),
-            runtime_grace: self.view.pod(pod.as_str()).and_then(|v| v.grace()),
+            runtime_grace: self.view.pod(pod).and_then(|v| v.grace()),
             reserve: self.cfg.grace_reserve,
         };
         Some((deletion, clock))
@@ -275,12 +276,10 @@ impl Agent {
 
     pub(super) fn on_pod_signal(&mut self, sig: PodSignal, dirty: &mut BTreeSet<PodUid>) {
         match sig {
-            PodSignal::Changed(uid) => {
-                self.job_check(&uid);
-                if let Ok(pod) = PodUid::parse(&uid) {
-                    if self.waits.pending.contains_key(&pod) {
-                        dirty.insert(pod);
-                    }
+            PodSignal::Changed(pod) => {
+                self.job_check(&pod);
+                if self.waits.pending.contains_key(&pod) {
+                    dirty.insert(pod);
                 }
             }
             PodSignal::Resync => {
@@ -288,13 +287,10 @@ impl Agent {
                 dirty.extend(self.waits.pending.keys().cloned());
             }
             PodSignal::Confirmed {
-                uid,
+                uid: pod,
                 asked_at,
                 staying,
             } => {
-                let Ok(pod) = PodUid::parse(&uid) else {
-                    return;
-                };
                 let Some(p) = self.waits.pending.get_mut(&pod) else {
                     return;
                 };
@@ -355,7 +351,7 @@ impl Agent {
             if let (Some(api), Some((namespace, name))) = (&self.api.pods, &names) {
                 p.confirm.asked = true;
                 api.confirm(ConfirmRequest {
-                    uid: pod.as_str().to_owned(),
+                    uid: pod.clone(),
                     namespace: namespace.clone(),
                     name: name.clone(),
                     asked_at: now,
@@ -405,7 +401,7 @@ impl Agent {
         let waited = since.elapsed();
         // The agent's own share of the delay: from the later of the exit file and the last
         // exit the runtime reported in the pod, to the answer.
-        let last = self.view.pod(key.pod.as_str()).and_then(|p| {
+        let last = self.view.pod(&key.pod).and_then(|p| {
             p.containers
                 .values()
                 .filter_map(|c| c.exit_seen.map(|at| (at, c.exit_by_kernel)))
@@ -497,7 +493,7 @@ impl Agent {
             pod: PodRef {
                 namespace,
                 name,
-                uid: key.pod.as_str().to_owned(),
+                uid: key.pod.clone(),
             },
             container: key.container.as_str().to_owned(),
             reason,

@@ -14,7 +14,8 @@ use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
 use crate::agent::Agent;
-use crate::handshake::share::{Budget, PodUid, Removal, Share};
+use crate::handshake::share::{Budget, Removal, Share};
+use crate::pod::PodUid;
 use crate::stats::Stats;
 
 /// Most directory entries one round takes apart, over every pod it removes.
@@ -71,7 +72,7 @@ impl Agent {
         let mut suspects = HashSet::new();
         let mut doomed = Vec::new();
         for pod in pods {
-            if self.view.pod(pod.as_str()).is_some() || self.waits.pending.contains_key(&pod) {
+            if self.view.pod(&pod).is_some() || self.waits.pending.contains_key(&pod) {
                 continue;
             }
             if !self.removals.suspects.contains(&pod) {

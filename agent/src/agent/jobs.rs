@@ -10,9 +10,9 @@ use crate::decide::facts;
 use crate::decide::restart::RestartError;
 use crate::decide::stoporder::StopOrder;
 use crate::decide::{self, RunState};
-use crate::handshake::share::PodUid;
 use crate::jobs::completion::{self, Participation};
 use crate::jobs::{JobSnapshot, SnapMember};
+use crate::pod::PodUid;
 use crate::view::PodEntry;
 
 /// The containers whose exits can restart the whole pod, as the runtime shows them: each
@@ -70,15 +70,12 @@ fn snapshot_members(
 }
 
 impl Agent {
-    /// Hands the Job task the latest state of pod `uid`, when it is a completing pod that
+    /// Hands the Job task the latest state of pod `pod`, when it is a completing pod that
     /// opted in. The restart policy and which containers are main containers are in the
     /// pod's spec only: read from the API server, or without one from the webhook's record
     /// on the sandbox.
-    pub(super) fn job_check(&mut self, uid: &str) {
-        let Ok(pod) = PodUid::parse(uid) else {
-            return;
-        };
-        let Some(api) = self.job_pod(&pod) else {
+    pub(super) fn job_check(&mut self, pod: &PodUid) {
+        let Some(api) = self.job_pod(pod) else {
             return;
         };
         let (policy, opted_out) =
@@ -91,7 +88,7 @@ impl Agent {
             // A deletion stops every container; its exits are ordered by the waits.
             return;
         }
-        let Some(v) = self.view.pod(uid) else {
+        let Some(v) = self.view.pod(pod) else {
             return;
         };
         let stop = facts::stop_order(v, Some(&api.native_sidecars))
@@ -111,7 +108,7 @@ impl Agent {
                 // and the sidecars are left to run, as without exitorder.
                 if self
                     .warned
-                    .first(&pod, format!("job: restart rules of {container}"))
+                    .first(pod, format!("job: restart rules of {container}"))
                 {
                     warn!(pod = %pod, container = %container, error = %e, "cannot tell whether the kubelet restarts this container; the Job's sidecars are not shut down");
                 }
@@ -123,7 +120,7 @@ impl Agent {
                 .iter()
                 .filter(|m: &&SnapMember| m.priority == 0)
                 .all(|m| m.state == RunState::Exited);
-            if done && self.warned.first(&pod, "job: left running".to_owned()) {
+            if done && self.warned.first(pod, "job: left running".to_owned()) {
                 info!(event = "job_left_running", pod = %pod, "main containers done; sidecars left running (exitorder.io/terminate-sidecars-on-completion: \"false\")");
             }
             return;
@@ -131,12 +128,12 @@ impl Agent {
         let (urls, bad) = completion::shutdown_urls(&api.annotations);
         if let Some(bad) = bad {
             let key = format!("job: {bad}");
-            if self.warned.first(&pod, key) {
+            if self.warned.first(pod, key) {
                 warn!(pod = %pod, problem = %bad, "sidecars without a valid shutdown URL are stopped through the runtime");
             }
         }
         let snap = JobSnapshot {
-            uid: pod,
+            uid: pod.clone(),
             pod: PodRef {
                 namespace: api.namespace.clone(),
                 name: api.name.clone(),
@@ -161,7 +158,7 @@ impl Agent {
         if self.api.pods.is_some() {
             return self.api_pod(pod);
         }
-        let v = self.view.pod(pod.as_str())?;
+        let v = self.view.pod(pod)?;
         match ApiPod::from_record(v.sandbox.as_ref()?, v.grace())? {
             Ok(api) => Some(api),
             Err(e) => {
@@ -194,7 +191,7 @@ mod tests {
     fn members_are_the_newest_attempts_with_their_own_priority() {
         // The sidecar's priority comes from its env, which only its newest attempt has read.
         let pod = PodEntry::new(
-            Some(Default::default()),
+            Some(crate::decide::facts::tests::sandbox(Default::default())),
             vec![
                 attempt("a0", "app", 0, RunState::Exited, None),
                 attempt("l0", "logs", 0, RunState::Exited, None),
@@ -203,7 +200,7 @@ mod tests {
         );
         let ordered = facts::order(&pod, Ok(None), &StopOrder::default());
         let spec: k8s_openapi::api::core::v1::Pod = serde_json::from_value(serde_json::json!({
-            "metadata": {"uid": "u"},
+            "metadata": {"uid": "0f5c7a1e-8d2b-4c3e-9f00-123456789abc"},
             "spec": {"restartPolicy": "Never", "containers": [
                 {"name": "app", "restartPolicy": "OnFailure"}, {"name": "logs"}, {"name": "later"}]}
         }))

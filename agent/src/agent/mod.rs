@@ -34,9 +34,10 @@ use tracing::{debug, info, warn, Instrument};
 use crate::cluster::Cluster;
 use crate::decide::bounds::Later as _;
 use crate::decide::RunState;
-use crate::handshake::share::{PodUid, Share, ShareError};
+use crate::handshake::share::{Share, ShareError};
 use crate::handshake::waits::{ShareSync, Waits};
 use crate::handshake::watch::{FsEvent, Root, ShareWatcher, WatchError};
+use crate::pod::PodUid;
 use crate::runtime::source::{SourceKind, SourceSignal};
 use crate::runtime::RuntimeError;
 use crate::stats::{Kept, Stats};
@@ -189,7 +190,7 @@ impl Agent {
 
     /// [`job_check`](Self::job_check) of every pod the node view has.
     fn job_check_all(&mut self) {
-        let uids: Vec<String> = self.view.pods().map(|(uid, _)| uid.clone()).collect();
+        let uids: Vec<PodUid> = self.view.pods().map(|(uid, _)| uid.clone()).collect();
         for uid in uids {
             self.job_check(&uid);
         }
@@ -200,18 +201,13 @@ impl Agent {
     /// "Gone" is only believed of a listing of a runtime that answers.
     fn forget_gone_pods(&mut self) {
         let (view, pending) = (&self.view, &self.waits.pending);
-        let live = |uid: &str| {
-            view.pod(uid).is_some() || PodUid::parse(uid).is_ok_and(|p| pending.contains_key(&p))
-        };
+        let live = |uid: &PodUid| view.pod(uid).is_some() || pending.contains_key(uid);
         self.warned.keep_pods(live);
         if view.is_listed() && self.link.ok() {
             // The Jobs task's records on disk say what it needs again, should such a pod
             // come back.
-            self.jobs.keep_only(
-                view.pods()
-                    .filter_map(|(uid, _)| PodUid::parse(uid).ok())
-                    .collect(),
-            );
+            self.jobs
+                .keep_only(view.pods().map(|(uid, _)| uid.clone()).collect());
             if let Some(api) = &self.api.pods {
                 self.stats
                     .set_kept(Kept::ApiTombstones, api.keep_tombstones(live));
@@ -421,13 +417,11 @@ impl Agent {
     fn on_reply(&mut self, reply: Reply, dirty: &mut BTreeSet<PodUid>) {
         match reply {
             Reply::Change(change) => self.apply_change(change, dirty),
-            Reply::PodChecked(uid) => {
-                if let Ok(pod) = PodUid::parse(&uid) {
-                    if let Some(p) = self.waits.pending.get_mut(&pod) {
-                        p.checking = false;
-                        p.checked = true;
-                        dirty.insert(pod);
-                    }
+            Reply::PodChecked(pod) => {
+                if let Some(p) = self.waits.pending.get_mut(&pod) {
+                    p.checking = false;
+                    p.checked = true;
+                    dirty.insert(pod);
                 }
             }
             Reply::Failed { read, error } => {
@@ -441,11 +435,9 @@ impl Agent {
                     Read::ListPod(uid) => {
                         // Asked again as the pod is decided again, now: while the runtime
                         // answers (a busy one timed out), nothing else may come to decide it.
-                        if let Ok(pod) = PodUid::parse(uid) {
-                            if let Some(p) = self.waits.pending.get_mut(&pod) {
-                                p.checking = false;
-                                dirty.insert(pod);
-                            }
+                        if let Some(p) = self.waits.pending.get_mut(uid) {
+                            p.checking = false;
+                            dirty.insert(uid.clone());
                         }
                         warn!(pod = %uid, error = %error, "cannot list pod");
                     }
@@ -535,11 +527,9 @@ impl Agent {
         for uid in &touched {
             self.job_check(uid);
         }
-        for uid in touched {
-            if let Ok(pod) = PodUid::parse(&uid) {
-                if self.waits.pending.contains_key(&pod) {
-                    dirty.insert(pod);
-                }
+        for pod in touched {
+            if self.waits.pending.contains_key(&pod) {
+                dirty.insert(pod);
             }
         }
         // A container read (or gone) may have been what any pending pod was held for: the
@@ -552,12 +542,12 @@ impl Agent {
 
 impl Agent {
     /// A pod's namespace and name, as its sandbox tells them.
-    fn pod_ref(&self, uid: &str) -> Option<crate::cluster::recorder::PodRef> {
+    fn pod_ref(&self, uid: &PodUid) -> Option<crate::cluster::recorder::PodRef> {
         let s = self.view.pod(uid)?.sandbox.as_ref()?;
         Some(crate::cluster::recorder::PodRef {
             namespace: s.namespace.clone(),
             name: s.name.clone(),
-            uid: uid.to_owned(),
+            uid: uid.clone(),
         })
     }
 }

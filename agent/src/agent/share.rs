@@ -7,7 +7,8 @@ use std::sync::Arc;
 use tracing::{error, info, warn};
 
 use super::{Agent, AgentError};
-use crate::handshake::share::{Place, PodUid, Share};
+use crate::handshake::share::{Place, Share};
+use crate::pod::PodUid;
 use crate::stats::Stats;
 
 impl Agent {

@@ -7,7 +7,7 @@ use std::collections::HashSet;
 
 use tracing::warn;
 
-use crate::handshake::share::PodUid;
+use crate::pod::PodUid;
 
 /// Entries kept at most in each set.
 pub(super) const WARNED_MAX: usize = 4096;
@@ -47,8 +47,8 @@ impl Warned {
 
     /// Forgets what was logged about pods that are gone: it may be logged again, once, should
     /// a pod of that UID ever come back.
-    pub(super) fn keep_pods(&mut self, live: impl Fn(&str) -> bool) {
-        self.pods.retain(|(p, _)| live(p.as_str()));
+    pub(super) fn keep_pods(&mut self, live: impl Fn(&PodUid) -> bool) {
+        self.pods.retain(|(p, _)| live(p));
     }
 
     pub(super) fn len(&self) -> usize {

@@ -143,8 +143,8 @@ pub struct AgentArgs {
     pub kubelet_root_dir: PathBuf,
     /// The agent's own pod (from the downward API): its own mounts of the share and of the
     /// kubelet's pods are what it works through, not a breach.
-    #[arg(long, env = "EXITORDER_POD_UID")]
-    pub pod_uid: Option<String>,
+    #[arg(long, env = "EXITORDER_POD_UID", value_parser = crate::pod::PodUid::parse)]
+    pub pod_uid: Option<crate::pod::PodUid>,
     /// This node's name (from the downward API): the pod watch's `spec.nodeName` and the
     /// Events' reporting instance. Without it there is no pod watch.
     #[arg(long, env = "NODE_NAME")]

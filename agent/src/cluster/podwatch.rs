@@ -24,6 +24,7 @@ use tracing::{debug, info, warn};
 use crate::backoff::Backoff;
 use crate::decide::restart::{Policy, RecordError, Restart, RestartError, RestartRecord};
 use crate::decide::stoporder::StopOrder;
+use crate::pod::PodUid;
 use crate::stats::Stats;
 use crate::view::SandboxInfo;
 use exitorder_contract::annotation;
@@ -50,7 +51,7 @@ const STABLE: Duration = Duration::from_secs(30);
 /// What the agent reads of one pod.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ApiPod {
-    pub uid: String,
+    pub uid: PodUid,
     pub namespace: String,
     pub name: String,
     /// metadata.deletionTimestamp is set (or the object is gone).
@@ -94,13 +95,14 @@ impl ApiPod {
         }
     }
 
-    /// `None` for an object without a UID (never sent by a real API server).
+    /// `None` for an object without a UID, or whose UID is no pod UID (neither is ever sent
+    /// by a real API server).
     pub fn from_pod(pod: &Pod) -> Option<ApiPod> {
         let meta = &pod.metadata;
         let spec = pod.spec.as_ref();
         let record = spec.map(RestartRecord::of_spec);
         Some(ApiPod {
-            uid: meta.uid.clone()?,
+            uid: PodUid::parse(meta.uid.as_deref()?).ok()?,
             namespace: meta.namespace.clone().unwrap_or_default(),
             name: meta.name.clone().unwrap_or_default(),
             deleting: meta.deletion_timestamp.is_some(),
@@ -206,13 +208,13 @@ fn kubelet_grace(deletion: Option<Duration>, spec: Option<Duration>) -> Option<D
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PodSignal {
     /// This pod changed (or was deleted): decide its waits again.
-    Changed(String),
+    Changed(PodUid),
     /// The view became current or stopped being so: decide every wait again.
     Resync,
     /// The answer to a [`ConfirmRequest`]: whether the pod is staying, as read at or after
     /// `asked_at`; `None` when the read failed.
     Confirmed {
-        uid: String,
+        uid: PodUid,
         asked_at: Instant,
         staying: Option<bool>,
     },
@@ -224,7 +226,7 @@ pub enum PodSignal {
 /// appeared sees any deletion that made the kubelet run the preStop hook.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConfirmRequest {
-    pub uid: String,
+    pub uid: PodUid,
     pub namespace: String,
     pub name: String,
     pub asked_at: Instant,
@@ -235,7 +237,7 @@ const CONFIRM_TIMEOUT: Duration = Duration::from_secs(2);
 
 struct Shared {
     current: AtomicBool,
-    tombstones: Mutex<HashMap<String, (ApiPod, Instant)>>,
+    tombstones: Mutex<HashMap<PodUid, (ApiPod, Instant)>>,
 }
 
 /// The decision loop's handle on the watched pods: reads of the store, and requests for
@@ -255,14 +257,14 @@ impl PodView {
 
     /// The pod with this namespace, name and UID, if the view is current and has it (or
     /// recently saw it deleted). A pod of the same name but another UID is a different pod.
-    pub fn get(&self, namespace: &str, name: &str, uid: &str) -> Option<ApiPod> {
+    pub fn get(&self, namespace: &str, name: &str, uid: &PodUid) -> Option<ApiPod> {
         if !self.is_current() {
             return None;
         }
         if !name.is_empty() {
             let key = ObjectRef::<Pod>::new(name).within(namespace);
             if let Some(p) = self.store.get(&key).and_then(|p| ApiPod::from_pod(&p)) {
-                if p.uid == uid {
+                if p.uid == *uid {
                     return Some(p);
                 }
             }
@@ -273,7 +275,7 @@ impl PodView {
 
     /// The pod with this UID, when its names are not known (the runtime has not described
     /// it yet): a scan of this node's pods.
-    pub fn get_by_uid(&self, uid: &str) -> Option<ApiPod> {
+    pub fn get_by_uid(&self, uid: &PodUid) -> Option<ApiPod> {
         if !self.is_current() {
             return None;
         }
@@ -281,7 +283,7 @@ impl PodView {
             .store
             .state()
             .iter()
-            .find(|p| p.metadata.uid.as_deref() == Some(uid))
+            .find(|p| p.metadata.uid.as_deref() == Some(uid.as_str()))
             .and_then(|p| ApiPod::from_pod(p));
         found.or_else(|| {
             let tombstones = self.shared.tombstones.lock().ok()?;
@@ -296,7 +298,7 @@ impl PodView {
 
     /// Forgets the deleted pods that `keep` does not name (the runtime no longer has them:
     /// no wait of theirs can need the API server's word any more); how many are left.
-    pub fn keep_tombstones(&self, keep: impl Fn(&str) -> bool) -> usize {
+    pub fn keep_tombstones(&self, keep: impl Fn(&PodUid) -> bool) -> usize {
         match self.shared.tombstones.lock() {
             Ok(mut t) => {
                 t.retain(|uid, (_, at)| keep(uid) && at.elapsed() < TOMBSTONE_TTL);
@@ -417,10 +419,10 @@ pub fn pod_watch(
 /// Remembers a deleted pod, within [`TOMBSTONE_TTL`] and [`MAX_TOMBSTONES`]; the UID of the
 /// oldest forgotten to make room, if one was.
 fn remember(
-    tombstones: &mut HashMap<String, (ApiPod, Instant)>,
+    tombstones: &mut HashMap<PodUid, (ApiPod, Instant)>,
     pod: ApiPod,
     now: Instant,
-) -> Option<String> {
+) -> Option<PodUid> {
     tombstones.retain(|_, (_, at)| now.saturating_duration_since(*at) < TOMBSTONE_TTL);
     let mut forgot = None;
     if !tombstones.contains_key(&pod.uid) && tombstones.len() >= MAX_TOMBSTONES {
@@ -511,7 +513,12 @@ impl PodWatch {
                 false
             }
             watcher::Event::Apply(pod) => {
-                if let Some(uid) = pod.metadata.uid {
+                if let Some(uid) = pod
+                    .metadata
+                    .uid
+                    .as_deref()
+                    .and_then(|u| PodUid::parse(u).ok())
+                {
                     let _ = self.tx.send(PodSignal::Changed(uid));
                 }
                 true
@@ -559,12 +566,18 @@ mod tests {
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
     use k8s_openapi::jiff::Timestamp;
 
+    const UID: &str = "4f2c0000-8d2b-4c3e-9f00-123456789abc";
+
+    fn numbered(i: usize) -> PodUid {
+        crate::pod::test_uid(&format!("4f2c0000-8d2b-4c3e-9f00-{i:012}"))
+    }
+
     fn pod(deleted_at: Option<i64>, deletion_grace: Option<i64>) -> Pod {
         Pod {
             metadata: ObjectMeta {
                 name: Some("web-0".into()),
                 namespace: Some("shop".into()),
-                uid: Some("4f2c".into()),
+                uid: Some(UID.into()),
                 deletion_timestamp: deleted_at
                     .map(|s| Time(Timestamp::from_second(s).expect("valid time"))),
                 deletion_grace_period_seconds: deletion_grace,
@@ -588,7 +601,7 @@ mod tests {
     #[test]
     fn reads_what_decisions_need() {
         let p = ApiPod::from_pod(&pod(None, None)).expect("has a uid");
-        assert_eq!(p.uid, "4f2c");
+        assert_eq!(p.uid.as_str(), UID);
         assert_eq!((p.namespace.as_str(), p.name.as_str()), ("shop", "web-0"));
         assert!(p.is_staying());
         assert_eq!(p.grace(), Some(Duration::from_secs(45)));
@@ -614,7 +627,7 @@ mod tests {
             .expect("small");
         let mut sandbox = SandboxInfo {
             id: "sb".into(),
-            pod_uid: "4f2c".into(),
+            pod_uid: crate::pod::test_uid(UID),
             namespace: "shop".into(),
             name: "web-0".into(),
             annotations: [
@@ -696,7 +709,7 @@ mod tests {
     fn deleted_pods_are_remembered_within_bounds() {
         let base = ApiPod::from_pod(&pod(Some(1_000), None)).expect("has a uid");
         let with_uid = |i: usize| ApiPod {
-            uid: format!("uid-{i}"),
+            uid: numbered(i),
             ..base.clone()
         };
         let t0 = Instant::now();
@@ -711,20 +724,22 @@ mod tests {
         let later = t0 + Duration::from_secs(5);
         assert_eq!(
             remember(&mut t, with_uid(MAX_TOMBSTONES), later),
-            Some("uid-0".to_owned())
+            Some(numbered(0))
         );
         assert_eq!(t.len(), MAX_TOMBSTONES);
-        assert!(t.contains_key(&format!("uid-{MAX_TOMBSTONES}")));
+        assert!(t.contains_key(&numbered(MAX_TOMBSTONES)));
         // Past the TTL, every one of them goes.
         remember(&mut t, with_uid(0), later + TOMBSTONE_TTL);
         assert_eq!(t.len(), 1);
     }
 
     #[test]
-    fn object_without_uid_is_skipped() {
-        let mut p = pod(None, None);
-        p.metadata.uid = None;
-        assert_eq!(ApiPod::from_pod(&p), None);
+    fn object_without_a_pod_uid_is_skipped() {
+        for uid in [None, Some(""), Some("u"), Some("../4f2c0000")] {
+            let mut p = pod(None, None);
+            p.metadata.uid = uid.map(str::to_owned);
+            assert_eq!(ApiPod::from_pod(&p), None, "{uid:?}");
+        }
     }
 
     #[test]

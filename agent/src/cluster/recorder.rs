@@ -23,6 +23,7 @@ use tokio::sync::mpsc;
 use tracing::{debug, warn};
 
 use crate::decide::Reason;
+use crate::pod::PodUid;
 use crate::stats::Stats;
 
 pub const REASON_ALLOWED: &str = "SidecarExitAllowed";
@@ -50,7 +51,7 @@ const NOTE_MAX: usize = 1024;
 pub struct PodRef {
     pub namespace: String,
     pub name: String,
-    pub uid: String,
+    pub uid: PodUid,
 }
 
 /// One allow worth telling the pod's owner about.
@@ -222,7 +223,7 @@ fn event(
             kind: Some("Pod".to_owned()),
             namespace: Some(pod.namespace.clone()),
             name: Some(pod.name.clone()),
-            uid: Some(pod.uid.clone()),
+            uid: Some(pod.uid.to_string()),
             // The kubelet's own form, so `kubectl describe` groups it with container events.
             field_path: Some(format!("spec.containers{{{container}}}")),
             ..Default::default()
@@ -342,7 +343,7 @@ mod tests {
             pod: PodRef {
                 namespace: "shop".into(),
                 name: "web-0".into(),
-                uid: "4f2c".into(),
+                uid: PodUid::parse("4f2c0000").unwrap(),
             },
             container: "linkerd-proxy".into(),
             reason,
@@ -363,7 +364,7 @@ mod tests {
         assert!(note.contains("reason ordered"), "{note}");
         let r = ev.regarding.expect("regarding");
         assert_eq!(r.kind.as_deref(), Some("Pod"));
-        assert_eq!(r.uid.as_deref(), Some("4f2c"));
+        assert_eq!(r.uid.as_deref(), Some("4f2c0000"));
         assert_eq!(
             r.field_path.as_deref(),
             Some("spec.containers{linkerd-proxy}")
@@ -402,7 +403,7 @@ mod tests {
             pod: PodRef {
                 namespace: "batch".into(),
                 name: "report-x7".into(),
-                uid: "9a1b".into(),
+                uid: PodUid::parse("9a1b0000").unwrap(),
             },
             container: "linkerd-proxy".into(),
             exit_code: 137,

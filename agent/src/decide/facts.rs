@@ -272,7 +272,7 @@ pub(crate) mod tests {
             exit_by_kernel: false,
             info: ContainerInfo {
                 id: id.into(),
-                pod_uid: "u".into(),
+                pod_uid: crate::pod::test_uid(UID),
                 name: name.into(),
                 attempt,
                 created_at: i64::from(attempt),
@@ -283,14 +283,25 @@ pub(crate) mod tests {
         }
     }
 
+    const UID: &str = "0f5c7a1e-8d2b-4c3e-9f00-123456789abc";
+
+    /// The sandbox of the tests' pod, with these annotations.
+    pub(crate) fn sandbox(annotations: HashMap<String, String>) -> SandboxInfo {
+        SandboxInfo {
+            id: "sandbox".into(),
+            pod_uid: crate::pod::test_uid(UID),
+            namespace: String::new(),
+            name: String::new(),
+            annotations,
+            created_at: 0,
+        }
+    }
+
     fn pod(annotation: Option<&str>, containers: Vec<ContainerEntry>) -> PodEntry {
-        let sandbox = SandboxInfo {
-            annotations: annotation
-                .map(|a| [(priority::ANNOTATION.to_owned(), a.to_owned())].into())
-                .unwrap_or_default(),
-            ..Default::default()
-        };
-        PodEntry::new(Some(sandbox), containers)
+        let annotations = annotation
+            .map(|a| [(priority::ANNOTATION.to_owned(), a.to_owned())].into())
+            .unwrap_or_default();
+        PodEntry::new(Some(sandbox(annotations)), containers)
     }
 
     fn prios(o: &Ordered) -> Vec<(String, u32, u8)> {

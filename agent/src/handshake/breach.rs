@@ -18,6 +18,7 @@ use std::path::Path;
 
 use crate::handshake::hostpath::components;
 use crate::handshake::share::{Place, Share};
+use crate::pod::PodUid;
 
 /// How many writable mounts of one container are looked at: more than any pod declares.
 pub const MAX_MOUNTS: usize = 256;
@@ -29,7 +30,7 @@ const MAX_INDEXED: usize = 200_000;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MountCheck {
     pub id: String,
-    pub pod_uid: String,
+    pub pod_uid: PodUid,
     pub container: String,
     pub writable: Vec<String>,
 }
@@ -40,14 +41,14 @@ pub enum Reached {
     /// Every pod's exit directories in a place (its root, or a parent of it).
     Every(Place),
     /// One pod's exit directories.
-    Pod(Place, String),
+    Pod(Place, PodUid),
     /// One container's exit directory.
-    Container(Place, String, String),
+    Container(Place, PodUid, String),
 }
 
 impl Reached {
     /// The pod it reaches, when it is one pod.
-    pub fn pod(&self) -> Option<&str> {
+    pub fn pod(&self) -> Option<&PodUid> {
         match self {
             Reached::Every(_) => None,
             Reached::Pod(_, uid) | Reached::Container(_, uid, _) => Some(uid),
@@ -82,7 +83,7 @@ impl std::fmt::Display for Reached {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Breach {
     pub id: String,
-    pub pod_uid: String,
+    pub pod_uid: PodUid,
     pub container: String,
     pub host_path: String,
     pub reached: Reached,
@@ -118,14 +119,13 @@ impl Index {
                 index.roots.push((parts, place));
             }
             for pod in share.pods().unwrap_or_default() {
-                let uid = pod.as_str().to_owned();
-                index.insert(&share.pod_path(&pod), Reached::Pod(place, uid.clone()));
-                index.insert(&share.exits_path(&pod), Reached::Pod(place, uid.clone()));
+                index.insert(&share.pod_path(&pod), Reached::Pod(place, pod.clone()));
+                index.insert(&share.exits_path(&pod), Reached::Pod(place, pod.clone()));
                 for key in share.containers_in(&pod).unwrap_or_default() {
                     let name = key.container.as_str().to_owned();
                     index.insert(
                         &share.container_path(&key),
-                        Reached::Container(place, uid.clone(), name),
+                        Reached::Container(place, pod.clone(), name),
                     );
                 }
             }
@@ -170,7 +170,7 @@ impl Index {
             .take(MAX_MOUNTS)
             .filter_map(|host_path| {
                 let reached = self.reached(host_path)?;
-                (reached.pod() != Some(check.pod_uid.as_str())).then(|| Breach {
+                (reached.pod() != Some(&check.pod_uid)).then(|| Breach {
                     id: check.id.clone(),
                     pod_uid: check.pod_uid.clone(),
                     container: check.container.clone(),
@@ -187,7 +187,7 @@ impl Index {
 #[derive(Default)]
 pub struct Audit {
     /// The agent's own pod: it mounts the share and the kubelet's pods to serve them.
-    own_pod_uid: Option<String>,
+    own_pod_uid: Option<PodUid>,
     queue: Vec<MountCheck>,
     pub round: Option<tokio::task::JoinHandle<Vec<Breach>>>,
 }
@@ -196,7 +196,7 @@ pub struct Audit {
 const MAX_QUEUED: usize = 16_384;
 
 impl Audit {
-    pub fn new(own_pod_uid: Option<String>) -> Self {
+    pub fn new(own_pod_uid: Option<PodUid>) -> Self {
         Audit {
             own_pod_uid,
             ..Audit::default()
@@ -204,7 +204,7 @@ impl Audit {
     }
 
     pub fn push(&mut self, check: MountCheck) {
-        if check.writable.is_empty() || self.own_pod_uid.as_deref() == Some(&check.pod_uid) {
+        if check.writable.is_empty() || self.own_pod_uid.as_ref() == Some(&check.pod_uid) {
             return;
         }
         if self.queue.len() >= MAX_QUEUED {
@@ -236,7 +236,7 @@ impl Audit {
 /// reaches (when the pods are known: `pod_ref` from the view's sandboxes).
 pub fn report(
     b: &Breach,
-    pod_ref: impl Fn(&str) -> Option<crate::cluster::recorder::PodRef>,
+    pod_ref: impl Fn(&PodUid) -> Option<crate::cluster::recorder::PodRef>,
     events: Option<&crate::cluster::recorder::EventSink>,
     stats: &crate::stats::Stats,
 ) {
@@ -329,7 +329,7 @@ mod tests {
     fn check(paths: &[std::path::PathBuf]) -> MountCheck {
         MountCheck {
             id: "c1".into(),
-            pod_uid: ME.into(),
+            pod_uid: crate::pod::test_uid(ME),
             container: "app".into(),
             writable: paths
                 .iter()
@@ -380,9 +380,9 @@ mod tests {
         assert_eq!(
             judged(&n, &[victim_dir.clone(), bind, local_victim]),
             vec![
-                Reached::Container(Place::Share, VICTIM.into(), "proxy".into()),
-                Reached::Container(Place::Share, VICTIM.into(), "proxy".into()),
-                Reached::Pod(Place::PodLocal, VICTIM.into()),
+                Reached::Container(Place::Share, crate::pod::test_uid(VICTIM), "proxy".into()),
+                Reached::Container(Place::Share, crate::pod::test_uid(VICTIM), "proxy".into()),
+                Reached::Pod(Place::PodLocal, crate::pod::test_uid(VICTIM)),
             ]
         );
     }
@@ -414,16 +414,16 @@ mod tests {
 
     #[test]
     fn the_agents_own_pod_and_read_only_containers_are_not_queued() {
-        let mut audit = Audit::new(Some(ME.into()));
+        let mut audit = Audit::new(Some(crate::pod::test_uid(ME)));
         audit.push(check(&["/var/lib/exitorder".into()]));
         audit.push(MountCheck {
-            pod_uid: VICTIM.into(),
+            pod_uid: crate::pod::test_uid(VICTIM),
             writable: Vec::new(),
             ..check(&[])
         });
         assert!(audit.queue.is_empty());
         audit.push(MountCheck {
-            pod_uid: VICTIM.into(),
+            pod_uid: crate::pod::test_uid(VICTIM),
             ..check(&["/var/lib/exitorder".into()])
         });
         assert_eq!(audit.queue.len(), 1);
@@ -441,7 +441,7 @@ mod tests {
             judged(&n, &[mine]),
             vec![Reached::Container(
                 Place::Share,
-                VICTIM.into(),
+                crate::pod::test_uid(VICTIM),
                 "proxy".into()
             )]
         );

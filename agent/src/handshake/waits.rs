@@ -13,9 +13,10 @@ use tracing::{debug, warn};
 
 use crate::decide::bounds::Later as _;
 use crate::handshake::share::{
-    ContainerName, ExitKey, ExitState, Place, PodUid, Rejection, Share, ShareEntry, ShareError,
+    ContainerName, ExitKey, ExitState, Place, Rejection, Share, ShareEntry, ShareError,
 };
 use crate::handshake::watch::{FsEvent, ShareWatcher};
+use crate::pod::PodUid;
 use crate::stats::Stats;
 
 /// A wait that reappears sooner than this after its last decision is decided at the end of

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use tracing::warn;
 
 use super::JOBS_DIR;
-use crate::handshake::share::PodUid;
+use crate::pod::PodUid;
 use crate::stats::Stats;
 
 /// A record lists container names; nothing valid is this large.
@@ -97,7 +97,7 @@ pub(super) fn append(dir: &Path, pod: &PodUid, line: &str, stats: &Stats) {
 }
 
 /// Records of pods the runtime no longer has (deleted before their Job finished).
-pub fn stale_records(share_dir: &Path, live: impl Fn(&str) -> bool) -> Vec<PathBuf> {
+pub fn stale_records(share_dir: &Path, live: impl Fn(&PodUid) -> bool) -> Vec<PathBuf> {
     let dir = share_dir.join(JOBS_DIR);
     if !std::fs::symlink_metadata(&dir).is_ok_and(|m| m.is_dir()) {
         return Vec::new();
@@ -110,7 +110,7 @@ pub fn stale_records(share_dir: &Path, live: impl Fn(&str) -> bool) -> Vec<PathB
         .filter(|e| {
             let name = e.file_name();
             let name = name.to_string_lossy();
-            PodUid::parse(&name).is_ok() && !live(&name)
+            PodUid::parse(&name).is_ok_and(|pod| !live(&pod))
         })
         .map(|e| e.path())
         .collect()

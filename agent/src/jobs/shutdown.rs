@@ -9,7 +9,7 @@ use tracing::{info, warn};
 
 use super::records::append;
 use crate::decide::bounds::Later as _;
-use crate::handshake::share::PodUid;
+use crate::pod::PodUid;
 use crate::runtime::{ExitStatus, Runtime};
 use crate::stats::Stats;
 

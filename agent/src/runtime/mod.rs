@@ -26,6 +26,7 @@ use crate::cri::{
     StopContainerRequest, VersionRequest, VersionResponse,
 };
 use crate::decide::RunState;
+use crate::pod::PodUid;
 use crate::view::{Change, ContainerInfo, Listing, SandboxInfo};
 
 /// Container annotation where the kubelet records the pod's terminationGracePeriodSeconds.
@@ -137,7 +138,8 @@ fn grace(annotations: &HashMap<String, String>) -> Option<Duration> {
 }
 
 /// A container the kubelet made: its pod's UID and its name are in its labels. Others
-/// (made by something else on the node) are not the agent's business.
+/// (made by something else on the node) are not the agent's business, and neither is one
+/// whose pod-UID label is no UID: the kubelet never writes one, any other CRI client can.
 fn container_info(
     id: String,
     labels: &HashMap<String, String>,
@@ -147,7 +149,7 @@ fn container_info(
     state: i32,
 ) -> Option<ContainerInfo> {
     Some(ContainerInfo {
-        pod_uid: labels.get(LABEL_POD_UID)?.clone(),
+        pod_uid: PodUid::parse(labels.get(LABEL_POD_UID)?).ok()?,
         name: labels.get(LABEL_CONTAINER_NAME)?.clone(),
         id,
         attempt,
@@ -234,11 +236,11 @@ impl Runtime {
 
     /// Every sandbox and container of the node (`pod`: of one pod only). Two calls whatever
     /// the number of pods.
-    pub async fn list(&self, pod: Option<&str>) -> Result<Listing, RuntimeError> {
+    pub async fn list(&self, pod: Option<&PodUid>) -> Result<Listing, RuntimeError> {
         let asked_at_ns = now_ns();
         let asked = std::time::Instant::now();
         let selector: HashMap<String, String> = pod
-            .map(|uid| (LABEL_POD_UID.to_owned(), uid.to_owned()))
+            .map(|uid| (LABEL_POD_UID.to_owned(), uid.to_string()))
             .into_iter()
             .collect();
         let mut client = self.client.clone();
@@ -379,7 +381,7 @@ pub fn listing(
         sandboxes: sandboxes
             .into_iter()
             .filter_map(|sb| {
-                let uid = sb.labels.get(LABEL_POD_UID)?.clone();
+                let uid = PodUid::parse(sb.labels.get(LABEL_POD_UID)?).ok()?;
                 let (namespace, name) = sb
                     .metadata
                     .map(|m| (m.namespace, m.name))
@@ -599,20 +601,27 @@ mod tests {
 
     #[test]
     fn kubelet_containers_only_with_their_grace() {
-        let labels: HashMap<String, String> = [
-            (LABEL_POD_UID.to_owned(), "u".to_owned()),
-            (LABEL_CONTAINER_NAME.to_owned(), "app".to_owned()),
-        ]
-        .into();
+        const UID: &str = "0f5c7a1e-8d2b-4c3e-9f00-123456789abc";
+        let labelled = |uid: &str| -> HashMap<String, String> {
+            [
+                (LABEL_POD_UID.to_owned(), uid.to_owned()),
+                (LABEL_CONTAINER_NAME.to_owned(), "app".to_owned()),
+            ]
+            .into()
+        };
         let annotations: HashMap<String, String> =
             [(ANNOTATION_GRACE.to_owned(), "45".to_owned())].into();
-        let c = container_info("c".into(), &labels, &annotations, 2, 7, 1).unwrap();
+        let c = container_info("c".into(), &labelled(UID), &annotations, 2, 7, 1).unwrap();
         assert_eq!(
             (c.pod_uid.as_str(), c.name.as_str(), c.attempt),
-            ("u", "app", 2)
+            (UID, "app", 2)
         );
         assert_eq!(c.state, RunState::Running);
         assert_eq!(c.grace, Some(Duration::from_secs(45)));
         assert!(container_info("c".into(), &HashMap::new(), &annotations, 0, 0, 1).is_none());
+        // A pod-UID label no kubelet wrote: not a pod's container.
+        for junk in ["u", "../../etc", "0F5C7A1E-8D2B-4C3E-9F00-123456789ABC"] {
+            assert!(container_info("c".into(), &labelled(junk), &annotations, 0, 0, 1).is_none());
+        }
     }
 }

@@ -5,12 +5,13 @@ use std::time::{Duration, Instant};
 
 use crate::decide::priority::PriorityError;
 use crate::decide::RunState;
+use crate::pod::PodUid;
 
 /// One container attempt as the runtime describes it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ContainerInfo {
     pub id: String,
-    pub pod_uid: String,
+    pub pod_uid: PodUid,
     pub name: String,
     pub attempt: u32,
     /// Runtime creation time, Unix ns.
@@ -21,11 +22,11 @@ pub struct ContainerInfo {
 }
 
 /// A pod's sandbox as the runtime describes it.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SandboxInfo {
     /// The sandbox's id: its pause container's, whose task events are not a container's.
     pub id: String,
-    pub pod_uid: String,
+    pub pod_uid: PodUid,
     pub namespace: String,
     pub name: String,
     /// The pod's annotations, as the kubelet copied them to the sandbox.

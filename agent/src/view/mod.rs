@@ -26,6 +26,7 @@ use std::time::{Duration, Instant};
 use crate::decide::bounds::Later as _;
 use crate::decide::priority::PriorityError;
 use crate::decide::RunState;
+use crate::pod::PodUid;
 
 /// What the runtime said happened.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -33,7 +34,7 @@ pub enum Change {
     /// A full listing.
     Listed(Listing),
     /// One pod's containers and sandbox, listed for a pod the view did not know.
-    PodListed { uid: String, listing: Listing },
+    PodListed { uid: PodUid, listing: Listing },
     /// A task started: a container is running (or a sandbox: the read will tell).
     Started { id: String },
     /// A container's own process exited.
@@ -53,7 +54,7 @@ pub enum Change {
     /// Describing a container failed (`now`: when the answer came).
     DescribeFailed { id: String, now: Instant },
     /// Listing one pod for its sandbox failed.
-    SandboxFailed { uid: String, now: Instant },
+    SandboxFailed { uid: PodUid, now: Instant },
 }
 
 /// A read the view needs.
@@ -62,7 +63,7 @@ pub enum Need {
     /// Describe a container: its pod, name, attempt and env.
     Describe(String),
     /// List one pod: its sandbox (the pod's annotations) and containers.
-    Sandbox(String),
+    Sandbox(PodUid),
 }
 
 /// How long a removed container's id is remembered, so late events cannot revive it.
@@ -102,9 +103,9 @@ struct Undescribed {
 
 #[derive(Debug, Default)]
 pub struct NodeView {
-    pods: HashMap<String, PodEntry>,
+    pods: HashMap<PodUid, PodEntry>,
     /// Container id -> pod UID.
-    pod_of: HashMap<String, String>,
+    pod_of: HashMap<String, PodUid>,
     /// Containers seen in events but not described yet, with the state events gave them.
     undescribed: HashMap<String, Undescribed>,
     /// Ids known not to be CRI containers (sandboxes' pause containers): their task events
@@ -138,11 +139,11 @@ impl NodeView {
         self.removed.len()
     }
 
-    pub fn pod(&self, uid: &str) -> Option<&PodEntry> {
+    pub fn pod(&self, uid: &PodUid) -> Option<&PodEntry> {
         self.pods.get(uid)
     }
 
-    pub fn pods(&self) -> impl Iterator<Item = (&String, &PodEntry)> {
+    pub fn pods(&self) -> impl Iterator<Item = (&PodUid, &PodEntry)> {
         self.pods.iter()
     }
 
@@ -173,7 +174,7 @@ impl NodeView {
     }
 
     /// Applies a change; returns the pods it touched.
-    pub fn apply(&mut self, change: Change, now: Instant) -> HashSet<String> {
+    pub fn apply(&mut self, change: Change, now: Instant) -> HashSet<PodUid> {
         let mut touched = HashSet::new();
         match change {
             Change::Listed(l) => self.listed(l, None, now, &mut touched),
@@ -341,7 +342,7 @@ impl NodeView {
     }
 
     /// Pod `uid` is known, at `at`, to have started no container the view does not know.
-    pub fn settled(&mut self, uid: &str, at: Instant) {
+    pub fn settled(&mut self, uid: &PodUid, at: Instant) {
         if let Some(p) = self.pods.get_mut(uid) {
             p.listed_at = p.listed_at.max(Some(at));
         }
@@ -352,7 +353,7 @@ impl NodeView {
         self.pods.get_mut(uid)?.containers.get_mut(id)
     }
 
-    fn event(&mut self, id: String, state: RunState, now: Instant, touched: &mut HashSet<String>) {
+    fn event(&mut self, id: String, state: RunState, now: Instant, touched: &mut HashSet<PodUid>) {
         if self.removed.contains_key(&id) || self.not_containers.contains(&id) {
             return;
         }
@@ -375,7 +376,7 @@ impl NodeView {
         u.state = forward(u.state, state);
     }
 
-    fn upsert(&mut self, info: ContainerInfo, now: Instant, touched: &mut HashSet<String>) {
+    fn upsert(&mut self, info: ContainerInfo, now: Instant, touched: &mut HashSet<PodUid>) {
         touched.insert(info.pod_uid.clone());
         if let Some(old_uid) = self.pod_of.get(&info.id) {
             if *old_uid != info.pod_uid {
@@ -407,7 +408,7 @@ impl NodeView {
         }
     }
 
-    fn remove(&mut self, id: &str, touched: &mut HashSet<String>) {
+    fn remove(&mut self, id: &str, touched: &mut HashSet<PodUid>) {
         self.undescribed.remove(id);
         if let Some(uid) = self.pod_of.remove(id) {
             if let Some(p) = self.pods.get_mut(&uid) {
@@ -424,9 +425,9 @@ impl NodeView {
     fn listed(
         &mut self,
         l: Listing,
-        only: Option<String>,
+        only: Option<PodUid>,
         now: Instant,
-        touched: &mut HashSet<String>,
+        touched: &mut HashSet<PodUid>,
     ) {
         if only.is_none() {
             self.listed = true;
@@ -447,7 +448,7 @@ impl NodeView {
             .collect();
         // Gone from the runtime: what the listing covers and does not show, unless it was
         // created after the listing was asked for.
-        let in_scope = |uid: &str| only.as_deref().is_none_or(|o| o == uid);
+        let in_scope = |uid: &PodUid| only.as_ref().is_none_or(|o| o == uid);
         let gone: Vec<String> = self
             .pods
             .iter()
@@ -460,7 +461,7 @@ impl NodeView {
         for id in gone {
             self.remove(&id, touched);
         }
-        let stale_pods: Vec<String> = self
+        let stale_pods: Vec<PodUid> = self
             .pods
             .keys()
             .filter(|uid| in_scope(uid) && !listed_pods.contains(uid.as_str()))
@@ -519,10 +520,14 @@ mod tests {
 
     const UID: &str = "0f5c7a1e-8d2b-4c3e-9f00-123456789abc";
 
+    fn uid() -> PodUid {
+        crate::pod::test_uid(UID)
+    }
+
     fn c(id: &str, name: &str, state: RunState, created_at: i64) -> ContainerInfo {
         ContainerInfo {
             id: id.into(),
-            pod_uid: UID.into(),
+            pod_uid: uid(),
             name: name.into(),
             attempt: 0,
             created_at,
@@ -534,7 +539,7 @@ mod tests {
     fn sandbox() -> SandboxInfo {
         SandboxInfo {
             id: "sandbox".into(),
-            pod_uid: UID.into(),
+            pod_uid: uid(),
             namespace: "default".into(),
             name: "web".into(),
             annotations: HashMap::new(),
@@ -563,7 +568,7 @@ mod tests {
     }
 
     fn state(v: &NodeView, id: &str) -> Option<RunState> {
-        v.pod(UID)?.containers.get(id).map(|c| c.info.state)
+        v.pod(&uid())?.containers.get(id).map(|c| c.info.state)
     }
 
     #[test]
@@ -593,7 +598,7 @@ mod tests {
         let now = Instant::now();
         let mut v = running(&[("app", "app", 5), ("logs", "logs", 5)], now);
         let by_kernel =
-            |v: &NodeView, id: &str| v.pod(UID).map(|p| p.containers[id].exit_by_kernel);
+            |v: &NodeView, id: &str| v.pod(&uid()).map(|p| p.containers[id].exit_by_kernel);
         // The kernel first, the runtime after: the kernel told.
         v.apply(
             Change::ProcessGone {
@@ -653,7 +658,7 @@ mod tests {
         assert_eq!(state(&v, "new"), Some(RunState::Exited));
         assert_eq!(v.undescribed(), 0);
         assert_eq!(
-            v.pod(UID).unwrap().containers["new"].env,
+            v.pod(&uid()).unwrap().containers["new"].env,
             EnvPriority::Known(Ok(None))
         );
     }
@@ -779,7 +784,7 @@ mod tests {
             }
         }
 
-        type Flat = Vec<(String, String, String, RunState)>;
+        type Flat = Vec<(PodUid, String, String, RunState)>;
 
         /// Every container of a view, sorted by id.
         fn flat(v: &NodeView) -> Flat {
@@ -806,7 +811,7 @@ mod tests {
             let now = Instant::now();
             let info = |i: usize, pod: u8, state: RunState| ContainerInfo {
                 id: format!("c{i}"),
-                pod_uid: format!("0f5c7a1e-8d2b-4c3e-9f00-{pod:012}"),
+                pod_uid: crate::pod::test_uid(&format!("0f5c7a1e-8d2b-4c3e-9f00-{pod:012}")),
                 name: format!("n{i}"),
                 attempt: 0,
                 created_at: 1,
@@ -902,21 +907,15 @@ mod tests {
             },
             now,
         );
-        assert!(v.pod(UID).unwrap().sandbox.is_none());
-        assert_eq!(v.needs(now), vec![Need::Sandbox(UID.into())]);
+        assert!(v.pod(&uid()).unwrap().sandbox.is_none());
+        assert_eq!(v.needs(now), vec![Need::Sandbox(uid())]);
         assert_eq!(v.needs(now), vec![]);
-        v.apply(
-            Change::SandboxFailed {
-                uid: UID.into(),
-                now,
-            },
-            now,
-        );
+        v.apply(Change::SandboxFailed { uid: uid(), now }, now);
         let retry = v.next_retry().unwrap();
-        assert_eq!(v.needs(retry), vec![Need::Sandbox(UID.into())]);
+        assert_eq!(v.needs(retry), vec![Need::Sandbox(uid())]);
         v.apply(
             Change::PodListed {
-                uid: UID.into(),
+                uid: uid(),
                 listing: Listing {
                     asked_at_ns: 1,
                     asked: None,
@@ -926,7 +925,7 @@ mod tests {
             },
             retry,
         );
-        assert_eq!(v.pod(UID).unwrap().sandbox.as_ref().unwrap().name, "web");
+        assert_eq!(v.pod(&uid()).unwrap().sandbox.as_ref().unwrap().name, "web");
         assert_eq!(v.needs(retry), vec![]);
     }
 

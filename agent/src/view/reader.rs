@@ -15,6 +15,7 @@ use tracing::{debug, Instrument};
 
 use crate::decide::bounds::Later as _;
 use crate::decide::RunState;
+use crate::pod::PodUid;
 use crate::runtime::{Runtime, RuntimeError};
 use crate::view::{Change, Need};
 
@@ -35,7 +36,7 @@ pub enum Read {
     /// Everything on the node.
     List,
     /// One pod the view does not know.
-    ListPod(String),
+    ListPod(PodUid),
     /// What the view needs.
     Need(Need),
     /// The first process of a container that started after it was described (its
@@ -49,7 +50,7 @@ pub enum Reply {
     /// A change for the view.
     Change(Change),
     /// A listing of one pod is done (its change, if any, came before).
-    PodChecked(String),
+    PodChecked(PodUid),
     /// A call failed.
     Failed { read: Read, error: RuntimeError },
     /// Whether the runtime answers now (after a failure, and when it answers again).

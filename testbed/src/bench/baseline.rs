@@ -19,7 +19,8 @@ use exitorder::cri::{
     ContainerFilter, ContainerState, ListContainersRequest, ListPodSandboxRequest, PodSandboxFilter,
 };
 use exitorder::decide::priority::{self, PodPriorities};
-use exitorder::handshake::share::{ExitKey, ExitState, PodUid, Share, ShareError};
+use exitorder::handshake::share::{ExitKey, ExitState, Share, ShareError};
+use exitorder::pod::PodUid;
 use exitorder::runtime::{LABEL_CONTAINER_NAME, LABEL_POD_UID};
 
 /// The proposal's daemon scan period.

@@ -16,7 +16,8 @@ use super::{
 use crate::agentlog::AllowLog;
 use crate::kubelet::Deletion;
 use crate::node::{Node, TestbedError};
-use exitorder::handshake::share::{ContainerName, ExitKey, PodUid, Share};
+use exitorder::handshake::share::{ContainerName, ExitKey, Share};
+use exitorder::pod::PodUid;
 
 /// Whether the proxy's preStop waited, from the deletion's record of it.
 pub(super) fn prestop_of(res: &Result<Deletion, TestbedError>) -> PreStop {

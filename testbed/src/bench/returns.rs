@@ -9,9 +9,8 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use exitorder::handshake::share::{
-    ContainerName, ExitKey, PodUid, Share, ShareError, EXIT_FILE, WAIT,
-};
+use exitorder::handshake::share::{ContainerName, ExitKey, Share, ShareError, EXIT_FILE, WAIT};
+use exitorder::pod::PodUid;
 
 /// How long a waiter may take to post its `exit` file.
 const POST_TIMEOUT: Duration = Duration::from_secs(10);
@@ -96,7 +95,7 @@ struct Waiter {
 impl Waiter {
     fn start(share: &Share, command: &dyn Fn(&Path) -> Command) -> Result<Waiter, ReturnsError> {
         let key = ExitKey {
-            pod: PodUid::parse(&crate::node::random_uuid())?,
+            pod: PodUid::parse(&crate::node::random_uuid()).map_err(ShareError::from)?,
             container: ContainerName::parse("proxy")?,
             place: exitorder::handshake::share::Place::Share,
         };

@@ -581,6 +581,6 @@ mod tests {
         );
         assert!(parts[2].starts_with('4'), "{a}");
         assert!(matches!(&parts[3][..1], "8" | "9" | "a" | "b"), "{a}");
-        assert!(exitorder::handshake::share::PodUid::parse(&a).is_ok());
+        assert!(exitorder::pod::PodUid::parse(&a).is_ok());
     }
 }

@@ -25,6 +25,15 @@ pub enum ShareError {
     NotADirectory { path: PathBuf },
 }
 
+impl From<crate::pod::BadPodUid> for ShareError {
+    fn from(e: crate::pod::BadPodUid) -> Self {
+        ShareError::BadName {
+            kind: "pod uid",
+            name: e.0,
+        }
+    }
+}
+
 /// Why a share entry was refused: what the agent counts, by kind. A closed set, never built
 /// from what a pod wrote.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]

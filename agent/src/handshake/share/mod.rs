@@ -84,7 +84,9 @@ mod names;
 pub(crate) use at::write_replace;
 use at::{mkdir_at, open_dir_at, open_exit_file, remove_tree_at, subdirs, utf8};
 pub use error::{Rejection, ShareError};
-pub use names::{ContainerName, ExitKey, ExitState, Place, PodUid, ShareEntry};
+pub use names::{ContainerName, ExitKey, ExitState, Place, ShareEntry};
+
+use crate::pod::PodUid;
 
 /// Whether `root` is a directory that was removed while something (a bind mount, as a
 /// hostPath volume is) still holds it: nothing can be created in it any more.
@@ -251,7 +253,7 @@ impl Share {
                     .zip(between)
                     .all(|(n, b)| n.as_bytes() == b.as_bytes())
         };
-        let pod = || -> Result<PodUid, ShareError> { PodUid::parse(utf8(uid, "pod uid")?) };
+        let pod = || -> Result<PodUid, ShareError> { Ok(PodUid::parse(utf8(uid, "pod uid")?)?) };
         let container = |name: &OsStr| -> Result<ContainerName, ShareError> {
             ContainerName::parse(utf8(name, "container")?)
         };

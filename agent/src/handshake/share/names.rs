@@ -1,43 +1,13 @@
-//! Names in the share, checked before they become paths: a pod's UID, a container's name,
-//! which tree a wait is in, and what an exit file says.
+//! Names in the share, checked before they become paths: a container's name (a pod's UID is
+//! [`crate::pod::PodUid`]), which tree a wait is in, and what an exit file says.
 
 use std::fmt;
 
 use exitorder_contract::podlocal;
 
+use crate::pod::PodUid;
+
 use super::{ShareError, ALLOW, MAX_EXIT_BYTES, WAIT};
-
-/// A pod UID as the kubelet names pod directories: an RFC 4122 UUID for API pods, a 32-digit
-/// hex hash for static pods.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct PodUid(String);
-
-impl PodUid {
-    pub fn parse(s: &str) -> Result<Self, ShareError> {
-        let ok = (8..=64).contains(&s.len())
-            && s.bytes()
-                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b) || b == b'-')
-            && !s.starts_with('-');
-        if ok {
-            Ok(PodUid(s.to_owned()))
-        } else {
-            Err(ShareError::BadName {
-                kind: "pod uid",
-                name: s.to_owned(),
-            })
-        }
-    }
-
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Display for PodUid {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
 
 /// A container name: a DNS-1123 label, as Kubernetes requires.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]

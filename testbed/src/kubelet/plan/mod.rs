@@ -382,8 +382,7 @@ impl<E: Fn(&str, String) -> PlanError> Planner<'_, E> {
             .uid
             .filter(|u| !u.is_empty())
             .unwrap_or_else(|| self.place.uid.clone());
-        exitorder::handshake::share::PodUid::parse(&uid)
-            .map_err(|e| err("metadata.uid", e.to_string()))?;
+        exitorder::pod::PodUid::parse(&uid).map_err(|e| err("metadata.uid", e.to_string()))?;
         let labels = meta.labels.unwrap_or_default();
         let annotations = meta.annotations.unwrap_or_default();
         let spec = pod
