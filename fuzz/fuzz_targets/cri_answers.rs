@@ -12,9 +12,9 @@
 //! or container delete).
 //!
 //! Oracle: no panic; the listing holds the sandboxes and containers the kubelet labelled (a
-//! pod-UID label that is a pod UID) and only those, with their labels' UID and name and a grace period of at most a year; a
-//! described container is one the kubelet labelled, and an env priority it gives is an env
-//! value it has; the view keeps every container indexed once under its own pod; and every
+//! pod-UID label that is a pod UID) and only those, with their labels' UID and name and a
+//! grace period of at most a year; a described container is one the kubelet labelled, and an
+//! env priority it gives is an env value it has; the view keeps every container indexed once under its own pod; and every
 //! pod of the view passes the checks of `common::pod` (priorities, deadline, decisions, Job
 //! shutdown).
 #![no_main]

@@ -359,6 +359,26 @@ mod tests {
     }
 
     #[test]
+    fn the_own_pod_uid_must_be_a_pod_uid() {
+        const UID: &str = "0f5c7a1e-8d2b-4c3e-9f00-123456789abc";
+        let cli = Cli::try_parse_from(["exitorder", "agent", "--pod-uid", UID]).unwrap();
+        let Command::Agent(a) = cli.command else {
+            panic!("parsed as another command");
+        };
+        assert_eq!(
+            a.config().own_pod_uid.map(|u| u.to_string()),
+            Some(UID.to_owned())
+        );
+        let err = Cli::try_parse_from(["exitorder", "agent", "--pod-uid", "../web-0"])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("--pod-uid") && err.contains("is not valid"),
+            "{err}"
+        );
+    }
+
+    #[test]
     fn webhook_flags_and_defaults() {
         let cli = Cli::try_parse_from([
             "exitorder",

@@ -139,7 +139,10 @@ fn grace(annotations: &HashMap<String, String>) -> Option<Duration> {
 
 /// A container the kubelet made: its pod's UID and its name are in its labels. Others
 /// (made by something else on the node) are not the agent's business, and neither is one
-/// whose pod-UID label is no UID: the kubelet never writes one, any other CRI client can.
+/// whose pod-UID label is no UID: any CRI client can write one, and the kubelet does only for
+/// a static pod whose manifest sets such a `metadata.uid` (the API server generates UUIDs,
+/// the kubelet a hash for a static pod without one). Such a pod could have no exit
+/// directory in the share either, whose pod directories are pod UIDs.
 fn container_info(
     id: String,
     labels: &HashMap<String, String>,

@@ -440,11 +440,11 @@ impl NodeView {
             self.not_containers.insert(sb.id.clone());
         }
         let listed_ids: HashSet<&str> = l.containers.iter().map(|c| c.id.as_str()).collect();
-        let listed_pods: HashSet<&str> = l
+        let listed_pods: HashSet<&PodUid> = l
             .sandboxes
             .iter()
-            .map(|s| s.pod_uid.as_str())
-            .chain(l.containers.iter().map(|c| c.pod_uid.as_str()))
+            .map(|s| &s.pod_uid)
+            .chain(l.containers.iter().map(|c| &c.pod_uid))
             .collect();
         // Gone from the runtime: what the listing covers and does not show, unless it was
         // created after the listing was asked for.
@@ -464,7 +464,7 @@ impl NodeView {
         let stale_pods: Vec<PodUid> = self
             .pods
             .keys()
-            .filter(|uid| in_scope(uid) && !listed_pods.contains(uid.as_str()))
+            .filter(|uid| in_scope(uid) && !listed_pods.contains(uid))
             .filter(|uid| self.pods.get(*uid).is_some_and(|p| p.containers.is_empty()))
             .cloned()
             .collect();
@@ -729,7 +729,7 @@ mod tests {
             },
             now,
         );
-        assert!(touched.contains(UID));
+        assert!(touched.contains(&uid()));
         assert_eq!(v.needs(now), vec![], "not before the back-off");
         let retry = v.next_retry().expect("a retry is due");
         assert_eq!(retry, now + RETRY_START);
