@@ -710,6 +710,16 @@ fn api_grace(api: &ApiSpec) -> Option<Duration> {
         .map(|g| g.max(Duration::from_secs(1)))
 }
 
+/// What a pod UID is (a UUID, or a static pod's hex hash: lowercase hex and dashes, 8 to 64
+/// bytes, no leading dash), written apart from the agent's parser so that a parser letting
+/// junk through fails here.
+fn is_pod_uid(s: &str) -> bool {
+    (8..=64).contains(&s.len())
+        && !s.starts_with('-')
+        && s.bytes()
+            .all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f' | b'-'))
+}
+
 /// Checks everything the agent derives from one pod.
 fn check_pod(p: &HostilePod) -> Result<(), TestCaseError> {
     let base = Instant::now();
@@ -721,6 +731,7 @@ fn check_pod(p: &HostilePod) -> Result<(), TestCaseError> {
     );
     // A pod-UID label that is no UID is none the kubelet wrote: nothing of it is listed.
     let kubelet_uid = PodUid::parse(&p.uid).ok();
+    prop_assert_eq!(kubelet_uid.is_some(), is_pod_uid(&p.uid), "{:?}", &p.uid);
     prop_assert_eq!(
         listing.sandboxes.len(),
         usize::from(p.sandbox_labelled && kubelet_uid.is_some())
