@@ -61,6 +61,8 @@ pub struct State {
     pub subscriptions: u64,
     /// StopContainer calls made, by id.
     pub stopped: Vec<String>,
+    /// ExecSync calls made: the id, and the container's state when the call came.
+    pub execs: Vec<(String, ContainerState)>,
     seq: i64,
 }
 
@@ -277,6 +279,11 @@ impl FakeCri {
     }
 
     /// The containers StopContainer was called for, in order.
+    /// ExecSync calls made: the id, and the container's state when the call came.
+    pub fn execs(&self) -> Vec<(String, ContainerState)> {
+        self.state.lock().unwrap().execs.clone()
+    }
+
     pub fn stopped(&self) -> Vec<String> {
         self.state.lock().unwrap().stopped.clone()
     }
@@ -512,11 +519,33 @@ impl RuntimeService for FakeCri {
     ) -> Result<Response<RemoveContainerResponse>, Status> {
         unimplemented()
     }
+    /// Runs in a running container only (as runc does), and the container leaves on it: the
+    /// agent execs only a sidecar's HTTP shutdown.
     async fn exec_sync(
         &self,
-        _: Request<ExecSyncRequest>,
+        req: Request<ExecSyncRequest>,
     ) -> Result<Response<ExecSyncResponse>, Status> {
-        unimplemented()
+        self.check()?;
+        let id = req.into_inner().container_id;
+        let state = {
+            let mut s = self.state.lock().unwrap();
+            let state = s
+                .containers
+                .iter()
+                .find(|c| c.id == id)
+                .map(|c| c.state)
+                .ok_or_else(|| Status::not_found("no such container"))?;
+            s.execs.push((id.clone(), state));
+            state
+        };
+        if state != ContainerState::ContainerRunning {
+            return Err(Status::unknown("container is not running"));
+        }
+        self.exit(&id, 0);
+        Ok(Response::new(ExecSyncResponse {
+            exit_code: 0,
+            ..Default::default()
+        }))
     }
 
     type GetContainerEventsStream = ReceiverStream<Result<ContainerEventResponse, Status>>;

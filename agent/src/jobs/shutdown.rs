@@ -9,6 +9,7 @@ use tracing::{info, warn};
 
 use super::records::append;
 use crate::decide::bounds::Later as _;
+use crate::decide::RunState;
 use crate::pod::PodUid;
 use crate::runtime::{ExitStatus, Runtime};
 use crate::stats::Stats;
@@ -17,6 +18,8 @@ use crate::stats::Stats;
 const HTTP_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long an announced exit may take to show in the runtime's container status.
 const EXIT_CODE_WAIT: Duration = Duration::from_secs(5);
+/// How long a sidecar created but not started yet is waited for before its HTTP shutdown.
+const START_WAIT: Duration = Duration::from_secs(10);
 
 /// The exit code of a container whose exit the runtime has announced. containerd's CRI
 /// status says "exited" a little after its exit event: asked again for a short while, but
@@ -56,6 +59,24 @@ async fn exited_within(runtime: &Runtime, id: &str, limit: Duration) -> bool {
     }
 }
 
+/// Returns once the container is past created (or after `limit`, or when its status cannot
+/// be read). An exec reaches no process in a container not started yet, and the kubelet starts
+/// one right after creating it: in a pod restarted in place, a quick app can finish while its
+/// proxy's next attempt is only created, and that proxy is asked to leave a moment later.
+async fn started_within(runtime: &Runtime, id: &str, limit: Duration) {
+    let deadline = tokio::time::Instant::now().later(limit);
+    loop {
+        match runtime.describe(id).await {
+            Ok(Some(d)) if d.info.state == RunState::Created => {}
+            _ => return,
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 pub(super) fn how(urls: &BTreeMap<String, String>, name: &str) -> String {
     match urls.get(name) {
         Some(url) => format!("HTTP shutdown {url}"),
@@ -81,6 +102,7 @@ pub(super) async fn shut_down(s: Shutdown, stats: Arc<Stats>) {
     let (pod, name) = (&s.pod, &s.name);
     let done = format!("shutdown {}", s.id);
     if let Some(url) = &s.url {
+        started_within(&s.runtime, &s.id, START_WAIT).await;
         let cmd = vec![
             exitorder_contract::mount::ENTRYPOINT.to_owned(),
             "shutdown".to_owned(),
