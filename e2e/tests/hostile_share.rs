@@ -593,13 +593,16 @@ async fn hostile_share_contents_are_refused_while_real_exits_are_answered() {
     );
     assert_eq!(d.container("proxy").map(|c| c.exit_code), Some(0));
 
-    // Every renamed wait is answered where it went, whole: no temp file left anywhere.
+    // Every renamed wait is answered where it went, whole: no temp file left anywhere (the
+    // replaced exit files are unlinked by the agent's own thread, just after each answer).
+    let only_exit = |m: &PathBuf| {
+        fs::read_dir(m)
+            .is_ok_and(|d| d.flatten().map(|e| e.file_name()).collect::<Vec<_>>() == ["exit"])
+    };
     until("the renamed waits answered", secs(20), || {
-        std::future::ready(
-            moved
-                .iter()
-                .all(|m| fs::read_to_string(m.join("exit")).unwrap_or_default() == "allow\n"),
-        )
+        std::future::ready(moved.iter().all(|m| {
+            fs::read_to_string(m.join("exit")).unwrap_or_default() == "allow\n" && only_exit(m)
+        }))
     })
     .await;
     for m in &moved {

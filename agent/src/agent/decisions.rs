@@ -407,18 +407,22 @@ impl Agent {
                 .filter_map(|c| c.exit_seen.map(|at| (at, c.exit_by_kernel)))
                 .max_by_key(|(at, _)| *at)
         });
-        let decided = last.map_or(since, |(e, _)| e.max(since)).elapsed();
+        let heard = last.map_or(since, |(e, _)| e.max(since));
         // Which source told the view of that exit first.
         let told_by = match last {
             None => "none",
             Some((_, true)) => "kernel",
             Some((_, false)) => "runtime",
         };
+        let writing = Instant::now();
         let written = match self.place(key.place) {
             Some(share) => share.write_allow(key),
             // The place is no longer served (the kubelet's root went): nothing to answer in.
             None => return,
         };
+        // Both up to `allow` in place (renamed), the second the write alone.
+        let decided = heard.elapsed();
+        let write = writing.elapsed();
         match written {
             Ok(()) => {
                 self.stats.allowed(reason, waited);
@@ -430,6 +434,7 @@ impl Agent {
                     waited_ms = waited.as_millis() as u64,
                     waited_us = waited.as_micros() as u64,
                     decided_us = decided.as_micros() as u64,
+                    write_us = write.as_micros() as u64,
                     exit_told_by = told_by,
                     "exit allowed"
                 );

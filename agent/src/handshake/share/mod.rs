@@ -80,9 +80,10 @@ pub enum Removal {
 mod at;
 mod error;
 mod names;
+mod retire;
 
 pub(crate) use at::write_replace;
-use at::{mkdir_at, open_dir_at, open_exit_file, remove_tree_at, subdirs, utf8};
+use at::{mkdir_at, open_dir_at, open_exit_file, remove_tree_at, subdirs, swap_in, utf8};
 pub use error::{Rejection, ShareError};
 pub use names::{ContainerName, ExitKey, ExitState, Place, ShareEntry};
 
@@ -101,6 +102,8 @@ pub struct Share {
     root: PathBuf,
     place: Place,
     pods: OwnedFd,
+    /// Removes the exit files that `allow` replaced.
+    retirer: retire::Retirer,
 }
 
 static TEMP_SEQ: AtomicU64 = AtomicU64::new(0);
@@ -123,6 +126,7 @@ impl Share {
             pods: open_dir_at(&root_fd, "pods", &pods_path)?,
             root: root.to_owned(),
             place: Place::Share,
+            retirer: retire::Retirer::default(),
         })
     }
 
@@ -142,6 +146,7 @@ impl Share {
             pods,
             root: kubelet_root.to_owned(),
             place: Place::PodLocal,
+            retirer: retire::Retirer::default(),
         })
     }
 
@@ -346,19 +351,23 @@ impl Share {
         SystemTime::now().duration_since(mtime).ok()
     }
 
-    /// Lets a container exit: `allow` goes to a temp file that is renamed over `exit`, so the
-    /// waiting entrypoint never reads a half-written answer.
+    /// Lets a container exit: `allow` goes to a temp file that takes the place of `exit` in
+    /// one step, so the waiting entrypoint never reads a half-written answer; the replaced
+    /// `exit` is removed off this path (see [`retire`]).
     pub fn write_allow(&self, key: &ExitKey) -> Result<(), ShareError> {
         let dir = self.open_container(key)?;
         let path = self.container_path(key);
-        write_replace(
+        let replaced = swap_in(
             &dir,
             &path,
             EXIT_FILE,
             format!("{ALLOW}\n").as_bytes(),
             0o644,
-            false,
-        )
+        )?;
+        if let Some(name) = replaced {
+            self.retirer.retire(dir, name);
+        }
+        Ok(())
     }
 
     /// Every valid container directory in the share.

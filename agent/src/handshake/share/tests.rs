@@ -76,14 +76,105 @@ fn exit_file_round_trip() {
         "allow\n"
     );
     assert_eq!(s.read_exit(&k).unwrap(), ExitState::Allowed);
-    // Only `exit` is left: the temp file was renamed, not copied.
-    let names: Vec<_> = std::fs::read_dir(&dir).unwrap().collect();
-    assert_eq!(names.len(), 1);
+    // Only `exit` is left: the temp file took its place, and the replaced one is removed.
+    eventually("the replaced exit file removed", || {
+        std::fs::read_dir(&dir).unwrap().count() == 1
+    });
     std::fs::write(dir.join("exit"), "x".repeat(1000)).unwrap();
     match s.read_exit(&k).unwrap() {
         ExitState::Unexpected(text) => assert_eq!(text.len(), MAX_EXIT_BYTES),
         other => panic!("{other:?}"),
     }
+}
+
+/// Until `cond` holds, for at most 10 s (another thread's work, on a busy machine).
+fn eventually(what: &str, cond: impl Fn() -> bool) {
+    let end = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !cond() {
+        assert!(std::time::Instant::now() < end, "never: {what}");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
+#[test]
+fn allow_takes_the_place_of_exit_and_the_replaced_file_goes_off_the_writers_path() {
+    use std::os::unix::fs::MetadataExt;
+    let (_t, s) = setup();
+    let k = key(UID, "proxy");
+    let dir = s.container_path(&k);
+    std::fs::create_dir_all(&dir).unwrap();
+    // The exchange itself: the new file takes `exit`'s name, the old one the temp name.
+    std::fs::write(dir.join("exit"), "wait\n").unwrap();
+    let dir_fd = rfs::open(&dir, OFlags::RDONLY | OFlags::DIRECTORY, Mode::empty()).unwrap();
+    let tmp = at::swap_in(&dir_fd, &dir, EXIT_FILE, b"allow\n", 0o644)
+        .unwrap()
+        .expect("exchanged, not renamed over");
+    assert_eq!(
+        std::fs::read_to_string(dir.join("exit")).unwrap(),
+        "allow\n"
+    );
+    assert_eq!(std::fs::read_to_string(dir.join(&tmp)).unwrap(), "wait\n");
+    std::fs::remove_file(dir.join(&tmp)).unwrap();
+
+    std::fs::write(dir.join("exit"), "wait\n").unwrap();
+    let old = std::fs::File::open(dir.join("exit")).unwrap();
+    s.write_allow(&k).unwrap();
+    // `exit` is a new file holding the answer; the waiter's one is left whole (exchanged,
+    // not written over), then unlinked by the share's own thread.
+    assert_eq!(
+        std::fs::read_to_string(dir.join("exit")).unwrap(),
+        "allow\n"
+    );
+    assert_ne!(
+        std::fs::metadata(dir.join("exit")).unwrap().ino(),
+        old.metadata().unwrap().ino()
+    );
+    assert_eq!(std::io::read_to_string(&old).unwrap(), "wait\n");
+    eventually("the replaced exit file unlinked", || {
+        old.metadata().unwrap().nlink() == 0
+    });
+    assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 1);
+
+    // No `exit` (withdrawn meanwhile): the answer is still put there, as before, and nothing
+    // else is left.
+    std::fs::remove_file(dir.join("exit")).unwrap();
+    s.write_allow(&k).unwrap();
+    assert_eq!(
+        std::fs::read_to_string(dir.join("exit")).unwrap(),
+        "allow\n"
+    );
+    assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 1);
+
+    // A directory a container put in `exit`'s place is its own: moved aside, never removed.
+    std::fs::remove_file(dir.join("exit")).unwrap();
+    std::fs::create_dir(dir.join("exit")).unwrap();
+    std::fs::write(dir.join("exit").join("keep"), "x").unwrap();
+    s.write_allow(&k).unwrap();
+    assert_eq!(
+        std::fs::read_to_string(dir.join("exit")).unwrap(),
+        "allow\n"
+    );
+    let aside = || {
+        std::fs::read_dir(&dir)
+            .unwrap()
+            .flatten()
+            .filter(|e| e.file_name() != "exit")
+            .map(|e| e.path())
+            .collect::<Vec<_>>()
+    };
+    // Given the thread its turn: a removal it would make is made by then.
+    let marker = key(UID, "marker");
+    std::fs::create_dir_all(s.container_path(&marker)).unwrap();
+    let held = s.container_path(&marker).join("exit");
+    std::fs::write(&held, "wait\n").unwrap();
+    let held = std::fs::File::open(held).unwrap();
+    s.write_allow(&marker).unwrap();
+    eventually("the marker's replaced file unlinked", || {
+        held.metadata().unwrap().nlink() == 0
+    });
+    let left = aside();
+    assert_eq!(left.len(), 1, "{left:?}");
+    assert_eq!(std::fs::read_to_string(left[0].join("keep")).unwrap(), "x");
 }
 
 #[test]
