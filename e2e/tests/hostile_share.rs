@@ -355,7 +355,7 @@ impl Planted {
         }
     }
 
-    /// Still the same entry: never answered (an allow is a rename over it), never truncated.
+    /// Still the same entry: never answered (an allow takes its place), never truncated.
     fn assert_untouched(&self) {
         let again = Planted::record(self.exit.clone());
         assert_eq!(

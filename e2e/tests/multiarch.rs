@@ -135,7 +135,7 @@ fn the_arm64_binaries_run() {
 }
 
 /// The arm64 entrypoint's side of the exit handshake: it makes `exit` saying `wait`, and
-/// returns once it says `allow` (written as the agent writes it: a new file renamed over).
+/// returns once it says `allow` (written as the agent writes it: a new file taking its place).
 #[test]
 fn the_arm64_entrypoint_waits_for_its_allow() {
     let Some((qemu, path)) = arm64("exitorder-entrypoint") else {

@@ -2,8 +2,8 @@
 //!
 //! The container's directory is a host directory the agent watches. Creating
 //! `exit` (content `wait`) asks for permission to exit; the agent answers by
-//! renaming a file containing `allow` over it once the containers this
-//! sidecar serves have stopped.
+//! putting a file containing `allow` in its place in one step (an exchange,
+//! or a rename over it) once the containers this sidecar serves have stopped.
 //!
 //! Waiting is driven by inotify rather than polling the file: preStop time
 //! comes out of the pod's grace period, and a poll interval would be added to
@@ -18,7 +18,7 @@
 //! [`POLL_FALLBACK`] instead, and says so.
 //!
 //! Nobody but this process creates or removes `exit`, and the agent only
-//! ever replaces it (rename). If it disappears while waiting, someone else
+//! ever replaces it (exchange or rename: `exit` is never missing between). If it disappears while waiting, someone else
 //! removed it, and the wait ends as [`Outcome::ExitFileGone`]: recreating
 //! the request could lose an `allow` the agent wrote just before the
 //! removal, and holding on would make the wait depend on the timeout alone,

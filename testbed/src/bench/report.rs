@@ -429,7 +429,7 @@ impl Report {
         if let Some(r) = &self.allow_to_return {
             let _ = writeln!(
                 t,
-                "\nAllow written (temp file + rename) -> waiter returned, host processes; \
+                "\nAllow written (as the agent writes it) -> waiter returned, host processes; \
                  {} runs each; the 1 s pollers {} at once, each answered at a random point of \
                  its period.",
                 s.returns, s.poller_batch

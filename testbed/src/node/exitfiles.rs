@@ -16,7 +16,7 @@ use exitorder::handshake::share::EXIT_FILE;
 pub struct ExitFileEvents {
     /// The preStop created `exit`: from here it waits (Unix ns).
     pub created: Option<i64>,
-    /// `allow` was renamed over `exit` (only the agent writes it that way).
+    /// `allow` took `exit`'s place, exchanged or renamed (only the agent writes it that way).
     pub allowed: Option<i64>,
     /// The preStop removed `exit` after its wait.
     pub removed: Option<i64>,

@@ -139,11 +139,10 @@ fn write_temp(
                 Err(e) => return Err(ShareError::io("write", &tmp_path, e)),
             }
         }
-        // The umask may have narrowed the mode given to openat.
-        if umask_narrows(mode) {
-            rfs::fchmod(&fd, Mode::from_raw_mode(mode))
-                .map_err(|e| ShareError::io("chmod", &tmp_path, e))?;
-        }
+        // The umask (or a default ACL of the directory) may have narrowed the mode given to
+        // openat.
+        rfs::fchmod(&fd, Mode::from_raw_mode(mode))
+            .map_err(|e| ShareError::io("chmod", &tmp_path, e))?;
         if durable {
             rfs::fsync(&fd).map_err(|e| ShareError::io("fsync", &tmp_path, e))?;
         }
@@ -164,20 +163,6 @@ fn rename_temp(dir: &OwnedFd, dir_path: &Path, tmp: &str, name: &str) -> Result<
         let _ = rfs::unlinkat(dir, tmp, AtFlags::empty());
         ShareError::io("rename", dir_path.join(name), e)
     })
-}
-
-/// Whether this process's umask takes bits of `mode` away (a `chmod` then puts them back;
-/// each is one more journal entry on the path to `allow`). Unknown: yes.
-fn umask_narrows(mode: u32) -> bool {
-    static UMASK: std::sync::OnceLock<Option<u32>> = std::sync::OnceLock::new();
-    // Read from /proc (Linux 4.7+): setting the umask to learn it would change it, for a
-    // moment, for every thread creating files.
-    let umask = UMASK.get_or_init(|| {
-        let status = std::fs::read_to_string("/proc/self/status").ok()?;
-        let line = status.lines().find_map(|l| l.strip_prefix("Umask:"))?;
-        u32::from_str_radix(line.trim(), 8).ok()
-    });
-    umask.is_none_or(|u| u & mode != 0)
 }
 
 /// Opens the exit file in `dir` for reading, and nothing else: the name is first opened as a

@@ -126,7 +126,7 @@ impl Share {
             pods: open_dir_at(&root_fd, "pods", &pods_path)?,
             root: root.to_owned(),
             place: Place::Share,
-            retirer: retire::Retirer::default(),
+            retirer: retire::Retirer::start(),
         })
     }
 
@@ -146,7 +146,7 @@ impl Share {
             pods,
             root: kubelet_root.to_owned(),
             place: Place::PodLocal,
-            retirer: retire::Retirer::default(),
+            retirer: retire::Retirer::start(),
         })
     }
 

@@ -175,6 +175,8 @@ fn allow_takes_the_place_of_exit_and_the_replaced_file_goes_off_the_writers_path
     let left = aside();
     assert_eq!(left.len(), 1, "{left:?}");
     assert_eq!(std::fs::read_to_string(left[0].join("keep")).unwrap(), "x");
+    // Every removal was the share's thread's, none on the writer's path.
+    assert_eq!(retire::tests::removed_elsewhere(), 0);
 }
 
 #[test]
