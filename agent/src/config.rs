@@ -41,6 +41,8 @@ pub struct Config {
     /// How old a wait must be before the API server's "not being deleted" releases it: time
     /// for a deletion the kubelet already acts on to reach the agent's own watch.
     pub api_settle: Duration,
+    /// What the agent is told of the kubelet's configuration: the grace of its own kills.
+    pub kubelet: crate::kubelet::grace::KubeletConfig,
     /// How long the node view remembers a removed container's id, so that a late event does
     /// not bring it back.
     pub tombstone_ttl: Duration,
@@ -63,6 +65,7 @@ impl Config {
             own_pod_uid: None,
             kernel_exit_source: true,
             api_settle: Duration::from_millis(250),
+            kubelet: crate::kubelet::grace::KubeletConfig::default(),
             tombstone_ttl: crate::view::TOMBSTONE_TTL,
         }
     }

@@ -29,6 +29,7 @@ pub mod config;
 pub mod decide; // the pure decision: facts, priorities, stop order, restarts
 pub mod handshake; // the share on the node: layout, waits, inotify, guards
 pub mod jobs; // Jobs that finish: completion rules, sidecar shutdown
+pub mod kubelet; // the agent's model of the kubelet: kills, their Events, their grace
 pub mod pod; // a pod's identity, checked where it enters
 pub mod podspec; // which containers a pod spec has, and which are ordered
 pub mod presets; // the sidecars people run, as data

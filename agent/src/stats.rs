@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use crate::decide::Reason;
 use crate::handshake::share::Rejection;
+use crate::kubelet::kills::Kill;
 
 /// Upper bounds (seconds) of the allow latency histogram: from the exit file appearing to
 /// `allow` written. Waits run from microseconds (nothing to wait for) to the grace period.
@@ -72,6 +73,8 @@ pub struct Stats {
     watching: AtomicBool,
     runtime_ok: AtomicBool,
     api_errors: Mutex<BTreeMap<&'static str, u64>>,
+    api_reads: Mutex<BTreeMap<&'static str, u64>>,
+    allows_by_kill: [AtomicU64; Kill::ALL.len()],
     api_watch: Mutex<&'static str>,
     pod_events: Mutex<BTreeMap<&'static str, u64>>,
     /// Why the entrypoint given could not be installed: the agent then stays not ready.
@@ -212,6 +215,24 @@ impl Stats {
 
     pub fn api_errors(&self) -> BTreeMap<&'static str, u64> {
         read_counts(&self.api_errors)
+    }
+
+    /// One read of the API server on a decision's behalf (not the pod watch), by what it read.
+    pub fn api_read(&self, kind: &'static str) {
+        bump(&self.api_reads, kind);
+    }
+
+    pub fn api_reads(&self) -> BTreeMap<&'static str, u64> {
+        read_counts(&self.api_reads)
+    }
+
+    /// An exit allowed during a kill of kind `kill`, as the agent recognised it.
+    pub fn allowed_in(&self, kill: Kill) {
+        slot(&self.allows_by_kill, &Kill::ALL, kill).fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn allows_in(&self, kill: Kill) -> u64 {
+        slot(&self.allows_by_kill, &Kill::ALL, kill).load(Ordering::Relaxed)
     }
 
     /// State of the pod watch, one of [`API_WATCH_STATES`].

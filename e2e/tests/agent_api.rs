@@ -39,7 +39,7 @@ impl Linked {
             .add_pod(APP_UID, &[(ANNOTATION, r#"{"proxy":1}"#)]);
         let app = rig.cri().add_container(APP_UID, "app", 0, runtime_grace);
         rig.cri().add_container(APP_UID, "proxy", 0, runtime_grace);
-        let api = FakeApi::default().serve();
+        let api = FakeApi::for_node(NODE).serve();
         if let Some(p) = api_pod {
             api.api.apply(p);
         }
@@ -73,6 +73,36 @@ impl Linked {
             .await
             .expect("cluster tasks stop within their bound")
             .expect("cluster tasks");
+    }
+
+    /// The kubelet of this node records `reason`/`message` about the pod (about `container`
+    /// when given), as its recorder would, dated now.
+    fn kubelet_says(&self, reason: &str, message: &str, container: Option<&str>) {
+        use exitorder_testbed::ApiSink as _;
+        self.api.api.event(
+            &exitorder_testbed::PodRef {
+                uid: APP_UID.to_owned(),
+                namespace: "default".to_owned(),
+                name: pod_name(APP_UID),
+            },
+            &exitorder_testbed::KubeletEvent {
+                reason: reason.to_owned(),
+                kind: exitorder_testbed::EventType::Normal,
+                message: message.to_owned(),
+                field_path: container.map(|c| format!("spec.containers{{{c}}}")),
+                at: std::time::SystemTime::now(),
+            },
+        );
+    }
+
+    /// Event LISTs the agent made.
+    fn event_reads(&self) -> usize {
+        self.api
+            .api
+            .requests()
+            .iter()
+            .filter(|r| r.starts_with("GET /api/v1/namespaces/default/events?"))
+            .count()
     }
 
     fn app_exits(&self) {
@@ -211,31 +241,131 @@ async fn native_sidecars_from_the_spec_keep_the_kubelets_stop_order() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn pod_not_deleted_is_allowed_at_once() {
+async fn a_restart_the_kubelet_names_is_allowed_at_once() {
     let mut l = Linked::new(60, Some(api_pod(None)));
     l.start(Duration::ZERO);
     watch_state_becomes(&l.rig.stats, "up", Duration::from_secs(5)).await;
+    // kuberuntime_container.go killContainer: the Event comes before the preStop hook.
+    l.kubelet_says(
+        "Killing",
+        "Container proxy failed liveness probe, will be restarted",
+        Some("proxy"),
+    );
     let f = l.rig.request_exit(APP_UID, "proxy");
-    // The app still runs: only "not being deleted" can allow this.
+    // The app still runs: only the kubelet's word for this one container can allow this.
     assert!(allowed_within(&f, Duration::from_secs(2)).await);
     allows_reach(&l.rig.stats, Reason::NotTerminating, 1).await;
     assert_eq!(l.rig.stats.allows(Reason::Ordered), 0);
+    assert_eq!(
+        metric(
+            &l.rig.stats,
+            "exitorder_allows_by_kill_total{kill=\"liveness_restart\"}"
+        ),
+        1.0
+    );
     // Not held, so nothing to tell.
     no_events_within(&l.api, Duration::from_millis(200)).await;
     l.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn restart_waits_only_the_settle_time() {
+async fn a_restart_whose_word_comes_late_waits_only_for_it() {
     let mut l = Linked::new(60, Some(api_pod(None)));
     l.start(Duration::from_millis(300));
     watch_state_becomes(&l.rig.stats, "up", Duration::from_secs(5)).await;
     let f = l.rig.request_exit(APP_UID, "proxy");
-    stays_waiting(&f, Duration::from_millis(150)).await;
-    assert!(allowed_within(&f, Duration::from_secs(2)).await);
+    // The kubelet's recorder sends its Event a little after the hook began.
+    stays_waiting(&f, Duration::from_millis(400)).await;
+    l.kubelet_says(
+        "Killing",
+        "Container proxy definition changed, will be restarted",
+        Some("proxy"),
+    );
+    assert!(allowed_within(&f, Duration::from_secs(3)).await);
     allows_reach(&l.rig.stats, Reason::NotTerminating, 1).await;
-    // A restart's short pause is not a hold worth an Event.
-    no_events_within(&l.api, Duration::from_millis(200)).await;
+    assert_eq!(
+        metric(
+            &l.rig.stats,
+            "exitorder_allows_by_kill_total{kill=\"definition_changed\"}"
+        ),
+        1.0
+    );
+    l.stop().await;
+}
+
+/// The kubelet's own kills keep the pod `Running` with no deletion in the API
+/// (status_manager.go mergePodStatus) until every container stopped: a pod the API shows
+/// staying, of which the kubelet said nothing (its Events dropped), is ordered, and the agent
+/// asks a bounded number of times.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kill_the_kubelet_said_nothing_of_stays_ordered() {
+    let mut l = Linked::new(60, Some(api_pod(None)));
+    l.start(Duration::ZERO);
+    watch_state_becomes(&l.rig.stats, "up", Duration::from_secs(5)).await;
+    let f = l.rig.request_exit(APP_UID, "proxy");
+    // Past every read the agent asks (about 3 s of them).
+    stays_waiting(&f, Duration::from_millis(3_600)).await;
+    let reads = l.event_reads();
+    assert!(
+        (1..=6).contains(&reads),
+        "{reads} reads: {:?}",
+        l.api.api.requests()
+    );
+    l.app_exits();
+    assert!(allowed_within(&f, Duration::from_secs(2)).await);
+    allows_reach(&l.rig.stats, Reason::Ordered, 1).await;
+    assert_eq!(l.rig.stats.allows(Reason::NotTerminating), 0);
+    assert_eq!(
+        metric(
+            &l.rig.stats,
+            "exitorder_allows_by_kill_total{kill=\"unknown\"}"
+        ),
+        1.0
+    );
+    // No GET of the pod: the watch and one pod's Events are all the agent reads.
+    assert!(
+        !l.api
+            .api
+            .requests()
+            .iter()
+            .any(|r| r.starts_with("GET /api/v1/namespaces/default/pods/")),
+        "{:?}",
+        l.api.api.requests()
+    );
+    l.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_eviction_keeps_the_order_while_the_api_says_running() {
+    let mut l = Linked::new(60, Some(api_pod(None)));
+    l.start(Duration::ZERO);
+    watch_state_becomes(&l.rig.stats, "up", Duration::from_secs(5)).await;
+    // eviction_manager.go evictPod records Evicted before it kills; killContainer then
+    // "Stopping container" for each container. A liveness word of a moment before does not
+    // make this kill a restart.
+    l.kubelet_says(
+        "Killing",
+        "Container proxy failed liveness probe, will be restarted",
+        Some("proxy"),
+    );
+    l.kubelet_says(
+        "Evicted",
+        "The node was low on resource: memory. Threshold quantity: 100Mi, available: 80Mi. ",
+        None,
+    );
+    l.kubelet_says("Killing", "Stopping container app", Some("app"));
+    let f = l.rig.request_exit(APP_UID, "proxy");
+    l.held_until_app_exits(&f, Duration::from_millis(600)).await;
+    assert_eq!(l.rig.stats.allows(Reason::NotTerminating), 0);
+    assert_eq!(
+        metric(
+            &l.rig.stats,
+            "exitorder_allows_by_kill_total{kill=\"eviction\"}"
+        ),
+        1.0
+    );
+    // Recognised at the first read: no more asked.
+    assert_eq!(l.event_reads(), 1, "{:?}", l.api.api.requests());
     l.stop().await;
 }
 
@@ -290,9 +420,9 @@ async fn force_deleted_pod_stays_ordered() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn evicted_pod_stays_ordered_without_any_deletion() {
-    // Node-pressure eviction, node shutdown and activeDeadlineSeconds kill the whole pod
-    // with no deletionTimestamp; the kubelet sets phase Failed.
+async fn a_pod_the_api_shows_failed_stays_ordered() {
+    // The kubelet sets phase Failed once a kill of its own is over (an agent that comes back
+    // late still finds a sidecar waiting): a terminal phase is a pod kill, never a restart.
     let mut l = Linked::new(60, Some(fakeapi::with_phase(api_pod(None), "Failed")));
     l.start(Duration::ZERO);
     watch_state_becomes(&l.rig.stats, "up", Duration::from_secs(5)).await;
@@ -303,24 +433,18 @@ async fn evicted_pod_stays_ordered_without_any_deletion() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn lagging_watch_is_caught_by_the_confirming_read() {
+async fn a_lagging_watch_is_caught_by_the_kubelets_word() {
     let mut l = Linked::new(60, Some(api_pod(None)));
     l.start(Duration::ZERO);
     watch_state_becomes(&l.rig.stats, "up", Duration::from_secs(5)).await;
     // The pod is deleted; the kubelet acts on it, but the agent's watch does not deliver it.
     l.api.api.hold_watches(true);
     l.api.api.apply(api_pod(Some((60, 60))));
+    l.kubelet_says("Killing", "Stopping container proxy", Some("proxy"));
     let f = l.rig.request_exit(APP_UID, "proxy");
     l.held_until_app_exits(&f, Duration::from_millis(400)).await;
     assert_eq!(l.rig.stats.allows(Reason::NotTerminating), 0);
-    let reads = l
-        .api
-        .api
-        .requests()
-        .iter()
-        .filter(|r| r.starts_with("GET /api/v1/namespaces/default/pods/"))
-        .count();
-    assert!(reads >= 1, "{:?}", l.api.api.requests());
+    assert!(l.event_reads() >= 1, "{:?}", l.api.api.requests());
     l.stop().await;
 }
 
@@ -481,6 +605,11 @@ async fn agent_binary_watches_pods_through_kubeconfig() {
         })
         .await
         .expect("the pod watch syncs");
+    l.kubelet_says(
+        "Killing",
+        "Container proxy failed startup probe, will be restarted",
+        Some("proxy"),
+    );
     let f = l.rig.request_exit(APP_UID, "proxy");
     assert!(allowed_within(&f, Duration::from_secs(3)).await);
     agent
@@ -488,7 +617,7 @@ async fn agent_binary_watches_pods_through_kubeconfig() {
             line.is("allow", &[("reason", "not_terminating")])
         })
         .await
-        .expect("allowed because the pod is not being deleted");
+        .expect("allowed because the kubelet restarts the proxy alone");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

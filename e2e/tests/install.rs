@@ -316,7 +316,8 @@ fn assert_agent_rbac(docs: &[Value]) {
     assert_eq!(
         rules,
         vec![
-            (s(&[""]), s(&["pods"]), s(&["get", "list", "watch"])),
+            (s(&[""]), s(&["pods"]), s(&["list", "watch"])),
+            (s(&[""]), s(&["events"]), s(&["list"])),
             (s(&["events.k8s.io"]), s(&["events"]), s(&["create"])),
         ]
     );

@@ -76,14 +76,8 @@ impl JobBed {
             .run_pod(pod, &opts)
             .await
             .unwrap_or_else(|e| panic!("run pod: {e}"));
-        let mut api_pod = pod.clone();
-        api_pod["metadata"]["uid"] = running.uid().into();
-        api_pod["metadata"]["name"] = running.name().into();
-        api_pod["metadata"]["namespace"] = running.namespace().into();
-        api_pod["spec"]["nodeName"] = NODE.into();
-        api_pod["status"] = json!({"phase": "Running"});
         if let Some(api) = &self.api {
-            api.api.apply(api_pod);
+            api.api.apply(support::api_pod_of(pod, &running, NODE));
         }
         running
     }

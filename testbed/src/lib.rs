@@ -16,7 +16,9 @@ pub mod node;
 pub mod skip;
 pub mod verdict;
 
+pub use kubelet::api::{ApiLog, DisruptionTarget, Reported};
 pub use kubelet::{
-    DeleteOptions, Deletion, Phase, PodStatus, RunOptions, RunningPod, Timeline, What,
+    ApiSink, ApiStatus, DeleteOptions, Deletion, EventType, Kill, KubeletEvent, Phase, PodRef,
+    PodStatus, RunOptions, RunningPod, Timeline, What,
 };
 pub use node::*;

@@ -309,6 +309,7 @@ mod tests {
         let mut d = Deletion {
             pod_uid: place.uid.clone(),
             pod_name: "job".into(),
+            kill: crate::kubelet::Kill::Deletion,
             grace_seconds: 30,
             started_ns: 0,
             containers: vec![

@@ -8,21 +8,33 @@ use tracing::{debug, info, warn};
 
 use crate::agent::Agent;
 use crate::backoff::Backoff;
-use crate::cluster::podwatch::{ApiPod, ConfirmRequest, PodSignal};
+use crate::cluster::podwatch::{now_unix, ApiPod, ConfirmRequest, PodSignal};
 use crate::cluster::recorder::{ExitNotice, PodRef};
 use crate::decide::bounds::Later as _;
 use crate::decide::facts::{self, Clock};
 use crate::decide::stoporder::StopOrder;
 use crate::decide::{self, Deletion, PodFacts, Reason, RunState, Verdict};
 use crate::handshake::share::ExitKey;
+use crate::kubelet::grace;
+use crate::kubelet::kills::{Kill, PodKill};
 use crate::pod::PodUid;
 use crate::view::reader::Read;
 
 /// How far behind the clock a file's timestamp may be (a kernel tick is 1 to 10 ms).
 const FILE_CLOCK_SLACK: Duration = Duration::from_millis(50);
 
-/// How long after a failed confirming read the next may be asked.
+/// How long after a failed read of the kubelet's word the next may be asked.
 const CONFIRM_RETRY: Duration = Duration::from_secs(1);
+
+/// A read of a pod's Events that found no word of a waiting container's kill is asked again
+/// after this, doubling: the kubelet records its `Killing` Event just before the preStop
+/// hook starts and sends it a little later (much later when its recorder is rate-limited).
+const WORD_RETRY_START: Duration = Duration::from_millis(100);
+const WORD_RETRY_MAX: Duration = Duration::from_millis(1_600);
+/// At most this many reads per pod (about 3 s of asking): past them a wait the kubelet said
+/// nothing of stays ordered (a lost word costs a restart its deadline, never a pod its order),
+/// and a mass kill costs the API server a bounded number of requests per pod.
+const MAX_WORD_READS: u32 = 6;
 
 /// A failed write of `allow` is tried again after this, doubling up to the cap: soon enough
 /// that freed space answers the preStop at once, rare enough not to spin on a full disk.
@@ -107,6 +119,14 @@ impl Agent {
     fn facts(&mut self, pod: &PodUid) -> Option<PodFacts> {
         let api = self.api_pod(pod);
         let (deletion, clock) = self.deletion_and_clock(pod, api.as_ref())?;
+        if let (Some(kill), Some(p)) = (
+            api.as_ref().and_then(|a| a.pod_kill(now_unix())),
+            self.waits.pending.get_mut(pod),
+        ) {
+            // The API object says why (a deletion, a terminal phase, a passed deadline): no
+            // read of the kubelet's word is needed.
+            p.confirm.pod_kill.get_or_insert(kill);
+        }
         let p = self.waits.pending.get(pod)?;
         let (checking, checked) = (p.checking, p.checked);
         let stopping = p.first_seen;
@@ -211,10 +231,20 @@ impl Agent {
     /// still gives the full grace period.
     fn deletion_and_clock(&self, pod: &PodUid, api: Option<&ApiPod>) -> Option<(Deletion, Clock)> {
         let p = self.waits.pending.get(pod)?;
+        let api_kill = api.and_then(|a| a.pod_kill(now_unix()));
+        let pod_kill = api_kill.or(p.confirm.pod_kill);
         let deletion = match api {
-            Some(a) if a.is_staying() && !p.confirm.denied => Deletion::NotDeleting {
+            // Not shown going away: which alone proves nothing (the kubelet keeps a pod
+            // `Running` through its own kills); only the kubelet's word for one container
+            // releases that container's wait early.
+            Some(_) if pod_kill.is_none() => Deletion::NotDeleting {
                 settle: self.cfg.api_settle,
-                confirmed: p.confirm.staying_at,
+                restarting: p
+                    .confirm
+                    .restarting
+                    .iter()
+                    .map(|(name, (at, _))| (name.clone(), *at))
+                    .collect(),
             },
             // Going away, or not known to the API server's view: ordered, as in runtime-only
             // mode.
@@ -235,7 +265,11 @@ impl Agent {
         }
         let clock = Clock {
             first_seen,
-            api_grace: api.and_then(ApiPod::grace),
+            api_grace: grace::of_kill(
+                pod_kill.map(Kill::Pod),
+                api.and_then(ApiPod::grace),
+                &self.cfg.kubelet,
+            ),
             runtime_grace: self.view.pod(pod).and_then(|v| v.grace()),
             reserve: self.cfg.grace_reserve,
         };
@@ -289,21 +323,39 @@ impl Agent {
             PodSignal::Confirmed {
                 uid: pod,
                 asked_at,
-                staying,
+                word,
             } => {
                 let Some(p) = self.waits.pending.get_mut(&pod) else {
                     return;
                 };
                 p.confirm.asked = false;
-                match staying {
-                    Some(true) => {
-                        p.confirm.staying_at = p.confirm.staying_at.max(Some(asked_at));
-                    }
-                    Some(false) => {
-                        info!(pod = %pod, "the API server says the pod is going away; exits stay ordered");
-                        p.confirm.denied = true;
-                    }
-                    None => p.confirm.retry_at = Some(Instant::now().later(CONFIRM_RETRY)),
+                p.confirm.reads = p.confirm.reads.saturating_add(1);
+                let Some(word) = word else {
+                    p.confirm.retry_at = Some(Instant::now().later(CONFIRM_RETRY));
+                    dirty.insert(pod);
+                    return;
+                };
+                if let (Some(kill), None) = (word.pod_kill, p.confirm.pod_kill) {
+                    info!(pod = %pod, kill = %Kill::Pod(kill), "the kubelet kills the whole pod; exits stay ordered");
+                    p.confirm.pod_kill = Some(kill);
+                }
+                for (name, kind) in word.containers {
+                    debug!(pod = %pod, container = %name, kill = %Kill::Container(kind), "the kubelet kills this container alone");
+                    let at = p
+                        .confirm
+                        .restarting
+                        .get(&name)
+                        .map_or(asked_at, |(t, _)| asked_at.max(*t));
+                    p.confirm.restarting.insert(name, (at, kind));
+                }
+                // Nothing said yet of some waiting container: its Event may still be on its
+                // way (the kubelet records it just before the hook, and sends it later).
+                let silent = p.waiting.keys().any(|c| {
+                    !p.confirm.restarting.contains_key(c.as_str()) && p.confirm.pod_kill.is_none()
+                });
+                if silent {
+                    let delay = Backoff::after(WORD_RETRY_START, WORD_RETRY_MAX, p.confirm.reads);
+                    p.confirm.retry_at = Some(Instant::now().later(delay));
                 }
                 dirty.insert(pod);
             }
@@ -321,6 +373,7 @@ impl Agent {
         let mut wake: Option<Instant> = None;
         let mut allowed = Vec::new();
         let mut unconfirmed = false;
+        let mut earliest: Option<Instant> = None;
         for (name, waiter) in p.waiting.iter_mut() {
             match decide::decide(facts.as_ref(), name.as_str(), waiter.since, now) {
                 Verdict::Allow(_) if waiter.retry_at.is_some_and(|t| now < t) => {
@@ -331,10 +384,17 @@ impl Agent {
                 }
                 Verdict::Wait { blocked_by, until } => {
                     wake = [wake, until].into_iter().flatten().min();
-                    if staying {
-                        // Not held for order: waiting for the settle time or the API
-                        // server's confirmation, a restart's short pause.
-                        unconfirmed |= p.confirm.staying_at.is_none_or(|c| c < waiter.since);
+                    let named = p
+                        .confirm
+                        .restarting
+                        .get(name.as_str())
+                        .is_some_and(|(c, _)| *c >= waiter.since);
+                    let asking = staying && !named && p.confirm.reads < MAX_WORD_READS;
+                    if asking {
+                        // The kubelet's word on this kill is not known yet: asked for. A
+                        // restart's short pause is not a hold worth telling.
+                        unconfirmed = true;
+                        earliest = [earliest, Some(waiter.since)].into_iter().flatten().min();
                     } else if waiter.held_for.is_none() {
                         info!(event = "held", pod = %pod, container = %name, waiting_for = ?blocked_by, "exit held");
                         waiter.held_for = Some(blocked_by);
@@ -345,16 +405,29 @@ impl Agent {
                 }
             }
         }
+        let retry_at = p.confirm.retry_at;
+        if unconfirmed {
+            // Decided again when the next read may be asked, if nothing comes sooner.
+            wake = [wake, retry_at.filter(|t| *t > now)]
+                .into_iter()
+                .flatten()
+                .min();
+        }
         p.wake = wake;
-        let ask = unconfirmed && !p.confirm.asked && p.confirm.retry_at.is_none_or(|t| now >= t);
+        let ask = unconfirmed && !p.confirm.asked && retry_at.is_none_or(|t| now >= t);
         if ask {
-            if let (Some(api), Some((namespace, name))) = (&self.api.pods, &names) {
+            if let (Some(api), Some((namespace, name)), Some(since)) =
+                (&self.api.pods, &names, earliest)
+            {
                 p.confirm.asked = true;
+                let ago = i64::try_from(now.saturating_duration_since(since).as_secs())
+                    .unwrap_or(i64::MAX);
                 api.confirm(ConfirmRequest {
                     uid: pod.clone(),
                     namespace: namespace.clone(),
                     name: name.clone(),
                     asked_at: now,
+                    since_unix: now_unix().saturating_sub(ago),
                 });
             }
         }
@@ -426,11 +499,20 @@ impl Agent {
         match written {
             Ok(()) => {
                 self.stats.allowed(reason, waited);
+                let kill = self
+                    .waits
+                    .pending
+                    .get(&key.pod)
+                    .map_or(Kill::Pod(PodKill::Unknown), |p| {
+                        p.confirm.kill_of(key.container.as_str(), reason)
+                    });
+                self.stats.allowed_in(kill);
                 info!(
                     event = "allow",
                     pod = %key.pod,
                     container = %key.container,
                     reason = %reason,
+                    kill = %kill,
                     waited_ms = waited.as_millis() as u64,
                     waited_us = waited.as_micros() as u64,
                     decided_us = decided.as_micros() as u64,

@@ -173,11 +173,20 @@ pub struct AgentArgs {
     /// this executable).
     #[arg(long, env = "EXITORDER_ENTRYPOINT_BINARY")]
     pub entrypoint_binary: Option<PathBuf>,
-    /// How old a wait must be before the API server's "pod not being deleted" releases it
-    /// (reason not_terminating): time for a deletion the kubelet already acts on to reach the
-    /// agent's own watch, so a slow watch cannot release a sidecar out of order.
+    /// How old a wait must be before the kubelet's word that it restarts that one container
+    /// releases it (reason not_terminating): time for a deletion the kubelet already acts on
+    /// to reach the agent's own watch, so a slow watch cannot release a sidecar out of order.
     #[arg(long, env = "EXITORDER_API_SETTLE", default_value = "250ms", value_parser = parse_duration)]
     pub api_settle: Duration,
+    /// The kubelet's `evictionMaxPodGracePeriod`: the grace of a soft node-pressure eviction,
+    /// which the agent's deadline follows once it recognised an eviction (unset: the pod's
+    /// own grace bounds it).
+    #[arg(long, env = "EXITORDER_KUBELET_EVICTION_MAX_POD_GRACE", value_parser = parse_duration)]
+    pub kubelet_eviction_max_pod_grace: Option<Duration>,
+    /// The kubelet's `shutdownGracePeriod` less `shutdownGracePeriodCriticalPods`: what regular
+    /// pods get in a graceful node shutdown (unset: the pod's own grace bounds it).
+    #[arg(long, env = "EXITORDER_KUBELET_SHUTDOWN_GRACE_REGULAR", value_parser = parse_duration)]
+    pub kubelet_shutdown_grace_regular: Option<Duration>,
     /// How long a graceful shutdown may take after SIGTERM.
     #[arg(long, env = "EXITORDER_SHUTDOWN_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
     pub shutdown_timeout: Duration,
@@ -213,6 +222,10 @@ impl AgentArgs {
         cfg.exit_source = self.exit_source;
         cfg.poll_interval = self.poll_interval.max(Duration::from_millis(1));
         cfg.api_settle = self.api_settle;
+        cfg.kubelet = crate::kubelet::grace::KubeletConfig {
+            eviction_max_pod_grace: self.kubelet_eviction_max_pod_grace,
+            shutdown_regular_pods: self.kubelet_shutdown_grace_regular,
+        };
         // A timer period of zero is refused by tokio.
         cfg.gc_interval = self.gc_interval.max(Duration::from_millis(10));
         cfg.gc_min_age = self.gc_min_age;

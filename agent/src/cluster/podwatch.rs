@@ -13,8 +13,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
-use k8s_openapi::api::core::v1::Pod;
-use kube::api::Api;
+use k8s_openapi::api::core::v1::{Event, Pod};
+use kube::api::{Api, ListParams};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::Client;
@@ -24,6 +24,8 @@ use tracing::{debug, info, warn};
 use crate::backoff::Backoff;
 use crate::decide::restart::{Policy, RecordError, Restart, RestartError, RestartRecord};
 use crate::decide::stoporder::StopOrder;
+use crate::kubelet::grace;
+use crate::kubelet::kills::{self, PodKill, SeenEvent, Word};
 use crate::pod::PodUid;
 use crate::stats::Stats;
 use crate::view::SandboxInfo;
@@ -64,6 +66,11 @@ pub struct ApiPod {
     pub deletion_requested: Option<i64>,
     /// status.phase.
     pub phase: Option<String>,
+    /// status.reason: why a pod ended (`Evicted`, `DeadlineExceeded`, ...).
+    pub status_reason: Option<String>,
+    /// When `activeDeadlineSeconds` ends (status.startTime + the spec's seconds), in Unix
+    /// seconds: the kubelet kills the pod then.
+    pub active_deadline: Option<i64>,
     /// spec.terminationGracePeriodSeconds.
     pub grace: Option<Duration>,
     pub restart_policy: Option<String>,
@@ -112,6 +119,8 @@ impl ApiPod {
                     .checked_sub(meta.deletion_grace_period_seconds.unwrap_or(0).max(0))
             }),
             phase: pod.status.as_ref().and_then(|s| s.phase.clone()),
+            status_reason: pod.status.as_ref().and_then(|s| s.reason.clone()),
+            active_deadline: active_deadline(pod),
             grace: seconds(spec.and_then(|s| s.termination_grace_period_seconds)),
             restart_policy: spec.and_then(|s| s.restart_policy.clone()),
             annotations: meta.annotations.clone().unwrap_or_default(),
@@ -156,6 +165,8 @@ impl ApiPod {
             deletion_grace: None,
             deletion_requested: None,
             phase: None,
+            status_reason: None,
+            active_deadline: None,
             grace,
             restart_policy: record.restart_policy.clone(),
             annotations: sandbox
@@ -170,24 +181,50 @@ impl ApiPod {
         }))
     }
 
-    /// Whether the pod is staying: not deleted, and not in a phase the kubelet kills a whole
-    /// pod for without any deletion (eviction, node shutdown, activeDeadlineSeconds: all set
-    /// phase Failed) or that is over (Succeeded).
-    pub fn is_staying(&self) -> bool {
-        !self.deleting && matches!(self.phase.as_deref(), None | Some("Pending" | "Running"))
+    /// Whether the API object itself says the whole pod is being killed, and why: deleted (or
+    /// gone), over (a terminal phase), or past its `activeDeadlineSeconds` at `now_unix`.
+    /// `None` proves nothing: the kubelet keeps a pod `Running`, with no deletion, all through
+    /// its own kills (see [`crate::kubelet`]); only its word for one container says the pod
+    /// stays.
+    pub fn pod_kill(&self, now_unix: i64) -> Option<PodKill> {
+        if self.deleting {
+            return Some(PodKill::Deletion);
+        }
+        if matches!(self.phase.as_deref(), Some("Failed" | "Succeeded")) {
+            return Some(match self.status_reason.as_deref() {
+                Some("Evicted") => PodKill::Eviction,
+                Some("DeadlineExceeded") => PodKill::ActiveDeadline,
+                Some("Preempting") => PodKill::Preemption,
+                // nodeshutdown: `nodeShutdownReason = "Terminated"`.
+                Some("Terminated" | "Shutdown") => PodKill::NodeShutdown,
+                _ => PodKill::Unrecognised,
+            });
+        }
+        if self.active_deadline.is_some_and(|d| now_unix >= d) {
+            return Some(PodKill::ActiveDeadline);
+        }
+        None
     }
 
     /// The grace period the kubelet gives this pod's containers, as it computes it: the
     /// deletion's own when set and not 0, else the spec's, and never under 1 s.
     pub fn grace(&self) -> Option<Duration> {
-        kubelet_grace(self.deletion_grace, self.grace)
+        grace::of_pod(self.deletion_grace, self.grace)
     }
+}
+
+/// When the kubelet kills `pod` for its `activeDeadlineSeconds` (`active_deadline.go`
+/// `pastActiveDeadline`: status.startTime + spec.activeDeadlineSeconds), in Unix seconds.
+fn active_deadline(pod: &Pod) -> Option<i64> {
+    let seconds = pod.spec.as_ref()?.active_deadline_seconds?;
+    let start = pod.status.as_ref()?.start_time.as_ref()?.0.as_second();
+    start.checked_add(seconds.max(0))
 }
 
 /// The grace period the kubelet gives a pod's containers, read from the object: see
 /// [`ApiPod::grace`].
 pub fn grace_of(pod: &Pod) -> Option<Duration> {
-    kubelet_grace(
+    grace::of_pod(
         seconds(pod.metadata.deletion_grace_period_seconds),
         seconds(
             pod.spec
@@ -197,11 +234,11 @@ pub fn grace_of(pod: &Pod) -> Option<Duration> {
     )
 }
 
-fn kubelet_grace(deletion: Option<Duration>, spec: Option<Duration>) -> Option<Duration> {
-    deletion
-        .filter(|g| !g.is_zero())
-        .or(spec)
-        .map(|g| g.max(Duration::from_secs(1)))
+/// Now, in Unix seconds (0 for a clock before 1970).
+pub fn now_unix() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
 }
 
 /// What the watch tells the decision loop.
@@ -211,26 +248,35 @@ pub enum PodSignal {
     Changed(PodUid),
     /// The view became current or stopped being so: decide every wait again.
     Resync,
-    /// The answer to a [`ConfirmRequest`]: whether the pod is staying, as read at or after
-    /// `asked_at`; `None` when the read failed.
+    /// The answer to a [`ConfirmRequest`]: what the kubelet of this node said about the pod
+    /// since the wait began, as read at or after `asked_at`; `None` when the read failed.
     Confirmed {
         uid: PodUid,
         asked_at: Instant,
-        staying: Option<bool>,
+        word: Option<Word>,
     },
 }
 
-/// A read of one pod from the API server itself, asked before a wait is allowed because its
-/// pod is staying. A watch can lag (a slow or half-open connection, another API server
-/// instance behind the kubelet's); a GET is a quorum read, and one issued after the exit file
-/// appeared sees any deletion that made the kubelet run the preStop hook.
+/// A read of the kubelet's word on one pod, asked before any wait of a pod that the API
+/// server does not show going away is released early: the pod's Events, where the kubelet
+/// says, before it runs a preStop hook, whether it kills the whole pod or restarts one
+/// container (see [`crate::kubelet::kills`]). One LIST, selected by the pod's UID: Events
+/// cannot be selected by node, and a watch of every Event of the cluster per node would cost
+/// the API server far more than a read per kubelet kill.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConfirmRequest {
     pub uid: PodUid,
     pub namespace: String,
     pub name: String,
     pub asked_at: Instant,
+    /// The earliest wait of the pod began at this Unix second (the agent's clock: the
+    /// kubelet's Events carry the same node's).
+    pub since_unix: i64,
 }
+
+/// At most this many Events of one pod are read; a pod's Events are few (the kubelet's
+/// repeat into one Event's count), and more than this come from something else.
+const MAX_EVENTS: u32 = 250;
 
 /// How long a confirming read may take; a slower API server leaves the wait ordered.
 const CONFIRM_TIMEOUT: Duration = Duration::from_secs(2);
@@ -323,10 +369,11 @@ pub struct PodWatch {
     listed_at: Option<Instant>,
 }
 
-/// Answers [`ConfirmRequest`]s, one at a time (they come only for pods that are staying,
-/// which is rare while exits wait).
+/// Answers [`ConfirmRequest`]s, one at a time (they come only for waits of pods the API
+/// server does not show going away, and at most a few times each).
 pub struct Confirmer {
     client: Client,
+    node: String,
     rx: mpsc::UnboundedReceiver<ConfirmRequest>,
     tx: mpsc::UnboundedSender<PodSignal>,
     stats: Arc<Stats>,
@@ -343,33 +390,69 @@ impl Confirmer {
                     None => return,
                 },
             };
-            let staying = self.read(&req).await;
+            let word = self.read(&req).await;
             let _ = self.tx.send(PodSignal::Confirmed {
                 uid: req.uid,
                 asked_at: req.asked_at,
-                staying,
+                word,
             });
         }
     }
 
-    async fn read(&self, req: &ConfirmRequest) -> Option<bool> {
-        let api: Api<Pod> = Api::namespaced(self.client.clone(), &req.namespace);
-        match tokio::time::timeout(CONFIRM_TIMEOUT, api.get_opt(&req.name)).await {
-            // Another pod of the same name is a sign that ours is gone.
-            Ok(Ok(Some(pod))) => {
-                Some(ApiPod::from_pod(&pod).is_some_and(|p| p.uid == req.uid && p.is_staying()))
+    async fn read(&self, req: &ConfirmRequest) -> Option<Word> {
+        let api: Api<Event> = Api::namespaced(self.client.clone(), &req.namespace);
+        let params = ListParams::default()
+            .fields(&format!("involvedObject.uid={}", req.uid))
+            .limit(MAX_EVENTS);
+        self.stats.api_read("events");
+        match tokio::time::timeout(CONFIRM_TIMEOUT, api.list(&params)).await {
+            Ok(Ok(list)) => {
+                let seen: Vec<SeenEvent> = list
+                    .items
+                    .iter()
+                    .filter(|e| e.involved_object.uid.as_deref() == Some(req.uid.as_str()))
+                    .map(seen)
+                    .collect();
+                Some(kills::read_word(&seen, &self.node, req.since_unix))
             }
-            Ok(Ok(None)) => Some(false),
             Ok(Err(e)) => {
-                self.stats.api_error("get");
-                debug!(pod = %req.name, error = %e, "confirming read failed");
+                self.stats.api_error("events_list");
+                debug!(pod = %req.name, error = %e, "reading the pod's Events failed");
                 None
             }
             Err(_) => {
-                self.stats.api_error("get_timeout");
+                self.stats.api_error("events_timeout");
                 None
             }
         }
+    }
+}
+
+/// What the agent reads of one Event.
+fn seen(e: &Event) -> SeenEvent {
+    let times = [
+        e.last_timestamp.as_ref().map(|t| t.0.as_second()),
+        e.series
+            .as_ref()
+            .and_then(|s| s.last_observed_time.as_ref())
+            .map(|t| t.0.as_second()),
+        e.event_time.as_ref().map(|t| t.0.as_second()),
+        e.first_timestamp.as_ref().map(|t| t.0.as_second()),
+    ];
+    let source = e.source.as_ref();
+    SeenEvent {
+        reason: e.reason.clone().unwrap_or_default(),
+        message: e.message.clone().unwrap_or_default(),
+        field_path: e.involved_object.field_path.clone().unwrap_or_default(),
+        component: source
+            .and_then(|s| s.component.clone())
+            .or_else(|| e.reporting_component.clone())
+            .unwrap_or_default(),
+        host: source
+            .and_then(|s| s.host.clone())
+            .or_else(|| e.reporting_instance.clone())
+            .unwrap_or_default(),
+        last_unix: times.into_iter().flatten().max(),
     }
 }
 
@@ -399,6 +482,7 @@ pub fn pod_watch(
     };
     let confirmer = Confirmer {
         client: client.clone(),
+        node: node.to_owned(),
         rx: confirm_rx,
         tx: tx.clone(),
         stats: stats.clone(),
@@ -603,7 +687,7 @@ mod tests {
         let p = ApiPod::from_pod(&pod(None, None)).expect("has a uid");
         assert_eq!(p.uid.as_str(), UID);
         assert_eq!((p.namespace.as_str(), p.name.as_str()), ("shop", "web-0"));
-        assert!(p.is_staying());
+        assert_eq!(p.pod_kill(0), None);
         assert_eq!(p.grace(), Some(Duration::from_secs(45)));
         assert_eq!(p.restart_policy.as_deref(), Some("Never"));
         assert!(p
@@ -670,7 +754,7 @@ mod tests {
     #[test]
     fn deletion_grace_overrides_the_spec() {
         let p = ApiPod::from_pod(&pod(Some(1_000), Some(5))).expect("has a uid");
-        assert!(!p.is_staying());
+        assert_eq!(p.pod_kill(0), Some(PodKill::Deletion));
         assert_eq!(p.grace(), Some(Duration::from_secs(5)));
     }
 
@@ -689,20 +773,57 @@ mod tests {
     }
 
     #[test]
-    fn pods_the_kubelet_kills_without_a_deletion_are_not_staying() {
-        for (phase, staying) in [
-            (None, true),
-            (Some("Pending"), true),
-            (Some("Running"), true),
-            (Some("Failed"), false),
-            (Some("Succeeded"), false),
-            (Some("Unknown"), false),
+    fn the_api_object_shows_a_kubelet_kill_only_once_it_is_over_or_past_its_deadline() {
+        // Phase Running proves nothing (the kubelet keeps it through its own kills); a
+        // terminal phase names the kill by its reason.
+        for (phase, reason, kill) in [
+            (None, None, None),
+            (Some("Pending"), None, None),
+            (Some("Running"), None, None),
+            (Some("Unknown"), None, None),
+            (Some("Failed"), Some("Evicted"), Some(PodKill::Eviction)),
+            (
+                Some("Failed"),
+                Some("DeadlineExceeded"),
+                Some(PodKill::ActiveDeadline),
+            ),
+            (
+                Some("Failed"),
+                Some("Terminated"),
+                Some(PodKill::NodeShutdown),
+            ),
+            (
+                Some("Failed"),
+                Some("Preempting"),
+                Some(PodKill::Preemption),
+            ),
+            (Some("Failed"), None, Some(PodKill::Unrecognised)),
+            (Some("Succeeded"), None, Some(PodKill::Unrecognised)),
         ] {
             let mut p = pod(None, None);
-            p.status.as_mut().unwrap().phase = phase.map(str::to_owned);
+            let status = p.status.as_mut().unwrap();
+            status.phase = phase.map(str::to_owned);
+            status.reason = reason.map(str::to_owned);
             let p = ApiPod::from_pod(&p).expect("has a uid");
-            assert_eq!(p.is_staying(), staying, "{phase:?}");
+            assert_eq!(p.pod_kill(0), kill, "{phase:?} {reason:?}");
         }
+    }
+
+    #[test]
+    fn active_deadline_seconds_count_from_the_start_time() {
+        let mut p = pod(None, None);
+        p.spec.as_mut().unwrap().active_deadline_seconds = Some(60);
+        p.status.as_mut().unwrap().start_time =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::from_second(1_000).unwrap(),
+            ));
+        let api = ApiPod::from_pod(&p).expect("has a uid");
+        assert_eq!(api.active_deadline, Some(1_060));
+        assert_eq!(api.pod_kill(1_059), None);
+        assert_eq!(api.pod_kill(1_060), Some(PodKill::ActiveDeadline));
+        // Any number a spec holds is bounded.
+        p.spec.as_mut().unwrap().active_deadline_seconds = Some(i64::MAX);
+        assert_eq!(ApiPod::from_pod(&p).expect("uid").active_deadline, None);
     }
 
     #[test]

@@ -17,6 +17,7 @@ pub mod priority;
 pub mod restart;
 pub mod stoporder;
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::time::{Duration, Instant};
 
@@ -62,21 +63,23 @@ pub struct PodFacts {
 }
 
 /// Whether the pod is going away, which is what makes exit order matter.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Deletion {
-    /// The API server shows the pod deleted, or cannot be asked. Without the API server a
-    /// deletion is assumed: an exit file is only written by a preStop hook, and most preStops
-    /// run because the pod is going away.
+    /// The whole pod is being killed, or nothing says otherwise: a deletion through the API,
+    /// one of the kubelet's own kills (which keep the pod `Running` in the API), or no API
+    /// server to ask. An exit file is only written by a preStop hook, and most preStops run
+    /// because the pod is going away.
     Deleting,
-    /// The API server's view shows the pod staying: the exit is a container restart, a
-    /// liveness kill, an in-place update. The wait is allowed once the API server itself
-    /// confirmed it with a read issued after the wait began (`confirmed`: when the latest
-    /// such read was asked), and the wait is `settle` old: the kubelet may be acting on a
-    /// deletion or a pod kill the agent's watch has not delivered yet. Until then it is
-    /// ordered.
+    /// The API server does not show the pod going away, which alone proves nothing (the
+    /// kubelet keeps a pod `Running` through its own kills, see [`crate::kubelet`]). A wait
+    /// is allowed early only for a container in `restarting`: the kubelet's own word that it
+    /// kills that one container while the pod stays (a liveness or startup probe failure, an
+    /// in-place update), read with a read asked after the wait began (the value: when that
+    /// read was asked), and once the wait is `settle` old (a deletion the watch has not
+    /// delivered yet). Every other wait is ordered.
     NotDeleting {
         settle: Duration,
-        confirmed: Option<Instant>,
+        restarting: BTreeMap<String, Instant>,
     },
 }
 
@@ -85,7 +88,8 @@ pub enum Deletion {
 pub enum Reason {
     /// Every lower-priority container has exited.
     Ordered,
-    /// The pod is not being deleted (container restart, liveness kill, in-place update).
+    /// The kubelet restarts (or kills) this one container while the pod stays: a liveness
+    /// or startup probe failure, an in-place update; its own word says so.
     NotTerminating,
     /// The grace deadline minus the reserve has come.
     Deadline,
@@ -212,9 +216,9 @@ pub fn decide(pod: Option<&PodFacts>, waiting: &str, since: Instant, now: Instan
         return Verdict::Allow(Reason::Unknown);
     }
     let mut settled_at = None;
-    if let Deletion::NotDeleting { settle, confirmed } = pod.deletion {
-        let at = since.later(settle);
-        if now >= at && confirmed.is_some_and(|c| c >= since) {
+    if let Deletion::NotDeleting { settle, restarting } = &pod.deletion {
+        let at = since.later(*settle);
+        if now >= at && restarting.get(waiting).is_some_and(|c| *c >= since) {
             return Verdict::Allow(Reason::NotTerminating);
         }
         // Without the confirmation the agent is asking for, the next decision comes with
@@ -263,6 +267,10 @@ mod tests {
             deadline,
             stop_order: StopOrder::default(),
         }
+    }
+
+    fn restarting(name: &str, at: Instant) -> BTreeMap<String, Instant> {
+        BTreeMap::from([(name.to_owned(), at)])
     }
 
     fn allow(r: Reason) -> Verdict {
@@ -445,7 +453,7 @@ mod tests {
     }
 
     #[test]
-    fn pod_not_deleted_allows_once_settled() {
+    fn a_restart_the_kubelet_named_allows_once_settled() {
         let since = Instant::now();
         let settle = Duration::from_millis(250);
         let mut p = pod(
@@ -454,7 +462,7 @@ mod tests {
         );
         p.deletion = Deletion::NotDeleting {
             settle,
-            confirmed: Some(since),
+            restarting: restarting("proxy", since),
         };
         // Inside the settle time the wait is ordered, and decided again when it ends.
         assert_eq!(
@@ -467,7 +475,7 @@ mod tests {
         );
         p.deletion = Deletion::NotDeleting {
             settle: Duration::ZERO,
-            confirmed: Some(since + Duration::from_millis(3)),
+            restarting: restarting("proxy", since + Duration::from_millis(3)),
         };
         assert_eq!(
             decide(Some(&p), "proxy", since, since + Duration::from_millis(5)),
@@ -476,16 +484,20 @@ mod tests {
     }
 
     #[test]
-    fn staying_needs_a_confirmation_asked_after_the_wait_began() {
+    fn a_restart_needs_the_kubelets_word_for_that_container_read_after_the_wait_began() {
         let since = Instant::now() + Duration::from_secs(1);
         let mut p = pod(
             vec![c("app", 0, Running, 0), c("proxy", 0, Running, 1)],
             Some(since + Duration::from_secs(20)),
         );
-        for confirmed in [None, Some(since - Duration::from_millis(1))] {
+        for confirmed in [
+            BTreeMap::new(),
+            restarting("proxy", since - Duration::from_millis(1)),
+            restarting("other", since),
+        ] {
             p.deletion = Deletion::NotDeleting {
                 settle: Duration::ZERO,
-                confirmed,
+                restarting: confirmed.clone(),
             };
             assert_eq!(
                 decide(Some(&p), "proxy", since, since + Duration::from_secs(1)),
@@ -504,7 +516,7 @@ mod tests {
         );
         p.deletion = Deletion::NotDeleting {
             settle: Duration::from_secs(1),
-            confirmed: None,
+            restarting: BTreeMap::new(),
         };
         assert_eq!(
             decide(Some(&p), "proxy", since, since),
@@ -521,7 +533,7 @@ mod tests {
         );
         p.deletion = Deletion::NotDeleting {
             settle: Duration::from_secs(1),
-            confirmed: Some(since),
+            restarting: restarting("proxy", since),
         };
         assert_eq!(
             decide(Some(&p), "proxy", since, since),

@@ -12,10 +12,12 @@ use std::time::{Duration, Instant};
 use tracing::{debug, warn};
 
 use crate::decide::bounds::Later as _;
+use crate::decide::Reason;
 use crate::handshake::share::{
     ContainerName, ExitKey, ExitState, Place, Rejection, Share, ShareEntry, ShareError,
 };
 use crate::handshake::watch::{FsEvent, ShareWatcher};
+use crate::kubelet::kills::{ContainerKill, Kill, PodKill};
 use crate::pod::PodUid;
 use crate::stats::Stats;
 
@@ -62,17 +64,32 @@ impl Waiter {
     }
 }
 
-/// The API server's own word on whether a pod the watch shows staying is staying.
+/// What the kubelet (through the API server) said about a pending pod: whether the whole
+/// pod is killed, or which of its containers are killed alone (see [`crate::kubelet`]).
 #[derive(Default)]
 pub struct Confirmation {
-    /// When the latest read that said "staying" was asked.
-    pub staying_at: Option<Instant>,
-    /// A read said the pod is not staying: ordered from now on, whatever the watch says.
-    pub denied: bool,
+    /// The containers the kubelet said it kills alone while the pod stays: when the read that
+    /// found its word was asked, and why.
+    pub restarting: BTreeMap<String, (Instant, ContainerKill)>,
+    /// The whole pod is killed, and why (the kubelet's Events, or the API object): ordered
+    /// from now on, whatever a later read says.
+    pub pod_kill: Option<PodKill>,
     /// A read is in flight.
     pub asked: bool,
-    /// After a failed read, not before this.
+    /// Not before this (after a failed read, or one that found no word yet).
     pub retry_at: Option<Instant>,
+    /// Reads made for this pod.
+    pub reads: u32,
+}
+
+impl Confirmation {
+    /// The kind of kill a wait of `container` answered for `reason` belongs to.
+    pub fn kill_of(&self, container: &str, reason: Reason) -> Kill {
+        match (reason, self.restarting.get(container)) {
+            (Reason::NotTerminating, Some((_, k))) => Kill::Container(*k),
+            _ => Kill::Pod(self.pod_kill.unwrap_or(PodKill::Unknown)),
+        }
+    }
 }
 
 pub struct PendingPod {

@@ -17,6 +17,7 @@ use prometheus_client::metrics::MetricType;
 
 use crate::decide::Reason;
 use crate::handshake::share::Rejection;
+use crate::kubelet::kills::Kill;
 use crate::serve::openmetrics::{self, Families, Read};
 use crate::serve::Limits;
 use crate::stats::Stats;
@@ -38,6 +39,20 @@ impl Collector for Read<Stats> {
             "Exits allowed, by reason.",
             "reason",
             Reason::ALL.map(|r| (r.as_str(), stats.allows(r))),
+        )?;
+        f.labelled(
+            MetricType::Counter,
+            "exitorder_allows_by_kill",
+            "Exits allowed, by the kind of kill the agent recognised: a deletion, one of the kubelet's own whole-pod kills (eviction, node_shutdown, active_deadline, preemption, pod_kill: unnamed, unknown: no word), or the restart of one container.",
+            "kill",
+            Kill::ALL.map(|k| (k.as_str(), stats.allows_in(k))),
+        )?;
+        f.labelled(
+            MetricType::Counter,
+            "exitorder_api_reads",
+            "Reads of the API server made for a decision (the kubelet's Events of a pod), by what was read.",
+            "kind",
+            stats.api_reads(),
         )?;
         f.gauge(
             "exitorder_pending_exits",

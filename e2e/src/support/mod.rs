@@ -265,6 +265,18 @@ impl Bed {
     }
 }
 
+/// `pod` as the API server holds it once the kubelet of `node` runs it as `running`:
+/// scheduled there, `Running`.
+pub fn api_pod_of(pod: &Value, running: &RunningPod, node: &str) -> Value {
+    let mut api_pod = pod.clone();
+    api_pod["metadata"]["uid"] = running.uid().into();
+    api_pod["metadata"]["name"] = running.name().into();
+    api_pod["metadata"]["namespace"] = running.namespace().into();
+    api_pod["spec"]["nodeName"] = node.into();
+    api_pod["status"] = serde_json::json!({"phase": "Running"});
+    api_pod
+}
+
 /// Runs `pod` on `node` (on the node's network) and waits until it is ready.
 pub async fn run_ready(node: &Node, pod: &Value) -> RunningPod {
     let opts = RunOptions {

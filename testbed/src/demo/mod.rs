@@ -421,6 +421,7 @@ async fn scenario(
         .delete_with(DeleteOptions {
             grace_period: args.grace_period,
             probe_exit_files: true,
+            kill: crate::kubelet::Kill::Deletion,
         })
         .await
         .context("deleting the pod")?;

@@ -12,9 +12,11 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::actions::{self, Target, MAX_RUNTIME_SECONDS};
+use super::api::{self, reasons, EventType};
 use super::config;
+use super::kills::ContainerKill;
 use super::plan::{ContainerPlan, Kind, Probe};
-use super::{PodCtx, What};
+use super::{PodCtx, RestartPolicy, What};
 
 /// The kubelet's longest crash-loop back-off.
 const MAX_BACKOFF: Duration = Duration::from_secs(300);
@@ -46,9 +48,26 @@ enum ProbeNews {
     LivenessFailed(String),
 }
 
+/// The image the pod's spec names for `name` now.
+fn spec_image(ctx: &PodCtx, name: &str) -> Option<String> {
+    ctx.lock().containers.get(name).map(|s| s.image.clone())
+}
+
+/// Waits until the pod's spec names another image for `c` than `c`'s.
+async fn image_changed(ctx: &PodCtx, c: &ContainerPlan) {
+    ctx.wait_until(|s| {
+        s.containers
+            .get(&c.name)
+            .is_some_and(|s| s.image != c.image)
+    })
+    .await;
+}
+
 /// Runs `c` until the pod is deleted (`cancel`) or the container finishes for good.
 pub(crate) async fn supervise(ctx: Arc<PodCtx>, c: ContainerPlan, cancel: CancellationToken) {
-    let name = c.name.as_str();
+    let mut c = c;
+    let name = c.name.clone();
+    let name = name.as_str();
     // After an in-place restart of the whole pod, every container goes on from its last
     // attempt: the kubelet counts its restarts on.
     let mut attempt = ctx
@@ -58,6 +77,12 @@ pub(crate) async fn supervise(ctx: Arc<PodCtx>, c: ContainerPlan, cancel: Cancel
         .filter(|s| s.id.is_some())
         .map_or(0, |s| s.attempt.saturating_add(1));
     loop {
+        // The spec's image now: an in-place update started this attempt, or came while the
+        // last one ended. The container hash (config) follows the spec.
+        if let Some(image) = spec_image(&ctx, name).filter(|i| *i != c.image) {
+            c.spec.image = Some(image.clone());
+            c.image = image;
+        }
         let id = tokio::select! {
             () = cancel.cancelled() => return,
             res = create_and_start(&ctx, &c, attempt) => match res {
@@ -77,6 +102,10 @@ pub(crate) async fn supervise(ctx: Arc<PodCtx>, c: ContainerPlan, cancel: Cancel
         let (news_tx, mut news) = mpsc::unbounded_channel();
         let probes = cancel.child_token();
         let mut killing = false;
+        // Killed because the spec changed: started again at once, whatever the policy.
+        let mut redefined = false;
+        // `shouldRestartOnFailure`: the probe kills' ", will be restarted".
+        let restarts = ctx.plan.restart_policy != RestartPolicy::Never;
 
         if let Some(h) = &c.post_start {
             ctx.record(
@@ -98,9 +127,26 @@ pub(crate) async fn supervise(ctx: Arc<PodCtx>, c: ContainerPlan, cancel: Cancel
                 },
             );
             if res.is_err() {
-                // The kubelet kills a container whose postStart failed (FailedPostStartHook).
+                // kuberuntime_container.go startContainer: a Warning FailedPostStartHook
+                // Event, then the kill with that reason as the Killing message.
                 killing = true;
-                kill(&ctx, &c, &id, "postStart hook failed", None, &cancel).await;
+                ctx.report_event(
+                    Some(name),
+                    reasons::FAILED_POST_START_HOOK,
+                    EventType::Warning,
+                    api::POST_START_FAILED.to_owned(),
+                );
+                let message = api::FAILED_POST_START_KILL.to_owned();
+                kill(
+                    &ctx,
+                    &c,
+                    &id,
+                    "postStart hook failed",
+                    &message,
+                    None,
+                    &cancel,
+                )
+                .await;
             }
         }
         if !killing {
@@ -133,15 +179,30 @@ pub(crate) async fn supervise(ctx: Arc<PodCtx>, c: ContainerPlan, cancel: Cancel
                         ctx.container(name, |s| s.ready = ready);
                         ctx.record(Some(name), if ready { What::Ready } else { What::NotReady });
                     }
-                    ProbeNews::StartupFailed(why) | ProbeNews::LivenessFailed(why) => {
-                        if !killing {
-                            killing = true;
-                            probes.cancel();
-                            let grace = c.liveness.as_ref().and_then(|p| p.termination_grace_seconds);
-                            kill(&ctx, &c, &id, &why, grace, &cancel).await;
-                        }
+                    ProbeNews::StartupFailed(detail) if !killing => {
+                        killing = true;
+                        probes.cancel();
+                        let why = ContainerKill::Startup;
+                        let message = why.message(&c, restarts);
+                        kill(&ctx, &c, &id, &detail, &message, why.grace(&c), &cancel).await;
                     }
+                    ProbeNews::LivenessFailed(detail) if !killing => {
+                        killing = true;
+                        probes.cancel();
+                        let why = ContainerKill::Liveness;
+                        let message = why.message(&c, restarts);
+                        kill(&ctx, &c, &id, &detail, &message, why.grace(&c), &cancel).await;
+                    }
+                    ProbeNews::StartupFailed(_) | ProbeNews::LivenessFailed(_) => {}
                 },
+                () = image_changed(&ctx, &c), if !killing => {
+                    killing = true;
+                    redefined = true;
+                    probes.cancel();
+                    let why = ContainerKill::DefinitionChanged;
+                    let message = why.message(&c, true);
+                    kill(&ctx, &c, &id, "its definition changed", &message, None, &cancel).await;
+                }
             }
         };
         probes.cancel();
@@ -150,6 +211,20 @@ pub(crate) async fn supervise(ctx: Arc<PodCtx>, c: ContainerPlan, cancel: Cancel
             finished_at_ns: super::now_ns(),
             reason: "lost".into(),
         });
+        if redefined {
+            // computePodActions put it in ContainersToStart with the kill: started again in
+            // the same sync, with no back-off (its back-off key holds the new spec's hash).
+            ctx.exited(name, attempt, &exit, false);
+            ctx.record(
+                Some(name),
+                What::Restarting {
+                    attempt: attempt + 1,
+                    after_ms: 0,
+                },
+            );
+            attempt += 1;
+            continue;
+        }
         let outcome = match (c.kind, c.restart.on_exit(exit.exit_code)) {
             (_, Outcome::RestartAll) => Outcome::RestartAll,
             (Kind::Main, outcome) => outcome,
@@ -191,6 +266,8 @@ pub(crate) async fn supervise(ctx: Arc<PodCtx>, c: ContainerPlan, cancel: Cancel
         tokio::select! {
             () = cancel.cancelled() => return,
             () = tokio::time::sleep(wait) => {}
+            // A new spec has a back-off of its own: none yet.
+            () = image_changed(&ctx, &c) => {}
         }
         attempt += 1;
     }
@@ -269,13 +346,16 @@ async fn create_and_start(ctx: &PodCtx, c: &ContainerPlan, attempt: u32) -> Resu
     Ok(id)
 }
 
-/// The kubelet's kill of one container outside a pod deletion (liveness, postStart failure):
-/// its preStop hook, then StopContainer with what is left of the grace period.
+/// The kubelet's kill of one container outside a pod deletion (liveness or startup probe,
+/// postStart failure, a changed spec): `killContainer`'s Killing Event with `message`, its
+/// preStop hook, then StopContainer with what is left of the grace period. `why` is the
+/// timeline's detail.
 async fn kill(
     ctx: &PodCtx,
     c: &ContainerPlan,
     id: &str,
     why: &str,
+    message: &str,
     grace: Option<i64>,
     cancel: &CancellationToken,
 ) {
@@ -284,6 +364,13 @@ async fn kill(
         What::Killing {
             reason: why.to_owned(),
         },
+    );
+    // killContainer records the Event first, before the preStop hook.
+    ctx.report_event(
+        Some(&c.name),
+        reasons::KILLING,
+        EventType::Normal,
+        message.to_owned(),
     );
     let mut grace = grace.unwrap_or(ctx.plan.grace_seconds);
     let t0 = std::time::Instant::now();
@@ -300,6 +387,15 @@ async fn kill(
             () = cancel.cancelled() => return,
             res = actions::run(h, &t, Some(limit)) => res,
         };
+        if res.is_err() && t0.elapsed() < limit {
+            // executePreStopHook: a hook that failed, not one the grace period cut off.
+            ctx.report_event(
+                Some(&c.name),
+                reasons::FAILED_PRE_STOP_HOOK,
+                EventType::Warning,
+                api::PRE_STOP_FAILED.to_owned(),
+            );
+        }
         ctx.record(
             Some(&c.name),
             What::PreStopEnded {

@@ -7,14 +7,18 @@
 //! restart with backoff). Everything is recorded in the pod's [`Timeline`].
 
 pub mod actions;
+pub mod api;
 pub mod config;
 mod container;
 pub mod fields;
 mod inplace;
+pub mod kills;
 pub mod plan;
+mod report;
 mod run;
 mod termination;
 pub mod timeline;
+mod update;
 pub mod volumes;
 mod worker;
 
@@ -28,6 +32,8 @@ use serde_json::Value;
 use tokio::sync::{mpsc, oneshot, watch};
 
 pub use crate::node::exits::ExitInfo;
+pub use api::{ApiSink, ApiStatus, EventType, KubeletEvent, PodRef};
+pub use kills::Kill;
 pub use plan::{Kind, PodPlan, RestartPolicy};
 pub use termination::{ContainerRecord, Deletion, HookRecord};
 pub use timeline::{now_ns, Event, Phase, Timeline, What};
@@ -36,7 +42,7 @@ pub use volumes::PathMap;
 use crate::node::{NodeShared, TestbedError};
 
 /// How to run a pod.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct RunOptions {
     /// Run a pod that does not ask for `hostNetwork` on the node's network anyway (the test
     /// bed has no CNI); said in the pod's notes. Without it such a pod is refused.
@@ -46,6 +52,9 @@ pub struct RunOptions {
     pub crash_backoff: Duration,
     /// Host paths the pod names that live elsewhere on the test bed, besides the share.
     pub path_maps: Vec<PathMap>,
+    /// Where the kubelet's Events and the pod's status go, as the real kubelet sends them to
+    /// the API server (see [`api`]); `None`: nowhere.
+    pub api: Option<Arc<dyn ApiSink>>,
 }
 
 impl Default for RunOptions {
@@ -54,7 +63,19 @@ impl Default for RunOptions {
             force_host_network: false,
             crash_backoff: Duration::from_secs(10),
             path_maps: Vec::new(),
+            api: None,
         }
+    }
+}
+
+impl std::fmt::Debug for RunOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RunOptions")
+            .field("force_host_network", &self.force_host_network)
+            .field("crash_backoff", &self.crash_backoff)
+            .field("path_maps", &self.path_maps)
+            .field("api", &self.api.as_ref().map(|_| "a sink"))
+            .finish()
     }
 }
 
@@ -67,6 +88,10 @@ pub struct DeleteOptions {
     /// Watch the pod's exit files (one inotify instance per deletion; turn off when deleting
     /// hundreds of pods at once).
     pub probe_exit_files: bool,
+    /// Why the pod goes: a deletion through the API (the default), or one of the kubelet's
+    /// own kills, with their grace, Events and final status ([`Kill`]). Only a deletion takes
+    /// `grace_period`.
+    pub kill: Kill,
 }
 
 impl DeleteOptions {
@@ -75,6 +100,15 @@ impl DeleteOptions {
         DeleteOptions {
             grace_period: None,
             probe_exit_files: true,
+            kill: Kill::Deletion,
+        }
+    }
+
+    /// The kubelet's own kill of kind `kill`, exit files probed.
+    pub fn kubelet(kill: Kill) -> Self {
+        DeleteOptions {
+            kill,
+            ..DeleteOptions::probed()
         }
     }
 }
@@ -83,6 +117,9 @@ impl DeleteOptions {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ContainerStatus {
     pub kind: Kind,
+    /// The image the pod's spec names now (changed by [`RunningPod::update_image`]); the
+    /// running attempt's may be the one before until the kubelet restarted it.
+    pub image: String,
     /// The current (or last) attempt; the kubelet's restartCount.
     pub attempt: u32,
     pub id: Option<String>,
@@ -96,9 +133,10 @@ pub struct ContainerStatus {
 }
 
 impl ContainerStatus {
-    fn new(kind: Kind) -> Self {
+    fn new(kind: Kind, image: &str) -> Self {
         ContainerStatus {
             kind,
+            image: image.to_owned(),
             attempt: 0,
             id: None,
             running: false,
@@ -152,6 +190,10 @@ pub(crate) struct PodCtx {
     crash_backoff: Duration,
     status: Mutex<PodStatus>,
     changed: watch::Sender<u64>,
+    /// Where the kubelet's Events and status go, if anywhere.
+    api: Option<Arc<dyn ApiSink>>,
+    /// The status last reported there.
+    api_status: Mutex<ApiStatus>,
 }
 
 impl PodCtx {
@@ -191,6 +233,7 @@ impl PodCtx {
         };
         if changed {
             self.record(None, What::PhaseChanged { phase });
+            self.phase_reported(phase);
         }
     }
 
@@ -213,6 +256,8 @@ impl PodCtx {
             s.last_exit = Some(last);
             s.finished = finished;
         });
+        // The status manager writes every container's new state.
+        self.report_status();
     }
 
     fn container(&self, name: &str, f: impl FnOnce(&mut ContainerStatus)) {
@@ -245,6 +290,12 @@ pub(crate) enum Command {
     Delete {
         opts: DeleteOptions,
         done: oneshot::Sender<Result<Deletion, TestbedError>>,
+    },
+    /// The pod's spec changed one container's image (see [`RunningPod::update_image`]).
+    UpdateImage {
+        container: String,
+        image: String,
+        done: oneshot::Sender<()>,
     },
 }
 
@@ -422,6 +473,9 @@ impl RunningPod {
     /// sidecars after the main containers, in reverse order), KILL at the end of the grace
     /// period; then the sandbox is removed.
     pub async fn delete_with(self, opts: DeleteOptions) -> Result<Deletion, TestbedError> {
+        // A kill that cannot be is refused before anything is killed.
+        opts.kill
+            .grace(self.ctx.plan.grace_seconds, opts.grace_period)?;
         let (done, rx) = oneshot::channel();
         self.commands
             .send(Command::Delete { opts, done })

@@ -13,7 +13,9 @@ use tokio::sync::watch;
 
 use super::actions::MAX_RUNTIME_SECONDS;
 use super::actions::{self, Target};
+use super::api::{self, reasons, EventType};
 use super::container::{request, MIN_GRACE_SECONDS};
+use super::kills::Kill;
 use super::plan::{Kind, PodPlan};
 use super::{config, DeleteOptions, Phase, PodCtx, Timeline, What};
 use crate::node::cleanup::{
@@ -67,6 +69,8 @@ pub struct ContainerRecord {
 pub struct Deletion {
     pub pod_uid: String,
     pub pod_name: String,
+    /// Why the pod went: a deletion, or one of the kubelet's own kills.
+    pub kill: Kill,
     pub grace_seconds: i64,
     /// When the deletion began (Unix ns).
     pub started_ns: i64,
@@ -189,9 +193,10 @@ pub(super) async fn pod_containers(ctx: &PodCtx) -> Result<Vec<Container>, tonic
 /// How the containers are stopped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Stop {
-    /// The pod is deleted or completed: preStop hooks, native sidecars' turns, this grace
-    /// period (at least 2 s).
-    Graceful(i64),
+    /// The pod is deleted, killed by the kubelet or completed: preStop hooks, native
+    /// sidecars' turns, this grace period (at least 2 s); `events`: each container's Killing
+    /// Event is recorded (all but a kill whose Events the recorder dropped).
+    Graceful { grace: i64, events: bool },
     /// A `RestartAllContainers` rule matched (KEP-5532, as Kubernetes 1.35/1.36 document it):
     /// no ordering, no preStop hook, no grace period (StopContainer with timeout 0: KILL).
     /// The containers run again.
@@ -231,10 +236,20 @@ async fn kill_one(
     ordering: Option<&Ordering>,
 ) -> ContainerRecord {
     let spec = ctx.plan.container(name);
-    let mut grace = match stop {
-        Stop::Graceful(g) => g,
-        Stop::Immediate => 0,
+    let (mut grace, events) = match stop {
+        Stop::Graceful { grace, events } => (grace, events),
+        Stop::Immediate => (0, false),
     };
+    if events {
+        // kuberuntime_container.go killContainer: the Killing Event before the preStop hook,
+        // "Stopping container NAME" as killContainersWithSyncResult gives no message.
+        ctx.report_event(
+            Some(name),
+            reasons::KILLING,
+            EventType::Normal,
+            api::stopping_container(name),
+        );
+    }
     let mut prestop = None;
     if let (Some(h), true) = (spec.and_then(|c| c.pre_stop.as_ref()), grace > 0) {
         let handler = config::describe(h);
@@ -259,6 +274,16 @@ async fn kill_one(
             Ok(d) => (true, d),
             Err(e) => (false, e),
         };
+        if events && !ok && t0.elapsed() < limit {
+            // executePreStopHook: a hook that failed (not one cut off by the grace period,
+            // which the kubelet only logs).
+            ctx.report_event(
+                Some(name),
+                reasons::FAILED_PRE_STOP_HOOK,
+                EventType::Warning,
+                api::PRE_STOP_FAILED.to_owned(),
+            );
+        }
         ctx.record_at(
             returned_ns,
             Some(name),
@@ -286,7 +311,7 @@ async fn kill_one(
         grace -= i64::try_from(t0.elapsed().as_secs()).unwrap_or(0);
     }
     let grace = match stop {
-        Stop::Graceful(_) => grace.max(MIN_GRACE_SECONDS),
+        Stop::Graceful { .. } => grace.max(MIN_GRACE_SECONDS),
         Stop::Immediate => 0,
     };
     let term_ns = super::now_ns();
@@ -364,13 +389,12 @@ where
     }
 }
 
-/// The deletion: kill every container, then remove the sandbox, the shim, the cgroups and
-/// the pod's emptyDirs.
+/// The deletion (or the kubelet's own kill, `opts.kill`): kill every container, then remove
+/// the sandbox, the shim, the cgroups and the pod's emptyDirs. A kubelet's kill records its
+/// Event first and reports its final status once every container stopped.
 pub(super) async fn delete(ctx: &PodCtx, opts: &DeleteOptions) -> Result<Deletion, TestbedError> {
-    let grace = match opts.grace_period {
-        Some(g) => g.max(1),
-        None => ctx.plan.grace_seconds,
-    };
+    let kill = opts.kill;
+    let grace = kill.grace(ctx.plan.grace_seconds, opts.grace_period)?;
     let names: Vec<String> = ctx.plan.all().map(|c| c.name.clone()).collect();
     // A probe that cannot start (inotify instances used up) only costs the exit-file
     // timeline, not the deletion.
@@ -379,6 +403,17 @@ pub(super) async fn delete(ctx: &PodCtx, opts: &DeleteOptions) -> Result<Deletio
     } else {
         None
     };
+    if let Kill::NodeShutdown { .. } = kill {
+        // nodeshutdown: the Node is said to shut down (its Ready condition) before any pod
+        // is killed.
+        ctx.report_node_shutting_down();
+    }
+    if let Some((reason, kind, message)) = kill.pod_event() {
+        ctx.report_event(None, reason, kind, message);
+    }
+    if kill != Kill::Deletion {
+        ctx.record(None, What::KubeletKill { kill: kill.name() });
+    }
     let started_ns = super::now_ns();
     ctx.set_phase(Phase::Terminating);
     ctx.record_at(
@@ -388,7 +423,19 @@ pub(super) async fn delete(ctx: &PodCtx, opts: &DeleteOptions) -> Result<Deletio
             grace_seconds: grace,
         },
     );
-    let killed = kill_all(ctx, Stop::Graceful(grace)).await;
+    let killed = kill_all(
+        ctx,
+        Stop::Graceful {
+            grace,
+            events: kill.records_killing(),
+        },
+    )
+    .await;
+    // Every container stopped: mergePodStatus lets the terminal phase (and DisruptionTarget)
+    // through now, not before.
+    if let Some(status) = kill.terminal_status() {
+        ctx.set_api_status(status);
+    }
     let (exit_files, pod_dir_created_ns) = match probe {
         Some(p) => {
             let (files, dir) = p.finish();
@@ -430,6 +477,7 @@ pub(super) async fn delete(ctx: &PodCtx, opts: &DeleteOptions) -> Result<Deletio
     Ok(Deletion {
         pod_uid: ctx.plan.uid.clone(),
         pod_name: ctx.plan.name.clone(),
+        kill,
         grace_seconds: grace,
         started_ns,
         containers,

@@ -82,6 +82,24 @@ pub enum What {
     Error {
         detail: String,
     },
+    /// The kubelet kills the whole pod, and why (a kind other than a deletion).
+    KubeletKill {
+        kill: &'static str,
+    },
+    /// The container's image was changed in the pod's spec (an in-place update).
+    ImageUpdated {
+        image: String,
+    },
+    /// An Event the kubelet recorded, as given to the API sink.
+    ApiEvent {
+        reason: String,
+        message: String,
+    },
+    /// The pod's status as reported to the API sink, when its phase or reason changed.
+    ApiStatus {
+        phase: String,
+        reason: Option<String>,
+    },
 }
 
 /// The pod's phase, as the kubelet reports it.
@@ -175,6 +193,16 @@ impl fmt::Display for What {
             What::SandboxRemoved => write!(f, "sandbox removed"),
             What::Allowed { reason } => write!(f, "allow written by the agent (reason {reason})"),
             What::Error { detail } => write!(f, "error: {detail}"),
+            What::KubeletKill { kill } => write!(f, "the kubelet kills the pod: {kill}"),
+            What::ImageUpdated { image } => write!(f, "image updated in the spec to {image}"),
+            What::ApiEvent { reason, message } => write!(f, "Event {reason}: {message}"),
+            What::ApiStatus { phase, reason } => {
+                write!(f, "API status {phase}")?;
+                if let Some(r) = reason {
+                    write!(f, " ({r})")?;
+                }
+                Ok(())
+            }
         }
     }
 }

@@ -16,8 +16,8 @@ use super::inplace::restart_all;
 use super::plan::{self, Kind, PodPlan};
 use super::termination::{delete, kill_all, Stop};
 use super::{
-    config, volumes, Command, ContainerStatus, PathMap, Phase, PodCtx, PodStatus, RunOptions,
-    RunningPod, Timeline, What,
+    config, volumes, ApiStatus, Command, ContainerStatus, PathMap, Phase, PodCtx, PodStatus,
+    RunOptions, RunningPod, Timeline, What,
 };
 use crate::node::{NodeShared, TestbedError, Tier};
 
@@ -146,7 +146,7 @@ pub(crate) async fn start(
         .pod_sandbox_id;
     let containers = plan
         .all()
-        .map(|c| (c.name.clone(), ContainerStatus::new(c.kind)))
+        .map(|c| (c.name.clone(), ContainerStatus::new(c.kind, &c.image)))
         .collect();
     let (changed, _) = watch::channel(0u64);
     let ctx = Arc::new(PodCtx {
@@ -166,6 +166,8 @@ pub(crate) async fn start(
             timeline: Timeline::default(),
         }),
         changed,
+        api: opts.api.clone(),
+        api_status: Mutex::new(ApiStatus::phase("Pending")),
     });
     ctx.record(None, What::SandboxReady);
     let (commands, rx) = mpsc::channel(4);
@@ -174,26 +176,34 @@ pub(crate) async fn start(
     Ok(RunningPod { ctx, commands })
 }
 
-/// Every image the pod names must be in the node's store: nothing is pulled here.
-async fn check_images(node: &NodeShared, plan: &PodPlan) -> Result<(), TestbedError> {
+/// The image as the node's store has it, if it has it (CRI `ImageStatus`).
+pub(super) async fn image_status(
+    node: &NodeShared,
+    image: &str,
+) -> Result<Option<exitorder::cri::Image>, TestbedError> {
     let mut client =
         exitorder::cri::image_service_client::ImageServiceClient::new(node.channel.clone());
+    Ok(client
+        .image_status(request(
+            ImageStatusRequest {
+                image: Some(ImageSpec {
+                    image: image.to_owned(),
+                    ..Default::default()
+                }),
+                verbose: false,
+            },
+            SETUP_TIMEOUT,
+        ))
+        .await
+        .map_err(TestbedError::cri("ImageStatus"))?
+        .into_inner()
+        .image)
+}
+
+/// Every image the pod names must be in the node's store: nothing is pulled here.
+async fn check_images(node: &NodeShared, plan: &PodPlan) -> Result<(), TestbedError> {
     for c in plan.all() {
-        let found = client
-            .image_status(request(
-                ImageStatusRequest {
-                    image: Some(ImageSpec {
-                        image: c.image.clone(),
-                        ..Default::default()
-                    }),
-                    verbose: false,
-                },
-                SETUP_TIMEOUT,
-            ))
-            .await
-            .map_err(TestbedError::cri("ImageStatus"))?
-            .into_inner()
-            .image;
+        let found = image_status(node, &c.image).await?;
         let Some(image) = found else {
             return Err(TestbedError::ImageMissing {
                 pod: plan.name.clone(),
@@ -234,6 +244,14 @@ async fn work(ctx: Arc<PodCtx>, mut commands: mpsc::Receiver<Command>) {
                     let res = delete(&ctx, &opts).await;
                     let _ = done.send(res);
                     return;
+                }
+                // The pod's spec changed: its container's supervisor sees the new image and
+                // restarts the container with it (`container::supervise`), as the kubelet's
+                // next sync finds the container's hash changed (`computePodActions`).
+                Some(Command::UpdateImage { container, image, done }) => {
+                    ctx.container(&container, |s| s.image = image.clone());
+                    ctx.record(Some(&container), What::ImageUpdated { image });
+                    let _ = done.send(());
                 }
                 // The handle was dropped: the containers stay until the node goes.
                 None => {
@@ -285,7 +303,11 @@ async fn run(
     let complete = |phase: Phase| {
         cancel.cancel();
         async move {
-            let _ = kill_all(ctx, Stop::Graceful(ctx.plan.grace_seconds)).await;
+            let stop = Stop::Graceful {
+                grace: ctx.plan.grace_seconds,
+                events: true,
+            };
+            let _ = kill_all(ctx, stop).await;
             ctx.set_phase(phase);
         }
     };

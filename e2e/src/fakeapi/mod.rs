@@ -1,6 +1,18 @@
-//! A small Kubernetes API server over plain HTTP: pod list and watch (the way kube-rs's
-//! watcher asks), events.k8s.io/v1 Event creation, and an outage switch. Enough to drive the
-//! agent's pod watch and Events for real, over the wire, with kube's own client.
+//! A small Kubernetes API server over plain HTTP: pod list, get and watch (the way kube-rs's
+//! watcher asks), events.k8s.io/v1 Event creation, Event lists (core/v1 and events.k8s.io/v1,
+//! with field selectors), the Node, and an outage switch. Enough to drive the agent's pod
+//! watch and Events for real, over the wire, with kube's own client.
+//!
+//! It is also the API server of the test bed's kubelet ([`exitorder_testbed::ApiSink`], in
+//! `sink`): the kubelet's core/v1 Events (`events`, through client-go's recorder pipeline),
+//! its pod status writes and its Node's Ready condition (`node`).
+
+mod events;
+mod node;
+mod requests;
+mod select;
+mod sink;
+
 use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -16,6 +28,10 @@ use serde_json::{json, Value};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 use tokio_stream::StreamExt;
+
+use requests::classify;
+pub(crate) use requests::Query;
+pub use requests::RequestKind;
 
 type Body = BoxBody<Bytes, Infallible>;
 
@@ -37,6 +53,13 @@ struct State {
     forbid_watch: bool,
     /// Path and query of every request, in order.
     requests: Vec<String>,
+    /// Requests by kind.
+    counts: BTreeMap<RequestKind, usize>,
+    /// Every Event (the kubelet's and those POSTed), as core/v1.
+    event_store: events::EventStore,
+    /// The kubelet's recorder drops every Event while on.
+    drop_kubelet_events: bool,
+    node: node::NodeState,
 }
 
 #[derive(Clone, Default)]
@@ -143,6 +166,21 @@ fn json_response(code: StatusCode, v: &Value) -> Response<Body> {
 }
 
 impl FakeApi {
+    /// An API server whose Node (and kubelet, as an [`exitorder_testbed::ApiSink`]) is
+    /// `node`; [`FakeApi::default`]'s is `fake-node`.
+    pub fn for_node(node: &str) -> FakeApi {
+        let api = FakeApi::default();
+        api.lock().node.name = node.to_owned();
+        api
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        match self.state.lock() {
+            Ok(g) => g,
+            Err(poisoned) => poisoned.into_inner(),
+        }
+    }
+
     pub fn serve(self) -> ServedApi {
         let std_listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind fake API");
         std_listener.set_nonblocking(true).expect("nonblocking");
@@ -177,16 +215,23 @@ impl FakeApi {
         let path = req.uri().path().to_owned();
         let query = req.uri().query().unwrap_or("").to_owned();
         let method = req.method().clone();
+        let q = Query::parse(&query);
         {
-            let mut s = self.state.lock().unwrap();
+            let mut s = self.lock();
             s.requests.push(format!("{method} {path}?{query}"));
+            *s.counts.entry(classify(&method, &path, &q)).or_default() += 1;
             if s.down {
                 return status(StatusCode::SERVICE_UNAVAILABLE, "fake API server is down");
             }
         }
+        if method == Method::GET && q.get("watch") != Some("true") {
+            if let Some(r) = self.get_more(&path, &q) {
+                return r;
+            }
+        }
         if method == Method::GET && path == "/api/v1/pods" {
             return if query.split('&').any(|kv| kv == "watch=true") {
-                if self.state.lock().unwrap().forbid_watch {
+                if self.lock().forbid_watch {
                     return status(StatusCode::FORBIDDEN, "pods is forbidden: cannot watch");
                 }
                 let from = query
@@ -217,15 +262,77 @@ impl FakeApi {
             let Ok(ev) = serde_json::from_slice::<Value>(&body) else {
                 return status(StatusCode::BAD_REQUEST, "not JSON");
             };
-            self.state.lock().unwrap().events.push(ev.clone());
+            let ns = path
+                .trim_start_matches("/apis/events.k8s.io/v1/namespaces/")
+                .trim_end_matches("/events");
+            let mut s = self.lock();
+            s.events.push(ev.clone());
+            let state = &mut *s;
+            state.event_store.record_posted(&mut state.rv, ns, &ev);
             return json_response(StatusCode::CREATED, &ev);
         }
         status(StatusCode::NOT_FOUND, "not in the fake")
     }
 
+    /// The reads besides pods: Event lists and the Node.
+    fn get_more(&self, path: &str, q: &Query) -> Option<Response<Body>> {
+        let (group, ns) = if path == "/api/v1/events" {
+            (events::Group::Core, None)
+        } else if path == "/apis/events.k8s.io/v1/events" {
+            (events::Group::EventsV1, None)
+        } else if let Some(ns) = path
+            .strip_prefix("/api/v1/namespaces/")
+            .and_then(|r| r.strip_suffix("/events"))
+        {
+            (events::Group::Core, Some(ns))
+        } else if let Some(ns) = path
+            .strip_prefix("/apis/events.k8s.io/v1/namespaces/")
+            .and_then(|r| r.strip_suffix("/events"))
+        {
+            (events::Group::EventsV1, Some(ns))
+        } else if let Some(name) = path.strip_prefix("/api/v1/nodes/") {
+            let s = self.lock();
+            return Some(if s.node.name == name {
+                json_response(StatusCode::OK, &s.node.to_json())
+            } else {
+                status(
+                    StatusCode::NOT_FOUND,
+                    &format!("nodes \"{name}\" not found"),
+                )
+            });
+        } else if path == "/api/v1/nodes" {
+            let s = self.lock();
+            let node = s.node.to_json();
+            let wanted = q.get("fieldSelector").unwrap_or("");
+            let items: Vec<Value> = match wanted.strip_prefix("metadata.name=") {
+                Some(name) if name != s.node.name => Vec::new(),
+                _ if !wanted.is_empty() && !wanted.starts_with("metadata.name=") => {
+                    return Some(status(
+                        StatusCode::BAD_REQUEST,
+                        &format!("the fake selects nodes by metadata.name only: {wanted}"),
+                    ));
+                }
+                _ => vec![node],
+            };
+            let body = json!({
+                "apiVersion": "v1", "kind": "NodeList",
+                "metadata": {"resourceVersion": s.rv.to_string()},
+                "items": items,
+            });
+            return Some(json_response(StatusCode::OK, &body));
+        } else {
+            return None;
+        };
+        let s = self.lock();
+        Some(match s.event_store.list(group, ns, q, s.rv) {
+            Ok(list) => json_response(StatusCode::OK, &list),
+            Err(m) => status(StatusCode::BAD_REQUEST, &m),
+        })
+    }
+
     /// A read of one pod: what was last written, whatever the watches have delivered.
     fn get(&self, ns: &str, name: &str) -> Response<Body> {
-        let s = self.state.lock().unwrap();
+        let s = self.lock();
         let found = s
             .pods
             .values()
@@ -237,7 +344,7 @@ impl FakeApi {
     }
 
     fn list(&self) -> Response<Body> {
-        let s = self.state.lock().unwrap();
+        let s = self.lock();
         let body = json!({
             "apiVersion": "v1",
             "kind": "PodList",
@@ -250,7 +357,7 @@ impl FakeApi {
     fn watch(&self, from: u64) -> Response<Body> {
         let (tx, rx) = mpsc::unbounded_channel();
         {
-            let mut s = self.state.lock().unwrap();
+            let mut s = self.lock();
             for (_, line) in s.history.iter().filter(|(rv, _)| *rv > from) {
                 let _ = tx.send(line.clone());
             }
@@ -265,36 +372,53 @@ impl FakeApi {
         r
     }
 
-    fn publish(&self, kind: &str, mut pod: Value) {
-        let mut s = self.state.lock().unwrap();
-        s.rv += 1;
-        pod["metadata"]["resourceVersion"] = json!(s.rv.to_string());
-        let uid = pod["metadata"]["uid"]
-            .as_str()
-            .unwrap_or_default()
-            .to_owned();
-        if kind == "DELETED" {
-            s.pods.remove(&uid);
-        } else {
-            s.pods.insert(uid, pod.clone());
-        }
-        let line = Bytes::from(format!("{}\n", json!({"type": kind, "object": pod})));
-        let rv = s.rv;
-        if let Some(held) = s.held.as_mut() {
-            held.push((rv, line));
-            return;
-        }
-        s.history.push((rv, line.clone()));
-        s.watchers.retain(|w| w.send(line.clone()).is_ok());
+    fn publish(&self, kind: &str, pod: Value) {
+        publish_in(&mut self.lock(), kind, pod);
     }
 
+    /// Changes the stored pod with UID `uid` in place (nothing when there is none) and
+    /// publishes it MODIFIED, all under one lock: nothing written meanwhile is lost.
+    fn modify(&self, uid: &str, f: impl FnOnce(&mut Value)) {
+        let mut s = self.lock();
+        let Some(mut pod) = s.pods.get(uid).cloned() else {
+            return;
+        };
+        f(&mut pod);
+        publish_in(&mut s, "MODIFIED", pod);
+    }
+}
+
+/// Stores `pod` as written now and sends it to the watches (or holds it for them).
+fn publish_in(s: &mut State, kind: &str, mut pod: Value) {
+    s.rv += 1;
+    pod["metadata"]["resourceVersion"] = json!(s.rv.to_string());
+    let uid = pod["metadata"]["uid"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    if kind == "DELETED" {
+        s.pods.remove(&uid);
+    } else {
+        s.pods.insert(uid, pod.clone());
+    }
+    let line = Bytes::from(format!("{}\n", json!({"type": kind, "object": pod})));
+    let rv = s.rv;
+    if let Some(held) = s.held.as_mut() {
+        held.push((rv, line));
+        return;
+    }
+    s.history.push((rv, line.clone()));
+    s.watchers.retain(|w| w.send(line.clone()).is_ok());
+}
+
+impl FakeApi {
     /// Creates or updates a pod (ADDED the first time, MODIFIED after).
     pub fn apply(&self, pod: Value) {
         let uid = pod["metadata"]["uid"]
             .as_str()
             .unwrap_or_default()
             .to_owned();
-        let kind = if self.state.lock().unwrap().pods.contains_key(&uid) {
+        let kind = if self.lock().pods.contains_key(&uid) {
             "MODIFIED"
         } else {
             "ADDED"
@@ -308,7 +432,7 @@ impl FakeApi {
 
     /// Down: every request answers 503 and open watches end. Up again: requests are served.
     pub fn set_down(&self, down: bool) {
-        let mut s = self.state.lock().unwrap();
+        let mut s = self.lock();
         s.down = down;
         if down {
             s.watchers.clear();
@@ -318,7 +442,7 @@ impl FakeApi {
     /// Lagging watches: while on, changes are stored (reads see them) but not delivered;
     /// turned off, what was held is delivered.
     pub fn hold_watches(&self, hold: bool) {
-        let mut s = self.state.lock().unwrap();
+        let mut s = self.lock();
         if hold {
             s.held.get_or_insert_with(Vec::new);
         } else if let Some(lines) = s.held.take() {
@@ -331,15 +455,47 @@ impl FakeApi {
 
     /// Watch requests answer 403 while on.
     pub fn forbid_watch(&self, forbid: bool) {
-        self.state.lock().unwrap().forbid_watch = forbid;
+        self.lock().forbid_watch = forbid;
     }
 
     pub fn events(&self) -> Vec<Value> {
-        self.state.lock().unwrap().events.clone()
+        self.lock().events.clone()
     }
 
     pub fn requests(&self) -> Vec<String> {
-        self.state.lock().unwrap().requests.clone()
+        self.lock().requests.clone()
+    }
+
+    /// How many requests of `kind` were made.
+    pub fn request_count(&self, kind: RequestKind) -> usize {
+        self.lock().counts.get(&kind).copied().unwrap_or(0)
+    }
+
+    /// Every kind of request made, with how many.
+    pub fn request_counts(&self) -> BTreeMap<RequestKind, usize> {
+        self.lock().counts.clone()
+    }
+
+    /// The kubelet's Events as stored (core/v1 JSON, counted and combined as its recorder
+    /// does), in creation order; apart from [`FakeApi::events`], the ones POSTed.
+    pub fn kubelet_events(&self) -> Vec<Value> {
+        self.lock().event_store.kubelet()
+    }
+
+    /// While on, the kubelet's recorder drops every Event (its QPS, its queue, the spam
+    /// filter beyond what is played already): none reaches the API.
+    pub fn drop_kubelet_events(&self, drop: bool) {
+        self.lock().drop_kubelet_events = drop;
+    }
+
+    /// The Node as a GET returns it.
+    pub fn node(&self) -> Value {
+        self.lock().node.to_json()
+    }
+
+    /// The pod with UID `uid` as last written.
+    pub fn pod(&self, uid: &str) -> Option<Value> {
+        self.lock().pods.get(uid).cloned()
     }
 
     /// Waits until `n` events were posted, or panics after `within`.

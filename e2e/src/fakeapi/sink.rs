@@ -1,0 +1,114 @@
+//! The fake API server as the test bed kubelet's API server: its Events stored through the
+//! recorder's pipeline, its status written on the pod, its Node's Ready condition.
+
+use exitorder_testbed::kubelet::api::{self, reasons};
+use exitorder_testbed::{ApiSink, ApiStatus, EventType, KubeletEvent, PodRef};
+use serde_json::{json, Value};
+
+use super::events::{rfc3339, Involved};
+use super::FakeApi;
+
+impl ApiSink for FakeApi {
+    fn event(&self, pod: &PodRef, event: &KubeletEvent) {
+        let mut s = self.lock();
+        if s.drop_kubelet_events {
+            return;
+        }
+        // `ref.GetReference`: the pod's own resourceVersion, as the kubelet last saw it.
+        let resource_version = s
+            .pods
+            .get(&pod.uid)
+            .and_then(|p| p["metadata"]["resourceVersion"].as_str())
+            .map(str::to_owned);
+        let involved = Involved {
+            kind: "Pod".to_owned(),
+            api_version: "v1".to_owned(),
+            namespace: pod.namespace.clone(),
+            name: pod.name.clone(),
+            uid: pod.uid.clone(),
+            resource_version,
+        };
+        let state = &mut *s;
+        state
+            .event_store
+            .record_kubelet(&mut state.rv, &state.node.name, involved, event);
+    }
+
+    /// The pod with that UID gets the status (a pod the API server does not have is not
+    /// written: the kubelet's status manager would get NotFound), published MODIFIED.
+    fn status(&self, pod: &PodRef, status: &ApiStatus) {
+        self.modify(&pod.uid, |p| write_status(p, status));
+    }
+
+    fn node_shutting_down(&self) {
+        let mut s = self.lock();
+        let rv = s.rv + 1;
+        if !s.node.shutting_down(rv) {
+            return;
+        }
+        s.rv = rv;
+        if s.drop_kubelet_events {
+            return;
+        }
+        // The shutdown manager's Event on the kubelet's nodeRef (kubelet.go: Kind Node, the
+        // node's name as its name and UID, no namespace).
+        let name = s.node.name.clone();
+        let involved = Involved {
+            kind: "Node".to_owned(),
+            api_version: String::new(),
+            namespace: String::new(),
+            name: name.clone(),
+            uid: name.clone(),
+            resource_version: None,
+        };
+        let event = KubeletEvent {
+            reason: reasons::NODE_SHUTDOWN_EVENT.to_owned(),
+            kind: EventType::Normal,
+            message: api::NODE_SHUTDOWN_DETECTED.to_owned(),
+            field_path: None,
+            at: std::time::SystemTime::now(),
+        };
+        let state = &mut *s;
+        state
+            .event_store
+            .record_kubelet(&mut state.rv, &name, involved, &event);
+    }
+}
+
+/// `status` written on the pod object: phase, reason and message as given (absent when
+/// `None`), and the `DisruptionTarget` condition replaced or added when there is one (the
+/// kubelet never takes one back).
+fn write_status(pod: &mut Value, status: &ApiStatus) {
+    if !pod["status"].is_object() {
+        pod["status"] = json!({});
+    }
+    let st = &mut pod["status"];
+    st["phase"] = json!(status.phase);
+    for (key, value) in [("reason", &status.reason), ("message", &status.message)] {
+        match value {
+            Some(v) => st[key] = json!(v),
+            None => {
+                if let Some(o) = st.as_object_mut() {
+                    o.remove(key);
+                }
+            }
+        }
+    }
+    let Some(target) = &status.disruption_target else {
+        return;
+    };
+    let condition = json!({
+        "type": "DisruptionTarget",
+        "status": "True",
+        "reason": target.reason,
+        "message": target.message,
+        "lastTransitionTime": rfc3339(std::time::SystemTime::now()),
+    });
+    if !st["conditions"].is_array() {
+        st["conditions"] = json!([]);
+    }
+    if let Some(conditions) = st["conditions"].as_array_mut() {
+        conditions.retain(|c| c["type"] != "DisruptionTarget");
+        conditions.push(condition);
+    }
+}

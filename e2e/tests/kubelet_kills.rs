@@ -1,0 +1,271 @@
+//! Every way the kubelet kills a pod keeps the order, on the real containerd, with the agent
+//! watching a fake API server that the test bed's kubelet tells what the real one tells: the
+//! kill's own Event, a `Killing` Event per container before its preStop hook, and the pod's
+//! phase `Running` all through the kill (`status_manager.go` `mergePodStatus`), `Failed` only
+//! at the end. No deletion reaches the API in any of them. And a container the kubelet
+//! restarts alone (liveness, startup probe, an in-place update) is let go at once while the
+//! app keeps running.
+//!
+//! Needs root and `containerd runc busybox-static`; without them each test prints
+//! "SKIPPED: <reason>" and passes, except in CI (`CI` set), where they are mandatory.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use exitorder_e2e::fakeapi::{FakeApi, ServedApi};
+use exitorder_e2e::support::{self, agent_bin, Bed};
+use exitorder_testbed::kubelet::RunOptions;
+use exitorder_testbed::{
+    AgentOptions, ApiLog, DeleteOptions, Deletion, Kill, PodStatus, Reported, RunningPod, What,
+};
+use serde_json::{json, Value};
+
+const NODE: &str = "kills-node";
+
+/// A port nothing listens on.
+fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    l.local_addr().expect("addr").port()
+}
+
+fn secs(s: u64) -> Duration {
+    Duration::from_secs(s)
+}
+
+/// A node, a fake API server fed by the test bed's kubelet, and the agent watching it.
+struct KillBed {
+    bed: Bed,
+    served: ServedApi,
+    log: Arc<ApiLog>,
+    _dir: tempfile::TempDir,
+}
+
+impl KillBed {
+    async fn start() -> Option<KillBed> {
+        let node = support::node_or_skip().await?;
+        let served = FakeApi::for_node(NODE).serve();
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut opts = AgentOptions::new(agent_bin(), &node, support::static_entrypoint());
+        opts.grace_reserve = secs(1);
+        let kubeconfig = served.write_kubeconfig(dir.path());
+        opts.env = vec![
+            ("KUBECONFIG".to_owned(), kubeconfig.display().to_string()),
+            ("NODE_NAME".to_owned(), NODE.to_owned()),
+        ];
+        let bed = Bed::with_agent(node, opts).await;
+        bed.agent
+            .wait_for("pod watch current", secs(10), |l| {
+                l.says("pod watch current", &[("node", NODE)])
+            })
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let log = Arc::new(ApiLog::forwarding_to(Arc::new(served.api.clone())));
+        Some(KillBed {
+            bed,
+            served,
+            log,
+            _dir: dir,
+        })
+    }
+
+    /// Runs `pod` until ready; the fake API server has it as scheduled here and running.
+    async fn run(&self, pod: &Value) -> RunningPod {
+        let opts = RunOptions {
+            force_host_network: true,
+            api: Some(self.log.clone()),
+            ..Default::default()
+        };
+        let running = self
+            .bed
+            .node
+            .run_pod(pod, &opts)
+            .await
+            .unwrap_or_else(|e| panic!("run pod: {e}"));
+        self.served
+            .api
+            .apply(support::api_pod_of(pod, &running, NODE));
+        running
+            .wait_ready(secs(60))
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        running
+    }
+
+    /// Kills the pod the kubelet's way `kill`, asserts the proxy left after the app, let go
+    /// by the order, and the API said `Running` until the end.
+    async fn kill_keeps_order(&self, pod: &Value, kill: Kill, kind: &str) -> Deletion {
+        let running = self.run(pod).await;
+        let uid = running.uid().to_owned();
+        let d = running
+            .delete_with(DeleteOptions {
+                kill,
+                ..DeleteOptions::probed()
+            })
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        self.bed.show(kind, &d);
+        support::assert_exited_after(&self.bed, &d, "proxy", "app");
+        let allow = self.bed.allowed(&uid, "proxy").await;
+        assert!(
+            allow.is("allow", &[("reason", "ordered")]),
+            "{kind}: {allow:?}{}",
+            self.bed.context(&d)
+        );
+        self.api_said_running_until_the_end(&uid, &d);
+        d
+    }
+
+    /// Every status the kubelet reported before the last container exited said `Running`.
+    fn api_said_running_until_the_end(&self, uid: &str, d: &Deletion) {
+        let last_exit = d
+            .containers
+            .iter()
+            .map(|c| c.finished_at_ns)
+            .max()
+            .unwrap_or(0);
+        for (at, r) in self.log.seen() {
+            let Reported::Status { pod, status } = r else {
+                continue;
+            };
+            if pod.uid != uid {
+                continue;
+            }
+            let at_ns = at
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |t| t.as_nanos() as i64);
+            if at_ns < last_exit {
+                assert_eq!(status.phase, "Running", "{status:?} before the last exit");
+            }
+        }
+    }
+
+    async fn finish(self) {
+        self.bed.finish().await;
+    }
+}
+
+/// The two-level example (the app drains `drain` seconds on TERM, the proxy leaves at once),
+/// named `name`.
+fn two_level(name: &str, drain: &str) -> Value {
+    let mut p = support::example("two-level");
+    p["metadata"]["name"] = name.into();
+    support::edit_script(&mut p, "app", "sleep 2;", &format!("sleep {drain};"));
+    p
+}
+
+/// Soft and hard node-pressure eviction, graceful node shutdown, `activeDeadlineSeconds`,
+/// preemption and a kill whose Events were all dropped: the pod stays `Running` in the API
+/// with no deletion, and the proxy leaves after the app in each. A hard eviction gives 1 s
+/// to the preStop (then the kubelet's TERM comes whatever the agent says): its app drains
+/// within it.
+#[tokio::test]
+async fn every_kubelet_kill_keeps_the_order_while_the_api_says_running() {
+    let Some(kb) = KillBed::start().await else {
+        return;
+    };
+    let cases = [
+        (
+            "eviction-soft",
+            "2",
+            Kill::Eviction {
+                hard: false,
+                max_pod_grace_seconds: 20,
+            },
+        ),
+        (
+            "eviction-hard",
+            "0.3",
+            Kill::Eviction {
+                hard: true,
+                max_pod_grace_seconds: 20,
+            },
+        ),
+        ("shutdown", "2", Kill::NodeShutdown { grace_seconds: 20 }),
+        ("deadline", "2", Kill::ActiveDeadline),
+        ("preempted", "2", Kill::Preemption),
+        ("silent", "2", Kill::Silent),
+    ];
+    for (name, drain, kill) in cases {
+        kb.kill_keeps_order(&two_level(name, drain), kill, name)
+            .await;
+    }
+    let kills = support::metrics_addr(&kb.bed.agent).await;
+    let (_, text) = support::http_get(&kills, "/metrics").await;
+    let reads = support::parse_metrics(&text)
+        .into_iter()
+        .find(|(k, _)| k == "exitorder_api_reads_total{kind=\"events\"}")
+        .map_or(0.0, |(_, v)| v);
+    // A bounded number of reads per kill (at most 6 a pod), none for a deletion.
+    assert!(
+        (1.0..=36.0).contains(&reads),
+        "{reads} Event reads for 6 kills"
+    );
+    kb.finish().await;
+}
+
+/// The proxy restarted alone: its preStop returns at once (the agent has the kubelet's word
+/// for that one container), while the app keeps running throughout.
+async fn restart_alone(kb: &KillBed, running: &RunningPod, restarted: impl Fn(&PodStatus) -> bool) {
+    let s = running
+        .wait_for("the proxy restarted", secs(60), |s| restarted(s))
+        .await
+        .unwrap_or_else(|e| panic!("{e}\n{}", kb.bed.agent.log_tail(30)));
+    let started = s
+        .timeline
+        .first("proxy", |w| matches!(w, What::PreStopStarted { .. }))
+        .unwrap_or_else(|| panic!("no preStop:\n{}", s.timeline.render(0)))
+        .at_ns;
+    let ended = s
+        .timeline
+        .first("proxy", |w| matches!(w, What::PreStopEnded { .. }))
+        .unwrap_or_else(|| panic!("no preStop end:\n{}", s.timeline.render(0)))
+        .at_ns;
+    assert!(
+        ended - started < 1_000_000_000,
+        "the proxy's preStop took {} ms:\n{}\n{}",
+        (ended - started) / 1_000_000,
+        s.timeline.render(0),
+        kb.bed.agent.log_tail(30)
+    );
+    let app = s.container("app").expect("app");
+    assert!(app.running && app.attempt == 0, "{app:?}");
+    let allow = kb.bed.allowed(running.uid(), "proxy").await;
+    assert!(
+        allow.is("allow", &[("reason", "not_terminating")]),
+        "{allow:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_sidecar_restarted_alone_is_let_go_at_once() {
+    let Some(kb) = KillBed::start().await else {
+        return;
+    };
+    let dead = free_port();
+    // Liveness: the probe fails from the start (nothing listens on `dead`).
+    let mut p = two_level("liveness", "2");
+    support::container_mut(&mut p, "proxy")["livenessProbe"] = json!({
+        "tcpSocket": {"port": dead}, "initialDelaySeconds": 1, "periodSeconds": 1,
+        "failureThreshold": 2,
+    });
+    let running = kb.run(&p).await;
+    restart_alone(&kb, &running, |s| {
+        s.container("proxy").is_some_and(|c| c.attempt >= 1)
+    })
+    .await;
+    running.delete().await.unwrap_or_else(|e| panic!("{e}"));
+
+    // In-place update of the proxy's image (the same layers under another name).
+    let p = two_level("update", "2");
+    let running = kb.run(&p).await;
+    running
+        .update_image("proxy", exitorder_testbed::PRESET_STAND_IN_IMAGE)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    restart_alone(&kb, &running, |s| {
+        s.container("proxy").is_some_and(|c| c.attempt >= 1)
+    })
+    .await;
+    running.delete().await.unwrap_or_else(|e| panic!("{e}"));
+    kb.finish().await;
+}

@@ -1,0 +1,258 @@
+//! Why the kubelet kills a whole pod, and what each kind of kill changes: its grace period,
+//! the Event it records first, and the status it reports once every container stopped. The
+//! kill itself is the same for all of them (`termination`: every running container at once,
+//! each with its Killing Event and preStop hook), as it is in the kubelet: every kind ends in
+//! `killPodFunc` (`pod_workers.go` `UpdatePod` with `SyncPodKill`), which runs
+//! `kuberuntime_manager.go` `KillPod` with the kind's grace override.
+
+use serde::Serialize;
+
+use super::api::{self, reasons, ApiStatus, DisruptionTarget, EventType};
+use super::plan::{ContainerPlan, Kind};
+use crate::node::TestbedError;
+
+/// The kind of whole-pod kill ([`DeleteOptions::kill`](super::DeleteOptions)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Kill {
+    /// A deletion through the API (`deletionTimestamp`): the test writes the API object
+    /// itself; the kubelet only records its Killing Events. Its grace is the deletion's
+    /// (`DeleteOptions::grace_period`) or the pod's.
+    #[default]
+    Deletion,
+    /// Node-pressure eviction (`eviction/eviction_manager.go` `evictPod`): `Evicted` (Warning)
+    /// first; a hard threshold's grace is 1 s (`immediateEvictionGracePeriodSeconds`), a soft
+    /// one's `evictionMaxPodGracePeriod` capped by the pod's own.
+    Eviction {
+        hard: bool,
+        max_pod_grace_seconds: i64,
+    },
+    /// Graceful node shutdown (`nodeshutdown`): the Node's Ready condition goes False first,
+    /// no Event of the pod's; `grace_seconds` is its priority group's (for regular pods
+    /// `shutdownGracePeriod` less `shutdownGracePeriodCriticalPods`), capped by the pod's.
+    NodeShutdown { grace_seconds: i64 },
+    /// `activeDeadlineSeconds` passed (`active_deadline.go`): `DeadlineExceeded` (Normal)
+    /// first; the pod's own grace.
+    ActiveDeadline,
+    /// Admission preemption for a critical pod (`preemption/preemption.go`): `Preempting`
+    /// (Warning) first; the pod's own grace (no override).
+    Preemption,
+    /// A whole-pod kill with the pod's own grace whose Events the recorder all dropped (its
+    /// QPS, the spam filter): no Event at all, not even Killing. Its status ends `Failed`
+    /// without a reason: the status manager, unlike the recorder, drops nothing.
+    Silent,
+}
+
+impl Kill {
+    /// Its name in the timeline.
+    pub fn name(self) -> &'static str {
+        match self {
+            Kill::Deletion => "deletion",
+            Kill::Eviction { hard: true, .. } => "hard eviction",
+            Kill::Eviction { hard: false, .. } => "soft eviction",
+            Kill::NodeShutdown { .. } => "node shutdown",
+            Kill::ActiveDeadline => "activeDeadlineSeconds",
+            Kill::Preemption => "preemption",
+            Kill::Silent => "silent kill",
+        }
+    }
+
+    /// The grace period the containers get, for a pod whose own is `pod_grace`; `deletion`
+    /// is `kubectl delete --grace-period`, which only a deletion takes.
+    pub(crate) fn grace(self, pod_grace: i64, deletion: Option<i64>) -> Result<i64, TestbedError> {
+        if deletion.is_some() && self != Kill::Deletion {
+            return Err(TestbedError::BadSpec(format!(
+                "DeleteOptions::grace_period is a deletion's (kubectl delete --grace-period); a \
+                 {} sets its own grace",
+                self.name()
+            )));
+        }
+        let grace = match self {
+            // As the runner always did: the API server makes a deletion's 0 a 1 (without
+            // --force), and the pod's own is taken as written.
+            Kill::Deletion => return Ok(deletion.map_or(pod_grace, |g| g.max(1))),
+            // eviction_manager.go `synchronize`: `immediateEvictionGracePeriodSeconds` = 1.
+            Kill::Eviction { hard: true, .. } => 1,
+            // `synchronize`: `min(MaxPodGracePeriodSeconds, *pod.Spec.TerminationGracePeriodSeconds)`.
+            Kill::Eviction {
+                hard: false,
+                max_pod_grace_seconds,
+            } => max_pod_grace_seconds.min(pod_grace),
+            // nodeshutdown `killPods`: the group's seconds, or the pod's when it is not longer.
+            Kill::NodeShutdown { grace_seconds } => grace_seconds.min(pod_grace),
+            Kill::ActiveDeadline | Kill::Preemption | Kill::Silent => pod_grace,
+        };
+        // pod_workers.go `calculateEffectiveGracePeriod`: "no matter what, we always supply a
+        // grace period of 1".
+        Ok(grace.max(1))
+    }
+
+    /// The Event the kill records about the pod before it kills anything: (reason, type,
+    /// message).
+    pub fn pod_event(self) -> Option<(&'static str, EventType, String)> {
+        match self {
+            // evictPod: `m.recorder.AnnotatedEventf(pod, annotations, v1.EventTypeWarning,
+            // Reason, evictMsg)` before `m.killPodFunc`.
+            Kill::Eviction { .. } => Some((
+                reasons::EVICTED,
+                EventType::Warning,
+                api::memory_pressure_message(),
+            )),
+            // active_deadline.go `ShouldEvict`: `m.recorder.Eventf(pod, v1.EventTypeNormal,
+            // reason, message)`.
+            Kill::ActiveDeadline => Some((
+                reasons::DEADLINE_EXCEEDED,
+                EventType::Normal,
+                api::DEADLINE_EXCEEDED_MESSAGE.to_owned(),
+            )),
+            // preemption.go: `c.recorder.Eventf(pod, v1.EventTypeWarning,
+            // events.PreemptContainer, message)` before `c.killPodFunc`.
+            Kill::Preemption => Some((
+                reasons::PREEMPTING,
+                EventType::Warning,
+                api::PREEMPTION_MESSAGE.to_owned(),
+            )),
+            // nodeshutdown records no Event per pod; a deletion's comes from whoever deleted.
+            Kill::Deletion | Kill::NodeShutdown { .. } | Kill::Silent => None,
+        }
+    }
+
+    /// Whether each container's Killing Event is recorded (`killContainer` always records
+    /// it; only [`Kill::Silent`] plays a recorder that dropped them).
+    pub fn records_killing(self) -> bool {
+        self != Kill::Silent
+    }
+
+    /// The status the kubelet reports once every container stopped (`mergePodStatus`
+    /// withholds it until then); `None` for a deletion, whose API object the test writes.
+    pub fn terminal_status(self) -> Option<ApiStatus> {
+        let by_kubelet = |message: &str| {
+            Some(DisruptionTarget {
+                reason: reasons::TERMINATION_BY_KUBELET.to_owned(),
+                message: message.to_owned(),
+            })
+        };
+        let failed = |reason: &str, message: &str, disruption_target| ApiStatus {
+            phase: "Failed".to_owned(),
+            reason: Some(reason.to_owned()),
+            message: Some(message.to_owned()),
+            disruption_target,
+        };
+        match self {
+            Kill::Deletion => None,
+            // evictPod's status func: Failed, `Reason`, evictMsg, and the DisruptionTarget
+            // condition `synchronize` built (reason TerminationByKubelet, message evictMsg).
+            Kill::Eviction { .. } => {
+                let message = api::memory_pressure_message();
+                Some(failed(reasons::EVICTED, &message, by_kubelet(&message)))
+            }
+            // nodeshutdown's status func: Failed, nodeShutdownReason, nodeShutdownMessage and
+            // DisruptionTarget (TerminationByKubelet, nodeShutdownMessage).
+            Kill::NodeShutdown { .. } => Some(failed(
+                reasons::NODE_SHUTDOWN,
+                api::NODE_SHUTDOWN_MESSAGE,
+                by_kubelet(api::NODE_SHUTDOWN_MESSAGE),
+            )),
+            // kubelet.go `generateAPIPodStatus`: a PodSyncHandler's ShouldEvict sets Failed,
+            // its reason and message; no DisruptionTarget.
+            Kill::ActiveDeadline => Some(failed(
+                reasons::DEADLINE_EXCEEDED,
+                api::DEADLINE_EXCEEDED_MESSAGE,
+                None,
+            )),
+            // preemption.go's status func.
+            Kill::Preemption => Some(failed(
+                reasons::PREEMPTING,
+                api::PREEMPTION_MESSAGE,
+                by_kubelet(api::PREEMPTION_CONDITION_MESSAGE),
+            )),
+            Kill::Silent => Some(ApiStatus::phase("Failed")),
+        }
+    }
+}
+
+/// Why the kubelet kills one container while the pod stays, and the Killing Event's message
+/// (`kuberuntime_manager.go` `computePodActions` for main containers,
+/// `computeInitContainerActions` for native sidecars).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ContainerKill {
+    Liveness,
+    Startup,
+    DefinitionChanged,
+}
+
+impl ContainerKill {
+    pub(crate) fn message(self, c: &ContainerPlan, restarted: bool) -> String {
+        let name = c.name.as_str();
+        match (c.kind, self) {
+            (Kind::Main, ContainerKill::Liveness) => api::liveness_failed(name, restarted),
+            (Kind::Main, ContainerKill::Startup) => api::startup_failed(name, restarted),
+            (Kind::Main, ContainerKill::DefinitionChanged) => api::definition_changed(name),
+            (_, ContainerKill::Liveness) => api::init_liveness_failed(name),
+            (_, ContainerKill::Startup) => api::init_startup_failed(name),
+            (_, ContainerKill::DefinitionChanged) => api::init_definition_changed(name),
+        }
+    }
+
+    /// `kuberuntime_container.go` `setTerminationGracePeriod`: a probe's own
+    /// terminationGracePeriodSeconds for the kill it caused; else the pod's.
+    pub(crate) fn grace(self, c: &ContainerPlan) -> Option<i64> {
+        let probe = match self {
+            ContainerKill::Liveness => c.liveness.as_ref(),
+            ContainerKill::Startup => c.startup.as_ref(),
+            ContainerKill::DefinitionChanged => None,
+        };
+        probe.and_then(|p| p.termination_grace_seconds)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_kill_has_the_kubelets_grace() {
+        let soft = |max| Kill::Eviction {
+            hard: false,
+            max_pod_grace_seconds: max,
+        };
+        let hard = Kill::Eviction {
+            hard: true,
+            max_pod_grace_seconds: 60,
+        };
+        assert_eq!(Kill::Deletion.grace(30, None).ok(), Some(30));
+        assert_eq!(Kill::Deletion.grace(30, Some(0)).ok(), Some(1));
+        assert_eq!(hard.grace(30, None).ok(), Some(1));
+        assert_eq!(soft(10).grace(30, None).ok(), Some(10));
+        assert_eq!(soft(60).grace(30, None).ok(), Some(30));
+        assert_eq!(soft(0).grace(30, None).ok(), Some(1));
+        let shutdown = Kill::NodeShutdown { grace_seconds: 20 };
+        assert_eq!(shutdown.grace(30, None).ok(), Some(20));
+        assert_eq!(shutdown.grace(5, None).ok(), Some(5));
+        assert_eq!(Kill::Preemption.grace(0, None).ok(), Some(1));
+        assert!(hard.grace(30, Some(3)).is_err());
+    }
+
+    #[test]
+    fn the_terminal_status_says_why() {
+        let evicted = Kill::Eviction {
+            hard: true,
+            max_pod_grace_seconds: 0,
+        }
+        .terminal_status()
+        .expect("a status");
+        assert_eq!(evicted.phase, "Failed");
+        assert_eq!(evicted.reason.as_deref(), Some("Evicted"));
+        assert_eq!(
+            evicted.disruption_target.map(|d| d.reason).as_deref(),
+            Some("TerminationByKubelet")
+        );
+        let deadline = Kill::ActiveDeadline.terminal_status().expect("a status");
+        assert!(deadline.disruption_target.is_none());
+        assert_eq!(Kill::Deletion.terminal_status(), None);
+        assert!(Kill::NodeShutdown { grace_seconds: 1 }
+            .pod_event()
+            .is_none());
+        assert!(!Kill::Silent.records_killing() && Kill::Silent.pod_event().is_none());
+    }
+}
