@@ -54,10 +54,16 @@ pub fn check(v: &PodEntry, api: Option<&ApiPod>) {
     let year = first_seen.later(MAX_SPAN);
     assert!(deadline >= first_seen && deadline <= year, "{clock:?}");
 
+    // A pod the API does not show going away, with the kubelet's word that it restarts
+    // every container alone: the widest release a decision can be given.
     let deletion = match api {
-        Some(a) if a.is_staying() => Deletion::NotDeleting {
+        Some(a) if a.pod_kill(0).is_none() => Deletion::NotDeleting {
             settle: SETTLE,
-            confirmed: Some(first_seen),
+            restarting: v
+                .containers
+                .values()
+                .map(|c| (c.info.name.clone(), first_seen))
+                .collect(),
         },
         _ => Deletion::Deleting,
     };
