@@ -53,6 +53,15 @@ impl Linked {
         }
     }
 
+    /// A pod the API server shows running, not deleted; the agent started with `settle` and
+    /// its pod watch current.
+    async fn running(settle: Duration) -> Linked {
+        let mut l = Linked::new(60, Some(api_pod(None)));
+        l.start(settle);
+        watch_state_becomes(&l.rig.stats, "up", Duration::from_secs(5)).await;
+        l
+    }
+
     fn start(&mut self, settle: Duration) {
         self.rig.stats = Arc::new(Stats::default());
         let (link, tasks) = cluster::start(self.api.client(), NODE, self.rig.stats.clone());
@@ -242,9 +251,7 @@ async fn native_sidecars_from_the_spec_keep_the_kubelets_stop_order() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restart_the_kubelet_names_is_allowed_at_once() {
-    let mut l = Linked::new(60, Some(api_pod(None)));
-    l.start(Duration::ZERO);
-    watch_state_becomes(&l.rig.stats, "up", Duration::from_secs(5)).await;
+    let l = Linked::running(Duration::ZERO).await;
     // kuberuntime_container.go killContainer: the Event comes before the preStop hook.
     l.kubelet_says(
         "Killing",
@@ -270,9 +277,7 @@ async fn a_restart_the_kubelet_names_is_allowed_at_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restart_whose_word_comes_late_waits_only_for_it() {
-    let mut l = Linked::new(60, Some(api_pod(None)));
-    l.start(Duration::from_millis(300));
-    watch_state_becomes(&l.rig.stats, "up", Duration::from_secs(5)).await;
+    let l = Linked::running(Duration::from_millis(300)).await;
     let f = l.rig.request_exit(APP_UID, "proxy");
     // The kubelet's recorder sends its Event a little after the hook began.
     stays_waiting(&f, Duration::from_millis(400)).await;
@@ -299,9 +304,7 @@ async fn a_restart_whose_word_comes_late_waits_only_for_it() {
 /// asks a bounded number of times.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_kill_the_kubelet_said_nothing_of_stays_ordered() {
-    let mut l = Linked::new(60, Some(api_pod(None)));
-    l.start(Duration::ZERO);
-    watch_state_becomes(&l.rig.stats, "up", Duration::from_secs(5)).await;
+    let l = Linked::running(Duration::ZERO).await;
     let f = l.rig.request_exit(APP_UID, "proxy");
     // Past every read the agent asks (about 3 s of them).
     stays_waiting(&f, Duration::from_millis(3_600)).await;
@@ -337,9 +340,7 @@ async fn a_kill_the_kubelet_said_nothing_of_stays_ordered() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_eviction_keeps_the_order_while_the_api_says_running() {
-    let mut l = Linked::new(60, Some(api_pod(None)));
-    l.start(Duration::ZERO);
-    watch_state_becomes(&l.rig.stats, "up", Duration::from_secs(5)).await;
+    let l = Linked::running(Duration::ZERO).await;
     // eviction_manager.go evictPod records Evicted before it kills; killContainer then
     // "Stopping container" for each container. A liveness word of a moment before does not
     // make this kill a restart.
@@ -371,9 +372,7 @@ async fn an_eviction_keeps_the_order_while_the_api_says_running() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deletion_seen_late_within_the_settle_time_keeps_order() {
-    let mut l = Linked::new(60, Some(api_pod(None)));
-    l.start(Duration::from_millis(400));
-    watch_state_becomes(&l.rig.stats, "up", Duration::from_secs(5)).await;
+    let l = Linked::running(Duration::from_millis(400)).await;
     let f = l.rig.request_exit(APP_UID, "proxy");
     // The kubelet acted on a deletion the agent's watch delivers only now.
     l.api.api.apply(api_pod(Some((60, 60))));
@@ -408,9 +407,7 @@ async fn deadline_comes_from_the_pods_own_grace_period() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn force_deleted_pod_stays_ordered() {
-    let mut l = Linked::new(60, Some(api_pod(None)));
-    l.start(Duration::ZERO);
-    watch_state_becomes(&l.rig.stats, "up", Duration::from_secs(5)).await;
+    let l = Linked::running(Duration::ZERO).await;
     // `kubectl delete --force --grace-period=0`: the object is gone at once, but the kubelet
     // still stops the containers with the spec's grace period.
     l.api.api.delete(api_pod(Some((0, 0))));
@@ -434,9 +431,7 @@ async fn a_pod_the_api_shows_failed_stays_ordered() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lagging_watch_is_caught_by_the_kubelets_word() {
-    let mut l = Linked::new(60, Some(api_pod(None)));
-    l.start(Duration::ZERO);
-    watch_state_becomes(&l.rig.stats, "up", Duration::from_secs(5)).await;
+    let l = Linked::running(Duration::ZERO).await;
     // The pod is deleted; the kubelet acts on it, but the agent's watch does not deliver it.
     l.api.api.hold_watches(true);
     l.api.api.apply(api_pod(Some((60, 60))));
@@ -528,9 +523,7 @@ async fn api_down_at_start_decides_by_the_runtime_rules() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn api_down_mid_run_decides_by_the_runtime_rules() {
-    let mut l = Linked::new(60, Some(api_pod(None)));
-    l.start(Duration::ZERO);
-    watch_state_becomes(&l.rig.stats, "up", Duration::from_secs(5)).await;
+    let l = Linked::running(Duration::ZERO).await;
     l.api.api.set_down(true);
     watch_state_becomes(&l.rig.stats, "down", Duration::from_secs(5)).await;
     let f = l.rig.request_exit(APP_UID, "proxy");

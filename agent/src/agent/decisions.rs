@@ -8,9 +8,10 @@ use tracing::{debug, info, warn};
 
 use crate::agent::Agent;
 use crate::backoff::Backoff;
-use crate::cluster::podwatch::{now_unix, ApiPod, ConfirmRequest, PodSignal};
+use crate::cluster::podevents::ConfirmRequest;
+use crate::cluster::podwatch::{ApiPod, PodSignal};
 use crate::cluster::recorder::{ExitNotice, PodRef};
-use crate::decide::bounds::Later as _;
+use crate::decide::bounds::{unix_of_instant, Later as _};
 use crate::decide::facts::{self, Clock};
 use crate::decide::stoporder::StopOrder;
 use crate::decide::{self, Deletion, PodFacts, Reason, RunState, Verdict};
@@ -118,15 +119,16 @@ impl Agent {
     /// The facts a decision takes; `None` when the runtime has no such pod (fail open).
     fn facts(&mut self, pod: &PodUid) -> Option<PodFacts> {
         let api = self.api_pod(pod);
-        let (deletion, clock) = self.deletion_and_clock(pod, api.as_ref())?;
-        if let (Some(kill), Some(p)) = (
-            api.as_ref().and_then(|a| a.pod_kill(now_unix())),
-            self.waits.pending.get_mut(pod),
-        ) {
-            // The API object says why (a deletion, a terminal phase, a passed deadline): no
-            // read of the kubelet's word is needed.
+        let now = Instant::now();
+        // The API object says why (a deletion, a terminal phase, a passed deadline): no read
+        // of the kubelet's word is needed.
+        let api_kill = api
+            .as_ref()
+            .and_then(|a| a.pod_kill(unix_of_instant(now, now)));
+        if let (Some(kill), Some(p)) = (api_kill, self.waits.pending.get_mut(pod)) {
             p.confirm.pod_kill.get_or_insert(kill);
         }
+        let (deletion, clock) = self.deletion_and_clock(pod, api.as_ref(), api_kill)?;
         let p = self.waits.pending.get(pod)?;
         let (checking, checked) = (p.checking, p.checked);
         let stopping = p.first_seen;
@@ -229,9 +231,15 @@ impl Agent {
     /// killing the pod, which is when it runs the preStop hooks, not at the API server's
     /// deletionTimestamp: a kubelet that sees the deletion late (a node back from NotReady)
     /// still gives the full grace period.
-    fn deletion_and_clock(&self, pod: &PodUid, api: Option<&ApiPod>) -> Option<(Deletion, Clock)> {
+    fn deletion_and_clock(
+        &self,
+        pod: &PodUid,
+        api: Option<&ApiPod>,
+        api_kill: Option<PodKill>,
+    ) -> Option<(Deletion, Clock)> {
         let p = self.waits.pending.get(pod)?;
-        let api_kill = api.and_then(|a| a.pod_kill(now_unix()));
+        // What the API object says now wins over what was recognised before (a deletion's
+        // grace over an eviction's).
         let pod_kill = api_kill.or(p.confirm.pod_kill);
         let deletion = match api {
             // Not shown going away: which alone proves nothing (the kubelet keeps a pod
@@ -348,11 +356,12 @@ impl Agent {
                         .map_or(asked_at, |(t, _)| asked_at.max(*t));
                     p.confirm.restarting.insert(name, (at, kind));
                 }
-                // Nothing said yet of some waiting container: its Event may still be on its
-                // way (the kubelet records it just before the hook, and sends it later).
-                let silent = p.waiting.keys().any(|c| {
-                    !p.confirm.restarting.contains_key(c.as_str()) && p.confirm.pod_kill.is_none()
-                });
+                // Nothing said yet of some waiting container's kill: its Event may still be
+                // on its way (the kubelet records it just before the hook, and sends it later).
+                let silent = p.confirm.pod_kill.is_none()
+                    && p.waiting
+                        .iter()
+                        .any(|(c, w)| !p.confirm.names(c.as_str(), w.since));
                 if silent {
                     let delay = Backoff::after(WORD_RETRY_START, WORD_RETRY_MAX, p.confirm.reads);
                     p.confirm.retry_at = Some(Instant::now().later(delay));
@@ -384,12 +393,9 @@ impl Agent {
                 }
                 Verdict::Wait { blocked_by, until } => {
                     wake = [wake, until].into_iter().flatten().min();
-                    let named = p
-                        .confirm
-                        .restarting
-                        .get(name.as_str())
-                        .is_some_and(|(c, _)| *c >= waiter.since);
-                    let asking = staying && !named && p.confirm.reads < MAX_WORD_READS;
+                    let asking = staying
+                        && !p.confirm.names(name.as_str(), waiter.since)
+                        && p.confirm.reads < MAX_WORD_READS;
                     if asking {
                         // The kubelet's word on this kill is not known yet: asked for. A
                         // restart's short pause is not a hold worth telling.
@@ -420,14 +426,12 @@ impl Agent {
                 (&self.api.pods, &names, earliest)
             {
                 p.confirm.asked = true;
-                let ago = i64::try_from(now.saturating_duration_since(since).as_secs())
-                    .unwrap_or(i64::MAX);
                 api.confirm(ConfirmRequest {
                     uid: pod.clone(),
                     namespace: namespace.clone(),
                     name: name.clone(),
                     asked_at: now,
-                    since_unix: now_unix().saturating_sub(ago),
+                    since_unix: unix_of_instant(since, now),
                 });
             }
         }

@@ -6,8 +6,10 @@
 //!
 //! Parts:
 //! - [`podwatch`]: this node's pods as the API server sees them;
+//! - [`podevents`]: the kubelet's word on one pod's kill, from its Events;
 //! - [`recorder`]: Kubernetes Events about held exits.
 
+pub mod podevents;
 pub mod podwatch;
 pub mod recorder;
 
@@ -18,7 +20,8 @@ use kube::{Client, Config};
 use tokio::sync::{mpsc, watch};
 use tracing::Instrument;
 
-use crate::cluster::podwatch::{Confirmer, PodSignal, PodView, PodWatch};
+use crate::cluster::podevents::Confirmer;
+use crate::cluster::podwatch::{PodSignal, PodView, PodWatch};
 use crate::cluster::recorder::{EventSink, Recorder};
 use crate::stats::Stats;
 

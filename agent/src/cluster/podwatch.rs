@@ -13,8 +13,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
-use k8s_openapi::api::core::v1::{Event, Pod};
-use kube::api::{Api, ListParams};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::Api;
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::Client;
@@ -22,10 +22,11 @@ use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
 use crate::backoff::Backoff;
+use crate::cluster::podevents::{ConfirmRequest, Confirmer};
 use crate::decide::restart::{Policy, RecordError, Restart, RestartError, RestartRecord};
 use crate::decide::stoporder::StopOrder;
 use crate::kubelet::grace;
-use crate::kubelet::kills::{self, PodKill, SeenEvent, Word};
+use crate::kubelet::kills::{PodKill, Word};
 use crate::pod::PodUid;
 use crate::stats::Stats;
 use crate::view::SandboxInfo;
@@ -234,13 +235,6 @@ pub fn grace_of(pod: &Pod) -> Option<Duration> {
     )
 }
 
-/// Now, in Unix seconds (0 for a clock before 1970).
-pub fn now_unix() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
-}
-
 /// What the watch tells the decision loop.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PodSignal {
@@ -256,30 +250,6 @@ pub enum PodSignal {
         word: Option<Word>,
     },
 }
-
-/// A read of the kubelet's word on one pod, asked before any wait of a pod that the API
-/// server does not show going away is released early: the pod's Events, where the kubelet
-/// says, before it runs a preStop hook, whether it kills the whole pod or restarts one
-/// container (see [`crate::kubelet::kills`]). One LIST, selected by the pod's UID: Events
-/// cannot be selected by node, and a watch of every Event of the cluster per node would cost
-/// the API server far more than a read per kubelet kill.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ConfirmRequest {
-    pub uid: PodUid,
-    pub namespace: String,
-    pub name: String,
-    pub asked_at: Instant,
-    /// The earliest wait of the pod began at this Unix second (the agent's clock: the
-    /// kubelet's Events carry the same node's).
-    pub since_unix: i64,
-}
-
-/// At most this many Events of one pod are read; a pod's Events are few (the kubelet's
-/// repeat into one Event's count), and more than this come from something else.
-const MAX_EVENTS: u32 = 250;
-
-/// How long a confirming read may take; a slower API server leaves the wait ordered.
-const CONFIRM_TIMEOUT: Duration = Duration::from_secs(2);
 
 struct Shared {
     current: AtomicBool,
@@ -369,93 +339,6 @@ pub struct PodWatch {
     listed_at: Option<Instant>,
 }
 
-/// Answers [`ConfirmRequest`]s, one at a time (they come only for waits of pods the API
-/// server does not show going away, and at most a few times each).
-pub struct Confirmer {
-    client: Client,
-    node: String,
-    rx: mpsc::UnboundedReceiver<ConfirmRequest>,
-    tx: mpsc::UnboundedSender<PodSignal>,
-    stats: Arc<Stats>,
-}
-
-impl Confirmer {
-    pub async fn run(mut self, shutdown: impl Future<Output = ()>) {
-        tokio::pin!(shutdown);
-        loop {
-            let req = tokio::select! {
-                () = &mut shutdown => return,
-                req = self.rx.recv() => match req {
-                    Some(r) => r,
-                    None => return,
-                },
-            };
-            let word = self.read(&req).await;
-            let _ = self.tx.send(PodSignal::Confirmed {
-                uid: req.uid,
-                asked_at: req.asked_at,
-                word,
-            });
-        }
-    }
-
-    async fn read(&self, req: &ConfirmRequest) -> Option<Word> {
-        let api: Api<Event> = Api::namespaced(self.client.clone(), &req.namespace);
-        let params = ListParams::default()
-            .fields(&format!("involvedObject.uid={}", req.uid))
-            .limit(MAX_EVENTS);
-        self.stats.api_read("events");
-        match tokio::time::timeout(CONFIRM_TIMEOUT, api.list(&params)).await {
-            Ok(Ok(list)) => {
-                let seen: Vec<SeenEvent> = list
-                    .items
-                    .iter()
-                    .filter(|e| e.involved_object.uid.as_deref() == Some(req.uid.as_str()))
-                    .map(seen)
-                    .collect();
-                Some(kills::read_word(&seen, &self.node, req.since_unix))
-            }
-            Ok(Err(e)) => {
-                self.stats.api_error("events_list");
-                debug!(pod = %req.name, error = %e, "reading the pod's Events failed");
-                None
-            }
-            Err(_) => {
-                self.stats.api_error("events_timeout");
-                None
-            }
-        }
-    }
-}
-
-/// What the agent reads of one Event.
-fn seen(e: &Event) -> SeenEvent {
-    let times = [
-        e.last_timestamp.as_ref().map(|t| t.0.as_second()),
-        e.series
-            .as_ref()
-            .and_then(|s| s.last_observed_time.as_ref())
-            .map(|t| t.0.as_second()),
-        e.event_time.as_ref().map(|t| t.0.as_second()),
-        e.first_timestamp.as_ref().map(|t| t.0.as_second()),
-    ];
-    let source = e.source.as_ref();
-    SeenEvent {
-        reason: e.reason.clone().unwrap_or_default(),
-        message: e.message.clone().unwrap_or_default(),
-        field_path: e.involved_object.field_path.clone().unwrap_or_default(),
-        component: source
-            .and_then(|s| s.component.clone())
-            .or_else(|| e.reporting_component.clone())
-            .unwrap_or_default(),
-        host: source
-            .and_then(|s| s.host.clone())
-            .or_else(|| e.reporting_instance.clone())
-            .unwrap_or_default(),
-        last_unix: times.into_iter().flatten().max(),
-    }
-}
-
 /// A watch of the pods on `node`, its view, its confirming reader, and the signals both send.
 pub fn pod_watch(
     client: Client,
@@ -480,13 +363,7 @@ pub fn pod_watch(
         shared: shared.clone(),
         confirm: confirm_tx,
     };
-    let confirmer = Confirmer {
-        client: client.clone(),
-        node: node.to_owned(),
-        rx: confirm_rx,
-        tx: tx.clone(),
-        stats: stats.clone(),
-    };
+    let confirmer = Confirmer::new(client.clone(), node, confirm_rx, tx.clone(), stats.clone());
     let watch = PodWatch {
         api: Api::all(client),
         node: node.to_owned(),

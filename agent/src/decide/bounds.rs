@@ -88,6 +88,17 @@ pub fn instant_of_unix(secs: i64, now: Instant) -> Option<Instant> {
     now.checked_sub(ago)
 }
 
+/// The Unix second an instant of this process's monotonic clock was at (as `now` is now):
+/// the converse of [`instant_of_unix`], for comparing with the API server's times. 0 for a
+/// wall clock before 1970.
+pub fn unix_of_instant(at: Instant, now: Instant) -> i64 {
+    let now_unix = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX));
+    let ago = i64::try_from(now.saturating_duration_since(at).as_secs()).unwrap_or(i64::MAX);
+    now_unix.saturating_sub(ago)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -108,6 +119,10 @@ mod tests {
         assert_eq!(instant_of_unix(unix_now + 3600, now), None);
         assert_eq!(instant_of_unix(-1, now), None);
         assert_eq!(instant_of_unix(i64::MAX, now), None);
+        // And back, within the second either clock may have turned.
+        let back = unix_of_instant(ten_ago, now);
+        assert!((unix_now - 11..=unix_now - 9).contains(&back), "{back}");
+        assert!((unix_now..=unix_now + 1).contains(&unix_of_instant(now, now)));
     }
 
     #[test]

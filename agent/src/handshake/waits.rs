@@ -83,6 +83,15 @@ pub struct Confirmation {
 }
 
 impl Confirmation {
+    /// Whether the kubelet's word that it kills `container` alone was read for a wait that
+    /// began at `since` (by a read asked at or after it: an older word was about an earlier
+    /// kill).
+    pub fn names(&self, container: &str, since: Instant) -> bool {
+        self.restarting
+            .get(container)
+            .is_some_and(|(asked, _)| *asked >= since)
+    }
+
     /// The kind of kill a wait of `container` answered for `reason` belongs to.
     pub fn kill_of(&self, container: &str, reason: Reason) -> Kill {
         match (reason, self.restarting.get(container)) {

@@ -1,17 +1,20 @@
 //! The grace period the kubelet gives a kill: what the agent's deadline follows.
 //!
-//! - A deletion: `metadata.deletionGracePeriodSeconds` when set and not 0, else the spec's
-//!   `terminationGracePeriodSeconds` (`pod_workers.go` `calculateEffectiveGracePeriod`); a
-//!   force delete (grace 0) still gives the containers at least 1 s there
-//!   (`minimumGracePeriodInSeconds` = 1 for the pod), and after a preStop the stop itself
-//!   always gets at least 2 s (`kuberuntime_container.go` `killContainer`,
-//!   `minimumGracePeriodInSeconds` = 2).
+//! - A deletion: `metadata.deletionGracePeriodSeconds`, else the spec's
+//!   `terminationGracePeriodSeconds` (`pod_workers.go` `calculateEffectiveGracePeriod`), and
+//!   never under 1 s ("no matter what, we always supply a grace period of 1"); after a preStop
+//!   the stop itself gets at least 2 s (`kuberuntime_container.go` `killContainer`,
+//!   `minimumGracePeriodInSeconds`). A force delete (grace 0) gets that 1 s on current
+//!   kubelets; older ones (no `overridden` flag there) fall back to the spec's. The agent
+//!   reads 0 as the spec's ([`of_pod`]): on a current kubelet the TERM comes after 1 s + 2 s
+//!   whatever the agent's deadline says, so the longer bound never holds the pod.
 //! - Node-pressure eviction: the kubelet's `evictionMaxPodGracePeriod` for a soft threshold,
 //!   1 s for a hard one (`eviction_manager.go`, `immediateEvictionGracePeriodSeconds`).
 //! - Graceful node shutdown: `shutdownGracePeriod` less `shutdownGracePeriodCriticalPods` for
 //!   regular pods (or the `shutdownGracePeriodByPodPriority` band), capped by the pod's own.
 //! - `activeDeadlineSeconds` and preemption: the pod's own grace.
-//! - A liveness or startup probe kill: the probe's `terminationGracePeriodSeconds` when set.
+//! - A liveness or startup probe kill: the probe's `terminationGracePeriodSeconds` when set
+//!   (a deletion's grace wins over it: `setTerminationGracePeriod`).
 //!
 //! What the agent cannot read on the node (the kubelet's configuration) it is told by flags
 //! that mirror it; where nothing says, the spec's grace is the bound. Either way the kubelet

@@ -1,7 +1,9 @@
 //! The agent's model of the kubelet: how it kills pods and containers, what it tells the API
 //! server while it does, and the grace it gives. Every rule here mirrors upstream code, named
-//! beside it (kubernetes/kubernetes `pkg/kubelet`, read at release 1.35); the agent's
-//! decisions, `exitorder explain` and the test bed's kubelet use these same rules.
+//! beside it (kubernetes/kubernetes `pkg/kubelet`, read at upstream commit `fbba6b47`; where
+//! older kubelets differ, the difference is said). The agent's decisions use these rules, and
+//! the test bed's kubelet plays the same texts and budgets (`testbed/src/kubelet/api.rs`,
+//! `kills.rs`).
 //!
 //! The one fact everything else follows from: the kubelet keeps a pod `Running`, with no
 //! `deletionTimestamp`, all through its own kills (node-pressure eviction, graceful node
