@@ -6,6 +6,7 @@
 mod actions;
 mod container;
 mod security;
+mod volumes;
 
 use std::collections::BTreeMap;
 
@@ -14,6 +15,7 @@ use container::PodBase;
 use k8s_openapi::api::core::v1::{Container, Pod};
 use security::seccomp;
 use serde_json::Value;
+pub use volumes::{HostPathType, Volume};
 
 use super::fields::{self, Note};
 
@@ -107,40 +109,6 @@ pub struct Security {
     /// `allowPrivilegeEscalation: false`.
     pub no_new_privs: bool,
     pub seccomp: Option<Seccomp>,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Volume {
-    HostPath { path: String, kind: HostPathType },
-    EmptyDir,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum HostPathType {
-    Unchecked,
-    DirectoryOrCreate,
-    Directory,
-    FileOrCreate,
-    File,
-    Socket,
-    CharDevice,
-    BlockDevice,
-}
-
-impl HostPathType {
-    fn parse(s: Option<&str>) -> Option<Self> {
-        Some(match s {
-            None | Some("") => HostPathType::Unchecked,
-            Some("DirectoryOrCreate") => HostPathType::DirectoryOrCreate,
-            Some("Directory") => HostPathType::Directory,
-            Some("FileOrCreate") => HostPathType::FileOrCreate,
-            Some("File") => HostPathType::File,
-            Some("Socket") => HostPathType::Socket,
-            Some("CharDevice") => HostPathType::CharDevice,
-            Some("BlockDevice") => HostPathType::BlockDevice,
-            Some(_) => return None,
-        })
-    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -439,46 +407,7 @@ impl<E: Fn(&str, String) -> PlanError> Planner<'_, E> {
             "spec.securityContext.seccompProfile.type",
             err,
         )?;
-        let mut volumes = BTreeMap::new();
-        for (i, v) in spec.volumes.unwrap_or_default().into_iter().enumerate() {
-            let field = format!("spec.volumes[{i}]");
-            let vol = match (v.host_path, v.empty_dir) {
-                (Some(hp), None) => {
-                    let kind = HostPathType::parse(hp.type_.as_deref()).ok_or_else(|| {
-                        err(
-                            &format!("{field}.hostPath.type"),
-                            format!("{:?} is not a hostPath type", hp.type_),
-                        )
-                    })?;
-                    if !hp.path.starts_with('/') {
-                        return Err(err(
-                            &format!("{field}.hostPath.path"),
-                            "must be absolute".into(),
-                        ));
-                    }
-                    Volume::HostPath {
-                        path: hp.path,
-                        kind,
-                    }
-                }
-                (None, Some(ed)) => {
-                    if ed.medium.as_deref().is_some_and(|m| !m.is_empty()) {
-                        return Err(err(
-                            &format!("{field}.emptyDir.medium"),
-                            "only the node's disk is supported (medium \"\")".into(),
-                        ));
-                    }
-                    Volume::EmptyDir
-                }
-                _ => return Err(err(&field, "one of hostPath or emptyDir is needed".into())),
-            };
-            if volumes.insert(v.name.clone(), vol).is_some() {
-                return Err(err(
-                    &format!("{field}.name"),
-                    format!("volume {:?} declared twice", v.name),
-                ));
-            }
-        }
+        let volumes = volumes::plan(spec.volumes.unwrap_or_default(), err)?;
 
         let base = PodBase {
             name: &name,
