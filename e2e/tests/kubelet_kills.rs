@@ -227,6 +227,11 @@ async fn restart_alone(kb: &KillBed, running: &RunningPod, restarted: impl Fn(&P
         s.timeline.render(0),
         kb.bed.agent.log_tail(30)
     );
+    eprintln!(
+        "{}: the proxy's preStop returned {} ms after it began",
+        running.name(),
+        (ended - started) / 1_000_000
+    );
     let app = s.container("app").expect("app");
     assert!(app.running && app.attempt == 0, "{app:?}");
     let allow = kb.bed.allowed(running.uid(), "proxy").await;
