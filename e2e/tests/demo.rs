@@ -11,6 +11,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use exitorder::webhook::HandshakeVolume;
+use exitorder_testbed::demo::DemoKill;
 use exitorder_testbed::demo::{demo, DemoArgs, DemoReport, InitRun, PROJECT_IMAGE};
 use exitorder_testbed::verdict::Verdict;
 
@@ -32,6 +33,7 @@ fn args_without_binaries(pod: Option<&str>, without_agent: bool) -> DemoArgs {
         image: Vec::new(),
         host_network: true,
         grace_period: None,
+        kill: DemoKill::Deletion,
         ready_timeout: Duration::from_secs(60),
         complete_timeout: Duration::from_secs(120),
         without_agent,
@@ -301,4 +303,41 @@ async fn a_jobs_pod_runs_to_completion_with_every_attempt_reported() {
         text.contains("The pod completed: phase Succeeded"),
         "{text}"
     );
+}
+
+/// `--kill node-shutdown`: the built-in pod killed by the kubelet's graceful node shutdown
+/// (its regular pods' 20 s) is ordered as a deletion is.
+#[tokio::test]
+async fn the_built_in_pod_killed_by_a_node_shutdown_is_ordered() {
+    let Some(node) = support::node_or_skip().await else {
+        return;
+    };
+    node.shutdown().await.expect("probe node teardown");
+    let mut a = args(None, false);
+    a.kill = DemoKill::NodeShutdown;
+    a.grace_period = Some(20);
+    let mut lines = Vec::new();
+    let report = demo(&a, &mut |l| lines.push(l.to_owned()))
+        .await
+        .unwrap_or_else(|e| panic!("{e:#}\n{}", lines.join("\n")));
+    let text = lines.join("\n");
+    assert!(text.contains("Killing the pod (node shutdown)"), "{text}");
+    assert!(report.ordered(), "{text}");
+}
+
+/// A kill that takes the pod's own grace refuses `--grace-period`, before any node starts.
+#[tokio::test]
+async fn a_grace_period_for_a_kill_that_takes_the_pods_is_refused() {
+    let mut a = args_without_binaries(None, false);
+    a.kill = DemoKill::Preemption;
+    a.grace_period = Some(5);
+    let mut lines = Vec::new();
+    let err = demo(&a, &mut |l| lines.push(l.to_owned()))
+        .await
+        .expect_err("refused");
+    assert!(
+        format!("{err:#}").contains("--grace-period does not apply to --kill preemption"),
+        "{err:#}"
+    );
+    assert!(lines.is_empty(), "{lines:?}");
 }

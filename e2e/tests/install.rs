@@ -1010,6 +1010,7 @@ async fn the_demo_installs_the_agent_from_the_chart() {
         image: Vec::new(),
         host_network: true,
         grace_period: None,
+        kill: exitorder_testbed::demo::DemoKill::Deletion,
         ready_timeout: Duration::from_secs(60),
         complete_timeout: Duration::from_secs(120),
         without_agent: false,

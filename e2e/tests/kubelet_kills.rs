@@ -12,11 +12,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use exitorder_e2e::fakeapi::{FakeApi, ServedApi};
+use exitorder_e2e::fakeapi::{self, FakeApi, ServedApi};
 use exitorder_e2e::support::{self, agent_bin, Bed};
 use exitorder_testbed::kubelet::RunOptions;
 use exitorder_testbed::{
-    AgentOptions, ApiLog, DeleteOptions, Deletion, Kill, PodStatus, Reported, RunningPod, What,
+    AgentOptions, ApiLog, DeleteOptions, Deletion, Kill, PodStatus, Reported, RunningPod, Shorten,
+    What,
 };
 use serde_json::{json, Value};
 
@@ -70,6 +71,16 @@ impl KillBed {
 
     /// Runs `pod` until ready; the fake API server has it as scheduled here and running.
     async fn run(&self, pod: &Value) -> RunningPod {
+        let running = self.run_unready(pod).await;
+        running
+            .wait_ready(secs(60))
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        running
+    }
+
+    /// Runs `pod`; the fake API server has it as scheduled here and running.
+    async fn run_unready(&self, pod: &Value) -> RunningPod {
         let opts = RunOptions {
             force_host_network: true,
             api: Some(self.log.clone()),
@@ -84,10 +95,6 @@ impl KillBed {
         self.served
             .api
             .apply(support::api_pod_of(pod, &running, NODE));
-        running
-            .wait_ready(secs(60))
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
         running
     }
 
@@ -260,6 +267,18 @@ async fn a_sidecar_restarted_alone_is_let_go_at_once() {
     .await;
     running.delete().await.unwrap_or_else(|e| panic!("{e}"));
 
+    // Startup probe: it never passes, so the proxy is restarted before it ever started.
+    let mut p = two_level("startup", "2");
+    support::container_mut(&mut p, "proxy")["startupProbe"] = json!({
+        "tcpSocket": {"port": dead}, "periodSeconds": 1, "failureThreshold": 2,
+    });
+    let running = kb.run_unready(&p).await;
+    restart_alone(&kb, &running, |s| {
+        s.container("proxy").is_some_and(|c| c.attempt >= 1)
+    })
+    .await;
+    running.delete().await.unwrap_or_else(|e| panic!("{e}"));
+
     // In-place update of the proxy's image (the same layers under another name).
     let p = two_level("update", "2");
     let running = kb.run(&p).await;
@@ -272,5 +291,109 @@ async fn a_sidecar_restarted_alone_is_let_go_at_once() {
     })
     .await;
     running.delete().await.unwrap_or_else(|e| panic!("{e}"));
+    kb.finish().await;
+}
+
+/// A second `kubectl delete --grace-period=7` 3 s into a 30 s deletion: the kubelet cancels
+/// the kill and starts it over (`pod_workers.go` `UpdatePod`, `wasGracePeriodShortened`),
+/// every preStop hook again, with 7 s from then. The app's own preStop drains 4 s, so it
+/// exits 7 s after the first deletion: after 7 s less the reserve counted from the first
+/// exit files (which would let both sidecars go 1 s early), within the kill started over.
+/// Two sidecars, so the pod's waits never all go while the hooks ask again.
+#[tokio::test]
+async fn a_shortened_grace_period_starts_the_kill_over_in_order() {
+    let Some(kb) = KillBed::start().await else {
+        return;
+    };
+    let mut p = support::example("three-level");
+    p["metadata"]["name"] = "shortened".into();
+    support::edit_script(&mut p, "app", "sleep 2;", "sleep 0;");
+    support::container_mut(&mut p, "app")["lifecycle"] =
+        json!({"preStop": {"exec": {"command": ["sleep", "4"]}}});
+    let running = kb.run(&p).await;
+    let uid = running.uid().to_owned();
+    let api = support::api_pod_of(&p, &running, NODE);
+    kb.served.api.apply(fakeapi::deleting(api.clone(), 30));
+    let after = secs(3);
+    let shortened = {
+        let served = kb.served.api.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(after).await;
+            served.apply(fakeapi::deleting(api, 7));
+        })
+    };
+    let d = running
+        .delete_with(DeleteOptions {
+            shorten: Some(Shorten {
+                after,
+                grace_seconds: 7,
+            }),
+            ..DeleteOptions::probed()
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    shortened.await.expect("the second deletion");
+    kb.bed.show("shortened", &d);
+    assert!(
+        d.timeline
+            .events
+            .iter()
+            .any(|e| matches!(e.what, What::GraceShortened { grace_seconds: 7 })),
+        "{}",
+        kb.bed.context(&d)
+    );
+    let prestops = d
+        .timeline
+        .events
+        .iter()
+        .filter(|e| {
+            e.container.as_deref() == Some("proxy") && matches!(e.what, What::PreStopStarted { .. })
+        })
+        .count();
+    assert_eq!(
+        prestops,
+        2,
+        "the proxy's hook ran again{}",
+        kb.bed.context(&d)
+    );
+    support::assert_exited_after(&kb.bed, &d, "proxy", "app");
+    support::assert_exited_after(&kb.bed, &d, "log-shipper", "proxy");
+    for c in ["proxy", "log-shipper"] {
+        kb.bed
+            .allowed_ordered(&uid, c, " after the kill started over")
+            .await;
+    }
+    kb.finish().await;
+}
+
+/// `kubectl delete --grace-period=0 --force`: the API server writes the deletion with grace 0
+/// and removes the pod at once; current kubelets give the containers 1 s
+/// (`calculateEffectiveGracePeriod`: "we always supply a grace period of 1"). The agent
+/// reads grace 0 as the spec's (older kubelets do), so its deadline never lets the proxy go
+/// before an app that finishes within that second.
+#[tokio::test]
+async fn a_force_delete_keeps_the_order_within_its_second() {
+    let Some(kb) = KillBed::start().await else {
+        return;
+    };
+    let p = two_level("forced", "0.3");
+    let running = kb.run(&p).await;
+    let uid = running.uid().to_owned();
+    let api = support::api_pod_of(&p, &running, NODE);
+    kb.served.api.apply(fakeapi::deleting(api.clone(), 0));
+    kb.served.api.delete(api);
+    let d = running
+        .delete_with(DeleteOptions {
+            grace_period: Some(0),
+            ..DeleteOptions::probed()
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    kb.bed.show("forced", &d);
+    assert_eq!(d.grace_seconds, 1, "{}", kb.bed.context(&d));
+    support::assert_exited_after(&kb.bed, &d, "proxy", "app");
+    kb.bed
+        .allowed_ordered(&uid, "proxy", " in a force delete")
+        .await;
     kb.finish().await;
 }

@@ -19,6 +19,6 @@ pub mod verdict;
 pub use kubelet::api::{ApiLog, DisruptionTarget, Reported};
 pub use kubelet::{
     ApiSink, ApiStatus, DeleteOptions, Deletion, EventType, Kill, KubeletEvent, Phase, PodRef,
-    PodStatus, RunOptions, RunningPod, Timeline, What,
+    PodStatus, RunOptions, RunningPod, Shorten, Timeline, What,
 };
 pub use node::*;

@@ -591,7 +591,7 @@ spec:
         .delete_with(DeleteOptions {
             grace_period: Some(3),
             probe_exit_files: false,
-            kill: exitorder_testbed::Kill::Deletion,
+            ..Default::default()
         })
         .await
         .expect("delete");

@@ -271,6 +271,11 @@ impl Agent {
                 first_seen = first_seen.min(at);
             }
         }
+        if let Some(rerun) = p.rerun_at {
+            // The kubelet started the kill over (a shortened grace period, a retried kill):
+            // the whole grace period again, from then.
+            first_seen = first_seen.max(rerun);
+        }
         let clock = Clock {
             first_seen,
             api_grace: grace::of_kill(

@@ -14,7 +14,7 @@ use tracing::{debug, warn};
 use crate::decide::bounds::Later as _;
 use crate::decide::Reason;
 use crate::handshake::share::{
-    ContainerName, ExitKey, ExitState, Place, Rejection, Share, ShareEntry, ShareError,
+    ContainerName, ExitKey, ExitState, FileId, Place, Rejection, Share, ShareEntry, ShareError,
 };
 use crate::handshake::watch::{FsEvent, ShareWatcher};
 use crate::kubelet::kills::{ContainerKill, Kill, PodKill};
@@ -41,6 +41,8 @@ pub struct Waiter {
     pub retry_at: Option<Instant>,
     /// Where its exit directory is, and so where `allow` goes.
     pub place: Place,
+    /// Which exit file asked (see [`FileId`]).
+    pub file: Option<FileId>,
 }
 
 impl Waiter {
@@ -51,6 +53,7 @@ impl Waiter {
             write_failures: 0,
             retry_at: None,
             place,
+            file: None,
         }
     }
 
@@ -117,6 +120,17 @@ pub struct PendingPod {
     /// Its first wait was found by the agent's start-up scan: the file may have appeared
     /// long before the agent saw it.
     pub found_at_start: bool,
+    /// When a container already waiting asked again (its exit file removed and made anew):
+    /// its preStop hook ran a second time, which the kubelet does only when it starts the
+    /// pod's kill over, with a grace period counted from then. `pod_workers.go` `UpdatePod`
+    /// cancels a running kill when the grace period is shortened (`wasGracePeriodShortened`,
+    /// a second `kubectl delete --grace-period`), and the pod worker retries a kill that
+    /// failed (the runtime restarting); each attempt is a new `killPodWithSyncResult`, whose
+    /// `killContainer` runs the preStop hook again with the whole new grace period.
+    pub rerun_at: Option<Instant>,
+    /// Containers whose exit file went away while they waited, with others of the pod still
+    /// waiting: asking again is a rerun.
+    removed: BTreeSet<ContainerName>,
 }
 
 #[derive(Default)]
@@ -150,6 +164,22 @@ impl Waits {
                 self.pending.remove(&key.pod);
             }
         }
+    }
+
+    /// Drops a wait whose exit file went away: the pod's own doing, or its hook asking
+    /// again (see [`PendingPod::rerun_at`]).
+    fn drop_removed(&mut self, key: &ExitKey) {
+        if let Some(p) = self.pending.get_mut(&key.pod) {
+            if p.waiting
+                .get(&key.container)
+                .is_some_and(|w| w.place == key.place)
+                && p.waiting.len() > 1
+                && p.removed.len() < p.waiting.len()
+            {
+                p.removed.insert(key.container.clone());
+            }
+        }
+        self.drop_waiter(key);
     }
 
     /// Drops every wait of `pod` in `place`: the agent no longer serves that place.
@@ -393,27 +423,32 @@ impl<'a> ShareSync<'a> {
             self.waits.drop_waiter(key);
             return;
         };
-        let state = match share.read_exit(key) {
+        let (state, file) = match share.read_request(key) {
             Ok(s) => s,
             Err(e) => {
                 self.count(&e);
                 warn!(container = %key, error = %e, "skipping unreadable exit file");
-                ExitState::Absent
+                (ExitState::Absent, None)
             }
         };
         match state {
             ExitState::Waiting => {
                 let waits = &mut *self.waits;
-                if waits
-                    .pending
-                    .get(&key.pod)
-                    .is_some_and(|p| p.waiting.contains_key(&key.container))
-                {
-                    return;
+                let now = Instant::now();
+                let mut rerun = false;
+                if let Some(p) = waits.pending.get_mut(&key.pod) {
+                    match p.waiting.get_mut(&key.container) {
+                        Some(w) if w.file.is_none() || w.file == file || file.is_none() => {
+                            w.file = w.file.or(file);
+                            return;
+                        }
+                        // The same wait asked again: its hook ran again.
+                        Some(_) => rerun = true,
+                        None => rerun = p.removed.remove(&key.container),
+                    }
                 }
                 // The agent's own sight of the file starts the wait: the file's times are the
                 // pod's to set (see `Decisions::deletion_and_clock` for a file found at start).
-                let now = Instant::now();
                 let since = now;
                 let found_at_start = waits.starting;
                 let churning = waits.seen(key, now);
@@ -428,10 +463,21 @@ impl<'a> ShareSync<'a> {
                         checking: false,
                         checked: false,
                         found_at_start,
+                        rerun_at: None,
+                        removed: BTreeSet::new(),
                     });
                 pod.first_seen = pod.first_seen.min(since);
-                pod.waiting
-                    .insert(key.container.clone(), Waiter::new(since, key.place));
+                let mut waiter = Waiter::new(since, key.place);
+                waiter.file = file;
+                pod.waiting.insert(key.container.clone(), waiter);
+                if rerun {
+                    debug!(container = %key, "exit file made again: the kubelet started the pod's kill over");
+                    pod.rerun_at = Some(now);
+                    // Its kill is new: what the kubelet said of the last one is not its word
+                    // for this one.
+                    pod.confirm.restarting.remove(key.container.as_str());
+                    dirty.insert(key.pod.clone());
+                }
                 debug!(container = %key, "exit file waiting");
                 if churning {
                     // Decided at the end of the window, with whatever came meanwhile.
@@ -449,7 +495,8 @@ impl<'a> ShareSync<'a> {
                 warn!(container = %key, content = ?text, "exit file has unexpected content; ignored");
                 self.waits.drop_waiter(key);
             }
-            ExitState::Allowed | ExitState::Absent => self.waits.drop_waiter(key),
+            ExitState::Absent => self.waits.drop_removed(key),
+            ExitState::Allowed => self.waits.drop_waiter(key),
         }
         self.stats.set_pending(self.waits.count());
     }
@@ -558,6 +605,52 @@ mod tests {
         assert!(pod.first_seen >= before, "dated from the file's mtime");
         assert!(!pod.found_at_start);
         assert!(pod.waiting.values().all(|w| w.since >= before));
+    }
+
+    /// The entrypoint's way of asking again: the old file removed, a new one made.
+    fn ask_again(exit: &Path) {
+        std::fs::remove_file(exit).unwrap();
+        std::fs::write(exit, "wait\n").unwrap();
+    }
+
+    #[test]
+    fn a_wait_that_asks_again_starts_the_kill_over() {
+        let mut f = Fixture::new();
+        let uid = PodUid::parse(UID).unwrap();
+        let exits: Vec<PathBuf> = ["proxy", "logs"]
+            .iter()
+            .map(|c| {
+                let dir = f.pods().join(UID).join(c);
+                std::fs::create_dir_all(&dir).unwrap();
+                std::fs::write(dir.join("exit"), "wait\n").unwrap();
+                f.changed(&dir.join("exit"));
+                dir.join("exit")
+            })
+            .collect();
+        let first = f.waits.get(&uid).unwrap().first_seen;
+        // Seen again unchanged (a later event of the same file): the same wait.
+        f.changed(&exits[0]);
+        assert_eq!(f.waits.get(&uid).unwrap().rerun_at, None);
+
+        // Removed and made anew, the events coalesced before the agent read: another file.
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        ask_again(&exits[0]);
+        let before = Instant::now();
+        f.changed(&exits[0]);
+        let pod = f.waits.get(&uid).unwrap();
+        let rerun = pod.rerun_at.expect("a rerun");
+        assert!(rerun >= before && pod.first_seen == first);
+
+        // Removed and read while gone, then made anew: a rerun too, while another waits.
+        std::fs::remove_file(&exits[1]).unwrap();
+        f.changed(&exits[1]);
+        assert_eq!(f.waits.count(), 1);
+        std::fs::write(&exits[1], "wait\n").unwrap();
+        let before = Instant::now();
+        f.changed(&exits[1]);
+        let pod = f.waits.get(&uid).unwrap();
+        assert!(pod.rerun_at.is_some_and(|r| r >= before));
+        assert_eq!(f.waits.count(), 2);
     }
 
     #[test]

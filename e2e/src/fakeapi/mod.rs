@@ -139,6 +139,19 @@ pub fn pod(uid: &str, name: &str, node: &str, deleted: Option<(i64, i64)>) -> Va
     })
 }
 
+/// `pod` being deleted, as the API server writes a deletion asked now with `grace` seconds
+/// (a later, shorter one rewrites both fields).
+pub fn deleting(mut pod: Value, grace: i64) -> Value {
+    let now = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .expect("clock after 1970")
+        .as_secs() as i64;
+    let ts = k8s_openapi::jiff::Timestamp::from_second(now + grace).expect("time");
+    pod["metadata"]["deletionTimestamp"] = json!(ts.to_string());
+    pod["metadata"]["deletionGracePeriodSeconds"] = json!(grace);
+    pod
+}
+
 /// `pod` in another phase (the kubelet sets Failed when it evicts a pod).
 pub fn with_phase(mut pod: Value, phase: &str) -> Value {
     pod["status"]["phase"] = json!(phase);

@@ -155,7 +155,7 @@ async fn cycle(node: &Node, name: String) -> Result<String, TestbedError> {
     pod.delete_with(DeleteOptions {
         grace_period: None,
         probe_exit_files: false,
-        kill: crate::kubelet::Kill::Deletion,
+        ..Default::default()
     })
     .await?;
     Ok(uid)

@@ -379,7 +379,7 @@ async fn delete_all(
                     .delete_with(DeleteOptions {
                         grace_period: None,
                         probe_exit_files: false,
-                        kill: crate::kubelet::Kill::Deletion,
+                        ..Default::default()
                     })
                     .await;
                 (uid, res)

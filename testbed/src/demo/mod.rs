@@ -15,7 +15,7 @@ use serde_json::Value;
 
 use crate::agentlog::{parse_allow, ALLOWED};
 use crate::install::{ChartAgent, ChartOptions, Helm};
-use crate::kubelet::{DeleteOptions, Kind, RunOptions, RunningPod, What};
+use crate::kubelet::{DeleteOptions, Kill, Kind, RunOptions, RunningPod, What};
 use crate::node::{AgentOptions, AgentProcess, LogLine, Node, NodeOptions, TestbedError};
 use crate::verdict::{self, Allowed, ContainerVerdict, Verdict};
 
@@ -63,9 +63,15 @@ pub struct DemoArgs {
     /// bed has no CNI; otherwise such a pod is refused). Always on for the built-in example.
     #[arg(long)]
     pub host_network: bool,
-    /// Delete with this grace period, as `kubectl delete --grace-period` does.
+    /// Delete with this grace period, as `kubectl delete --grace-period` does. With
+    /// `--kill soft-eviction` the kubelet's `evictionMaxPodGracePeriod`, with `--kill
+    /// node-shutdown` its grace period for regular pods.
     #[arg(long, value_name = "SECONDS")]
     pub grace_period: Option<i64>,
+    /// How the pod goes: deleted through the API (the default), or killed by the kubelet
+    /// itself, with that kill's grace period and Events.
+    #[arg(long, value_name = "KIND", default_value = "deletion")]
+    pub kill: DemoKill,
     /// How long the pod may take to become ready.
     #[arg(long, default_value = "60s", value_parser = parse_duration)]
     pub ready_timeout: Duration,
@@ -92,6 +98,58 @@ pub struct DemoArgs {
     /// it).
     #[arg(long, value_name = "FILE.tar", default_value = crate::install::IMAGE_IN_TREE)]
     pub agent_image: PathBuf,
+}
+
+/// The ways `demo` can end the pod ([`DemoArgs::kill`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum DemoKill {
+    /// `kubectl delete`.
+    Deletion,
+    /// Node-pressure eviction past a soft threshold.
+    SoftEviction,
+    /// Node-pressure eviction past a hard threshold (1 s).
+    HardEviction,
+    /// Graceful node shutdown.
+    NodeShutdown,
+    /// `activeDeadlineSeconds` passed.
+    ActiveDeadline,
+    /// Preempted by the kubelet to admit a critical pod.
+    Preemption,
+}
+
+impl DemoKill {
+    /// The test bed's kill, and the deletion's own grace period, for `--grace-period`.
+    fn with_grace(self, grace: Option<i64>) -> anyhow::Result<(Kill, Option<i64>)> {
+        let none = |kill: Kill| match grace {
+            Some(_) => anyhow::bail!(
+                "--grace-period does not apply to --kill {}: it takes the pod's own",
+                kill.name()
+            ),
+            None => Ok((kill, None)),
+        };
+        match self {
+            DemoKill::Deletion => Ok((Kill::Deletion, grace)),
+            DemoKill::SoftEviction => Ok((
+                Kill::Eviction {
+                    hard: false,
+                    max_pod_grace_seconds: grace.unwrap_or(i64::MAX),
+                },
+                None,
+            )),
+            DemoKill::HardEviction => none(Kill::Eviction {
+                hard: true,
+                max_pod_grace_seconds: 0,
+            }),
+            DemoKill::NodeShutdown => Ok((
+                Kill::NodeShutdown {
+                    grace_seconds: grace.unwrap_or(i64::MAX),
+                },
+                None,
+            )),
+            DemoKill::ActiveDeadline => none(Kill::ActiveDeadline),
+            DemoKill::Preemption => none(Kill::Preemption),
+        }
+    }
 }
 
 /// The binaries the agent runs from, as a process on the test node.
@@ -185,6 +243,8 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
 
 /// The demo, writing its lines to `out`; returns each container's verdict.
 pub async fn demo(args: &DemoArgs, out: &mut dyn FnMut(&str)) -> anyhow::Result<DemoReport> {
+    // A kill that cannot be is refused before anything starts.
+    args.kill.with_grace(args.grace_period)?;
     let (mut pod, force_host_network) = load_pod(args)?;
     if let Some(mode) = args.inject {
         mutation::inject(&mut pod, mode, out)?;
@@ -411,17 +471,23 @@ async fn scenario(
         ));
     }
     let plan = running.plan().clone();
+    let (kill, grace_period) = args.kill.with_grace(args.grace_period)?;
     out("");
     if job.as_ref().is_some_and(|j| j.completed) {
         out("Deleting the completed pod: its sandbox is removed.");
     } else {
-        out("Deleting the pod the kubelet's way: preStop hooks at once, then TERM, KILL at the end of the grace period...");
+        let what = match kill {
+            Kill::Deletion => "Deleting the pod".to_owned(),
+            k => format!("Killing the pod ({})", k.name()),
+        };
+        out(&format!("{what} the kubelet's way: preStop hooks at once, then TERM, KILL at the end of the grace period..."));
     }
     let d = running
         .delete_with(DeleteOptions {
-            grace_period: args.grace_period,
+            grace_period,
             probe_exit_files: true,
-            kill: crate::kubelet::Kill::Deletion,
+            kill,
+            ..Default::default()
         })
         .await
         .context("deleting the pod")?;

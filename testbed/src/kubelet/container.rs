@@ -16,6 +16,7 @@ use super::api::{self, reasons, EventType};
 use super::config;
 use super::kills::ContainerKill;
 use super::plan::{ContainerPlan, Kind, Probe};
+use super::prestop;
 use super::{PodCtx, RestartPolicy, What};
 
 /// The kubelet's longest crash-loop back-off.
@@ -373,37 +374,14 @@ async fn kill(
         message.to_owned(),
     );
     let mut grace = grace.unwrap_or(ctx.plan.grace_seconds);
-    let t0 = std::time::Instant::now();
+    let mut hook = None;
     if let (Some(h), true) = (&c.pre_stop, grace > 0) {
-        ctx.record(
-            Some(&c.name),
-            What::PreStopStarted {
-                handler: config::describe(h),
-            },
-        );
-        let limit = Duration::from_secs(u64::try_from(grace).unwrap_or(0));
-        let t = target(ctx, id);
-        let res = tokio::select! {
+        let (_, took, still) = tokio::select! {
             () = cancel.cancelled() => return,
-            res = actions::run(h, &t, Some(limit)) => res,
+            ran = prestop::run(ctx, &c.name, id, h, grace, true) => ran,
         };
-        if res.is_err() && t0.elapsed() < limit {
-            // executePreStopHook: a hook that failed, not one the grace period cut off.
-            ctx.report_event(
-                Some(&c.name),
-                reasons::FAILED_PRE_STOP_HOOK,
-                EventType::Warning,
-                api::PRE_STOP_FAILED.to_owned(),
-            );
-        }
-        ctx.record(
-            Some(&c.name),
-            What::PreStopEnded {
-                ok: res.is_ok(),
-                detail: res.unwrap_or_else(|e| e),
-            },
-        );
-        grace -= i64::try_from(t0.elapsed().as_secs()).unwrap_or(0);
+        grace -= took;
+        hook = Some(still);
     }
     let grace = grace.max(MIN_GRACE_SECONDS);
     ctx.record(
@@ -423,6 +401,9 @@ async fn kill(
     tokio::select! {
         () = cancel.cancelled() => {}
         _ = stop => {}
+    }
+    if let Some(h) = hook {
+        h.detach();
     }
 }
 

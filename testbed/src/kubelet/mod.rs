@@ -14,6 +14,7 @@ pub mod fields;
 mod inplace;
 pub mod kills;
 pub mod plan;
+mod prestop;
 mod report;
 mod run;
 mod termination;
@@ -92,6 +93,17 @@ pub struct DeleteOptions {
     /// own kills, with their grace, Events and final status ([`Kill`]). Only a deletion takes
     /// `grace_period`.
     pub kill: Kill,
+    /// A second deletion during this one with a shorter grace period (a deletion only).
+    pub shorten: Option<Shorten>,
+}
+
+/// A second `kubectl delete --grace-period` while the pod is being killed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shorten {
+    /// How long after the kill began.
+    pub after: Duration,
+    /// The new grace period (0 means 1, as the API server makes it without `--force`).
+    pub grace_seconds: i64,
 }
 
 impl DeleteOptions {
@@ -101,6 +113,7 @@ impl DeleteOptions {
             grace_period: None,
             probe_exit_files: true,
             kill: Kill::Deletion,
+            shorten: None,
         }
     }
 

@@ -12,12 +12,12 @@ use exitorder::cri::{
 use tokio::sync::watch;
 
 use super::actions::MAX_RUNTIME_SECONDS;
-use super::actions::{self, Target};
 use super::api::{self, reasons, EventType};
 use super::container::{request, MIN_GRACE_SECONDS};
 use super::kills::Kill;
 use super::plan::{Kind, PodPlan};
-use super::{config, DeleteOptions, Phase, PodCtx, Timeline, What};
+pub use super::prestop::HookRecord;
+use super::{prestop, DeleteOptions, Phase, PodCtx, Timeline, What};
 use crate::node::cleanup::{
     remove_cgroup, shim_alive, shim_pid, wait_shim_gone, SHIM_EXIT_TIMEOUT,
 };
@@ -26,23 +26,13 @@ use crate::node::exits::{self, ExitInfo};
 use crate::node::TestbedError;
 
 pub(super) const SETUP_TIMEOUT: Duration = Duration::from_secs(60);
-
-/// A preStop hook as it ran.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct HookRecord {
-    pub handler: String,
-    pub started_ns: i64,
-    pub returned_ns: i64,
-    pub ok: bool,
-    /// What it printed, or why it failed.
-    pub detail: String,
-}
-
-impl HookRecord {
-    pub fn took(&self) -> Duration {
-        Duration::from_nanos(u64::try_from(self.returned_ns - self.started_ns).unwrap_or(0))
-    }
-}
+/// `kubelet.go` `backOffPeriod`: how long the pod worker waits before it tries a failed
+/// sync (here a kill) again (the worker adds up to half of it as jitter; the test bed does
+/// not).
+const KILL_RETRY_BACKOFF: Duration = Duration::from_secs(10);
+/// The kubelet tries a pod's kill for as long as it takes; the test bed gives up after this
+/// many attempts (a runtime gone for good), with an error naming each failure.
+const MAX_KILL_ATTEMPTS: usize = 6;
 
 /// What happened to one container while its pod was deleted.
 #[derive(Debug, Clone)]
@@ -203,19 +193,36 @@ pub(super) enum Stop {
     Immediate,
 }
 
+/// One attempt at killing a pod's containers.
+pub(super) struct Killed {
+    /// What happened to each container it killed.
+    pub records: Vec<ContainerRecord>,
+    /// Why the attempt failed, if it did: the pod's containers could not be listed, or a
+    /// stop did not reach the runtime. The kubelet's pod worker tries the kill again.
+    pub failure: Option<String>,
+}
+
 /// The kubelet's killPod: every running container at once, each with its preStop hook, then
 /// (native sidecars: once their turn came) StopContainer with what is left of the grace
-/// period, at least 2 s; or all of them killed at once ([`Stop::Immediate`]). Returns what
-/// happened to each.
-pub(super) async fn kill_all(ctx: &PodCtx, stop: Stop) -> Vec<ContainerRecord> {
-    // None listed (the runtime does not answer): nothing to stop that it would let us.
-    let listed = pod_containers(ctx).await.unwrap_or_default();
+/// period, at least 2 s; or all of them killed at once ([`Stop::Immediate`]).
+///
+/// Only running containers are killed: `killPodWithSyncResult` is given
+/// `kubecontainer.ConvertPodStatusToRunningPod`, which keeps the containers whose state is
+/// `ContainerStateRunning`. A pod whose status cannot be read is not killed at all
+/// (`SyncTerminatingPod` returns the error, and the worker tries again).
+pub(super) async fn kill_all(ctx: &PodCtx, stop: Stop) -> Killed {
+    let listed = match pod_containers(ctx).await {
+        Ok(l) => l,
+        Err(s) => {
+            return Killed {
+                records: Vec::new(),
+                failure: Some(format!("ListContainers: {}", s.message())),
+            }
+        }
+    };
     let mut running: Vec<(String, String)> = listed
         .iter()
-        .filter(|c| {
-            c.state == ContainerState::ContainerRunning as i32
-                || c.state == ContainerState::ContainerCreated as i32
-        })
+        .filter(|c| c.state == ContainerState::ContainerRunning as i32)
         .filter_map(|c| Some((c.metadata.as_ref()?.name.clone(), c.id.clone())))
         .collect();
     running.sort();
@@ -225,7 +232,12 @@ pub(super) async fn kill_all(ctx: &PodCtx, stop: Stop) -> Vec<ContainerRecord> {
     let kills = running
         .iter()
         .map(|(name, id)| kill_one(ctx, name, id, stop, ordering.as_ref()));
-    futures_util::future::join_all(kills).await
+    let records = futures_util::future::join_all(kills).await;
+    // killContainersWithSyncResult: any container's failed kill fails the pod's.
+    let failure = records
+        .iter()
+        .find_map(|r| r.stop_error.as_ref().map(|e| format!("{}: {e}", r.name)));
+    Killed { records, failure }
 }
 
 async fn kill_one(
@@ -251,56 +263,12 @@ async fn kill_one(
         );
     }
     let mut prestop = None;
+    let mut hook = None;
     if let (Some(h), true) = (spec.and_then(|c| c.pre_stop.as_ref()), grace > 0) {
-        let handler = config::describe(h);
-        let started_ns = super::now_ns();
-        ctx.record_at(
-            started_ns,
-            Some(name),
-            What::PreStopStarted {
-                handler: handler.clone(),
-            },
-        );
-        let t0 = std::time::Instant::now();
-        let target = Target {
-            client: ctx.node.client(),
-            container_id: id,
-            pod_ip: &ctx.plan.host_ip,
-        };
-        let limit = Duration::from_secs(u64::try_from(grace).unwrap_or(0));
-        let res = actions::run(h, &target, Some(limit)).await;
-        let returned_ns = super::now_ns();
-        let (ok, detail) = match res {
-            Ok(d) => (true, d),
-            Err(e) => (false, e),
-        };
-        if events && !ok && t0.elapsed() < limit {
-            // executePreStopHook: a hook that failed (not one cut off by the grace period,
-            // which the kubelet only logs).
-            ctx.report_event(
-                Some(name),
-                reasons::FAILED_PRE_STOP_HOOK,
-                EventType::Warning,
-                api::PRE_STOP_FAILED.to_owned(),
-            );
-        }
-        ctx.record_at(
-            returned_ns,
-            Some(name),
-            What::PreStopEnded {
-                ok,
-                detail: detail.clone(),
-            },
-        );
-        // The kubelet takes the hook's whole seconds off the grace period.
-        grace -= i64::try_from(t0.elapsed().as_secs()).unwrap_or(0);
-        prestop = Some(HookRecord {
-            handler,
-            started_ns,
-            returned_ns,
-            ok,
-            detail,
-        });
+        let (record, took, still) = prestop::run(ctx, name, id, h, grace, events).await;
+        grace -= took;
+        prestop = Some(record);
+        hook = Some(still);
     }
     if let (Some(o), true) = (ordering, grace > 0) {
         let t0 = std::time::Instant::now();
@@ -323,30 +291,35 @@ async fn kill_one(
         },
     );
     let mut client = ctx.node.client();
-    let stopped = while_runtime_away(|| {
-        let mut client = client.clone();
-        async move {
-            client
-                .stop_container(request(
-                    StopContainerRequest {
-                        container_id: id.to_owned(),
-                        timeout: grace.min(MAX_RUNTIME_SECONDS),
-                    },
-                    Duration::from_secs(
-                        u64::try_from(grace.min(MAX_RUNTIME_SECONDS)).unwrap_or(0) + 30,
-                    ),
-                ))
-                .await
-        }
-    })
-    .await;
+    let stopped = client
+        .stop_container(request(
+            StopContainerRequest {
+                container_id: id.to_owned(),
+                timeout: grace.min(MAX_RUNTIME_SECONDS),
+            },
+            Duration::from_secs(u64::try_from(grace.min(MAX_RUNTIME_SECONDS)).unwrap_or(0) + 30),
+        ))
+        .await;
     let stop_returned_ns = super::now_ns();
+    // The kill went to its end: a hook the kubelet stopped waiting for runs on.
+    if let Some(h) = hook {
+        h.detach();
+    }
     if let Some(o) = ordering {
         o.terminated(name);
     }
+    let stop_error = stopped
+        .err()
+        // killContainer: "if err != nil && !crierror.IsNotFound(err)".
+        .filter(|s| s.code() != tonic::Code::NotFound)
+        .map(|s| s.message().to_owned());
     let exit = exits::status(&mut client, id).await;
-    let attempt = ctx.lock().containers.get(name).map_or(0, |c| c.attempt);
-    ctx.exited(name, attempt, &exit, stop != Stop::Immediate);
+    if stop_error.is_none() {
+        // A stop that did not reach the runtime stopped nothing: the container runs on, for
+        // the next attempt.
+        let attempt = ctx.lock().containers.get(name).map_or(0, |c| c.attempt);
+        ctx.exited(name, attempt, &exit, stop != Stop::Immediate);
+    }
     ContainerRecord {
         name: name.to_owned(),
         id: id.to_owned(),
@@ -355,7 +328,7 @@ async fn kill_one(
         term_ns: Some(term_ns),
         stop_timeout_secs: grace,
         stop_returned_ns: Some(stop_returned_ns),
-        stop_error: stopped.err().map(|s| s.message().to_owned()),
+        stop_error,
         finished_at_ns: exit.finished_at_ns,
         exit_code: exit.exit_code,
         reason: exit.reason,
@@ -423,14 +396,7 @@ pub(super) async fn delete(ctx: &PodCtx, opts: &DeleteOptions) -> Result<Deletio
             grace_seconds: grace,
         },
     );
-    let killed = kill_all(
-        ctx,
-        Stop::Graceful {
-            grace,
-            events: kill.records_killing(),
-        },
-    )
-    .await;
+    let killed = kill_until_done(ctx, kill, grace, opts).await?;
     // Every container stopped: mergePodStatus lets the terminal phase (and DisruptionTarget)
     // through now, not before.
     if let Some(status) = kill.terminal_status() {
@@ -486,6 +452,112 @@ pub(super) async fn delete(ctx: &PodCtx, opts: &DeleteOptions) -> Result<Deletio
         pod_dir_created_ns,
         timeline: status.timeline,
     })
+}
+
+/// The pod worker's kill, to its end: attempts of [`kill_all`] until one succeeds.
+///
+/// - A grace period shortened during the kill (`DeleteOptions::shorten`) cancels the running
+///   attempt and starts another with the new grace: `pod_workers.go` `UpdatePod`, "once a pod
+///   is terminating, all updates are kills and the grace period can only decrease", then
+///   `if (becameTerminating || wasGracePeriodShortened) && status.cancelFn != nil {
+///   status.cancelFn() }`. Cancelled, the running hooks' calls are cancelled with it.
+/// - An attempt that failed (the runtime away) is made again after the worker's back-off
+///   (`kubelet.go` `backOffPeriod`, 10 s: "the period to back off when pod syncing results
+///   in an error"), with a fresh grace period and every preStop hook run again for the
+///   containers still running.
+///
+/// Returns the last record of every container killed.
+async fn kill_until_done(
+    ctx: &PodCtx,
+    kill: Kill,
+    grace: i64,
+    opts: &DeleteOptions,
+) -> Result<Vec<ContainerRecord>, TestbedError> {
+    let mut grace = grace;
+    // UpdatePod: a longer (or equal) grace changes nothing.
+    let mut shorten = opts
+        .shorten
+        .filter(|s| kill == Kill::Deletion && s.grace_seconds.max(1) < grace)
+        .map(|s| {
+            (
+                tokio::time::Instant::now() + s.after,
+                s.grace_seconds.max(1),
+            )
+        });
+    let mut records: BTreeMap<String, ContainerRecord> = BTreeMap::new();
+    let mut failures = Vec::new();
+    loop {
+        let attempt = kill_all(
+            ctx,
+            Stop::Graceful {
+                grace,
+                events: kill.records_killing(),
+            },
+        );
+        let killed = match shorten {
+            Some((at, shorter)) => {
+                tokio::pin!(attempt);
+                tokio::select! {
+                    k = &mut attempt => k,
+                    () = tokio::time::sleep_until(at) => {
+                        shorten = None;
+                        grace = shorter;
+                        ctx.record(None, What::GraceShortened { grace_seconds: grace });
+                        continue;
+                    }
+                }
+            }
+            None => attempt.await,
+        };
+        for r in killed.records {
+            records.insert(r.name.clone(), r);
+        }
+        let Some(why) = killed.failure else {
+            return Ok(settle_failed_stops(ctx, records).await);
+        };
+        failures.push(why.clone());
+        if failures.len() >= MAX_KILL_ATTEMPTS {
+            return Err(TestbedError::Task(format!(
+                "pod {}: {} attempts at killing it failed: {}",
+                ctx.plan.name,
+                failures.len(),
+                failures.join("; ")
+            )));
+        }
+        ctx.record(None, What::KillFailed { detail: why });
+        tokio::time::sleep(KILL_RETRY_BACKOFF).await;
+        if shorten.is_some_and(|(at, _)| at <= tokio::time::Instant::now()) {
+            grace = shorten.take().map_or(grace, |(_, g)| g);
+            ctx.record(
+                None,
+                What::GraceShortened {
+                    grace_seconds: grace,
+                },
+            );
+        }
+    }
+}
+
+/// A container whose stop failed in an earlier attempt and that was not running at a later
+/// one ended meanwhile (on its own, or the runtime's restart): its exit as the runtime tells
+/// it now, in the record and the pod's status.
+async fn settle_failed_stops(
+    ctx: &PodCtx,
+    records: BTreeMap<String, ContainerRecord>,
+) -> Vec<ContainerRecord> {
+    let mut out = Vec::with_capacity(records.len());
+    for (name, mut r) in records {
+        if r.stop_error.is_some() {
+            let exit = exits::status(&mut ctx.node.client(), &r.id).await;
+            let attempt = ctx.lock().containers.get(&name).map_or(0, |c| c.attempt);
+            ctx.exited(&name, attempt, &exit, true);
+            r.finished_at_ns = exit.finished_at_ns;
+            r.exit_code = exit.exit_code;
+            r.reason = exit.reason;
+        }
+        out.push(r);
+    }
+    out
 }
 
 /// StopPodSandbox + RemovePodSandbox, then the shim must be gone and the pod's cgroups are

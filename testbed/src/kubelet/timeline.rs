@@ -86,6 +86,14 @@ pub enum What {
     KubeletKill {
         kill: &'static str,
     },
+    /// A second deletion shortened the grace period: the kill starts over with it.
+    GraceShortened {
+        grace_seconds: i64,
+    },
+    /// An attempt at the pod's kill failed; the pod worker tries again after its back-off.
+    KillFailed {
+        detail: String,
+    },
     /// The container's image was changed in the pod's spec (an in-place update).
     ImageUpdated {
         image: String,
@@ -194,6 +202,16 @@ impl fmt::Display for What {
             What::Allowed { reason } => write!(f, "allow written by the agent (reason {reason})"),
             What::Error { detail } => write!(f, "error: {detail}"),
             What::KubeletKill { kill } => write!(f, "the kubelet kills the pod: {kill}"),
+            What::GraceShortened { grace_seconds } => write!(
+                f,
+                "grace period shortened to {grace_seconds} s: the kill starts over"
+            ),
+            What::KillFailed { detail } => {
+                write!(
+                    f,
+                    "the kill failed ({detail}); tried again after the back-off"
+                )
+            }
             What::ImageUpdated { image } => write!(f, "image updated in the spec to {image}"),
             What::ApiEvent { reason, message } => write!(f, "Event {reason}: {message}"),
             What::ApiStatus { phase, reason } => {

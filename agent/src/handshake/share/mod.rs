@@ -89,6 +89,15 @@ pub use names::{ContainerName, ExitKey, ExitState, Place, ShareEntry};
 
 use crate::pod::PodUid;
 
+/// Which exit file a request is: its inode and its modification time (a file system may
+/// give a new file the inode of one just removed; not within the same clock tick and the
+/// same write, which a request made again never is).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FileId {
+    ino: u64,
+    mtime_ns: i128,
+}
+
 /// Whether `root` is a directory that was removed while something (a bind mount, as a
 /// hostPath volume is) still holds it: nothing can be created in it any more.
 pub fn is_removed(root: &Path) -> bool {
@@ -317,15 +326,28 @@ impl Share {
 
     /// Reads a container's exit file.
     pub fn read_exit(&self, key: &ExitKey) -> Result<ExitState, ShareError> {
+        self.read_request(key).map(|(state, _)| state)
+    }
+
+    /// Reads a container's exit file, and which file it is: a request made again (the
+    /// entrypoint removes the old file and creates a new one) is another file, even when the
+    /// events that said so were coalesced before the agent read it.
+    pub fn read_request(&self, key: &ExitKey) -> Result<(ExitState, Option<FileId>), ShareError> {
         let dir = match self.open_container(key) {
             Ok(d) => d,
-            Err(e) if e.is_not_found() => return Ok(ExitState::Absent),
+            Err(e) if e.is_not_found() => return Ok((ExitState::Absent, None)),
             Err(e) => return Err(e),
         };
         let path = self.container_path(key).join(EXIT_FILE);
         let Some(fd) = open_exit_file(&dir, &path)? else {
-            return Ok(ExitState::Absent);
+            return Ok((ExitState::Absent, None));
         };
+        let id = rfs::fstat(&fd).ok().map(|st| FileId {
+            ino: st.st_ino,
+            mtime_ns: i128::from(st.st_mtime)
+                .saturating_mul(1_000_000_000)
+                .saturating_add(i128::from(st.st_mtime_nsec)),
+        });
         let mut buf = [0u8; MAX_EXIT_BYTES];
         let mut len = 0usize;
         while let Some(rest) = buf.get_mut(len..).filter(|r| !r.is_empty()) {
@@ -336,7 +358,7 @@ impl Share {
                 Err(e) => return Err(ShareError::io("read", path, e)),
             }
         }
-        Ok(ExitState::parse(buf.get(..len).unwrap_or(&buf)))
+        Ok((ExitState::parse(buf.get(..len).unwrap_or(&buf)), id))
     }
 
     /// How long ago the exit file was written, by its own modification time: for
