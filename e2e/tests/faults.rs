@@ -157,6 +157,26 @@ async fn containerd_restarted_mid_wait_misses_no_exit() {
         .unwrap_or_else(|e| panic!("delete pod: {e}"));
     bed.show("containerd_restarted_mid_wait_misses_no_exit", &d);
     assert_exited_after(&bed, &d, "proxy", "app");
+    // The kill failed with the runtime away and was tried again, the proxy's preStop with it
+    // (the pod worker's retry: a fresh hook and grace for the containers still running).
+    let proxy_hooks = d
+        .timeline
+        .events
+        .iter()
+        .filter(|e| {
+            e.container.as_deref() == Some("proxy")
+                && matches!(e.what, exitorder_testbed::What::PreStopStarted { .. })
+        })
+        .count();
+    assert!(
+        d.timeline
+            .events
+            .iter()
+            .any(|e| matches!(e.what, exitorder_testbed::What::KillFailed { .. }))
+            && proxy_hooks == 2,
+        "{}",
+        bed.context(&d)
+    );
     // The restart broke the preStop's exec (the kubelet then stops the sidecar itself, once
     // the runtime is back); whatever the agent answered after it, it was not the deadline
     // and not before the app's exit.

@@ -391,3 +391,107 @@ async fn a_node_shutdown_and_a_silent_kill_say_what_the_kubelet_says() {
     assert!(api_pod["status"].get("reason").is_none());
     assert_eq!(bed.api().request_count(RequestKind::NodeGet), 2);
 }
+
+/// Two containers failing their liveness probes at once are killed one after the other: a
+/// container's kill is done inside the pod worker's `SyncPod` (`kuberuntime_manager.go`, its
+/// step 3 kills `ContainersToKill` in a plain loop), so the second one's Killing Event and
+/// preStop hook come only once the first one stopped.
+#[tokio::test]
+async fn a_containers_kill_holds_the_pods_worker() {
+    let Some(bed) = KillBed::start().await else {
+        return;
+    };
+    let unwell = |name: &str| {
+        let mut c = container(name);
+        c["command"] = json!(["sh", "-c",
+            "touch /tmp/alive; (sleep 2; rm /tmp/alive) & trap 'exit 0' TERM; while true; do sleep 0.1; done"]);
+        c["livenessProbe"] = json!({
+            "exec": {"command": ["cat", "/tmp/alive"]},
+            "periodSeconds": 1,
+            "failureThreshold": 1,
+        });
+        c["lifecycle"] = json!({"preStop": {"exec": {"command": ["sleep", "1"]}}});
+        c
+    };
+    let running = bed
+        .run(&pod("both-unwell", vec![unwell("app"), unwell("proxy")]))
+        .await;
+    let s = running
+        .wait_for("both restarted", secs(40), |s| {
+            ["app", "proxy"]
+                .iter()
+                .all(|n| s.container(n).is_some_and(|c| c.attempt >= 1))
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let t = &s.timeline;
+    let span = |name: &str| {
+        let begun = t
+            .first(name, |w| matches!(w, What::Killing { .. }))
+            .unwrap_or_else(|| panic!("{name} not killed:\n{}", t.render(0)))
+            .at_ns;
+        let ended = t
+            .first(name, |w| matches!(w, What::Exited { attempt: 0, .. }))
+            .unwrap_or_else(|| panic!("{name} did not exit:\n{}", t.render(0)))
+            .at_ns;
+        (begun, ended)
+    };
+    let (mut first, mut second) = (span("app"), span("proxy"));
+    if second.0 < first.0 {
+        std::mem::swap(&mut first, &mut second);
+    }
+    assert!(
+        second.0 >= first.1,
+        "the kills overlapped:\n{}",
+        t.render(0)
+    );
+    running.delete().await.unwrap_or_else(|e| panic!("{e}"));
+}
+
+/// An exec preStop hook still running when the grace period ends is no longer waited for,
+/// and runs on (`executePreStopHook` stops waiting; the hook was started with no timeout):
+/// here it writes its mark 1.5 s into a 1 s grace period, while its container ignores TERM
+/// for the kubelet's 2 s minimum stop.
+#[tokio::test]
+async fn a_prestop_past_the_grace_period_runs_on() {
+    let Some(bed) = KillBed::start().await else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mark = dir.path().join("mark");
+    let mut c = container("app");
+    c["command"] = json!(["sh", "-c", "trap '' TERM; while true; do sleep 0.1; done"]);
+    c["lifecycle"] = json!({"preStop": {"exec": {"command":
+        ["sh", "-c", "sleep 1.5; echo ran > /out/mark"]}}});
+    c["volumeMounts"] = json!([{"name": "out", "mountPath": "/out"}]);
+    let mut p = pod("slow-hook", vec![c]);
+    p["spec"]["terminationGracePeriodSeconds"] = json!(1);
+    p["spec"]["volumes"] =
+        json!([{"name": "out", "hostPath": {"path": dir.path(), "type": "Directory"}}]);
+    let running = bed.run(&p).await;
+    running
+        .wait_for("app running", secs(30), |s| {
+            s.container("app").is_some_and(|c| c.running)
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let d = running.delete().await.unwrap_or_else(|e| panic!("{e}"));
+    let hook = d
+        .container("app")
+        .and_then(|c| c.prestop.clone())
+        .unwrap_or_else(|| panic!("no preStop:\n{}", d.describe()));
+    assert!(
+        !hook.ok && hook.took() < Duration::from_millis(1400),
+        "waited for {:?}:\n{}",
+        hook.took(),
+        d.describe()
+    );
+    assert_eq!(
+        std::fs::read_to_string(&mark)
+            .map(|s| s.trim().to_owned())
+            .ok(),
+        Some("ran".to_owned()),
+        "the hook was ended at the grace limit:\n{}",
+        d.describe()
+    );
+}

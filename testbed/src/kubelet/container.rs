@@ -307,6 +307,8 @@ fn started(
 }
 
 async fn create_and_start(ctx: &PodCtx, c: &ContainerPlan, attempt: u32) -> Result<String, String> {
+    // Not while another container's kill holds the pod's sync.
+    drop(ctx.sync.lock().await);
     let mut client = ctx.node.client();
     let sources = ctx.mount_sources.get(&c.name).cloned().unwrap_or_default();
     let log_dir = std::path::Path::new(&ctx.sandbox_config.log_directory).join(&c.name);
@@ -360,6 +362,10 @@ async fn kill(
     grace: Option<i64>,
     cancel: &CancellationToken,
 ) {
+    let _sync = tokio::select! {
+        () = cancel.cancelled() => return,
+        g = ctx.sync.lock() => g,
+    };
     ctx.record(
         Some(&c.name),
         What::Killing {

@@ -207,6 +207,10 @@ pub(crate) struct PodCtx {
     api: Option<Arc<dyn ApiSink>>,
     /// The status last reported there.
     api_status: Mutex<ApiStatus>,
+    /// The pod worker's sync: one container's kill (a probe's, a changed spec's) is done
+    /// inside `SyncPod` (`kuberuntime_manager.go`, step 3: `m.killContainer(...)` in a plain
+    /// loop), so the pod's other containers start and restart only once it ended.
+    sync: tokio::sync::Mutex<()>,
 }
 
 impl PodCtx {

@@ -168,6 +168,7 @@ pub(crate) async fn start(
         changed,
         api: opts.api.clone(),
         api_status: Mutex::new(ApiStatus::phase("Pending")),
+        sync: tokio::sync::Mutex::new(()),
     });
     ctx.record(None, What::SandboxReady);
     let (commands, rx) = mpsc::channel(4);
