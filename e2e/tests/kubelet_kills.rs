@@ -43,6 +43,11 @@ struct KillBed {
 
 impl KillBed {
     async fn start() -> Option<KillBed> {
+        KillBed::start_with(&[]).await
+    }
+
+    /// With these environment variables for the agent besides its API server's.
+    async fn start_with(env: &[(&str, &str)]) -> Option<KillBed> {
         let node = support::node_or_skip().await?;
         let served = FakeApi::for_node(NODE).serve();
         let dir = tempfile::tempdir().expect("tempdir");
@@ -53,6 +58,8 @@ impl KillBed {
             ("KUBECONFIG".to_owned(), kubeconfig.display().to_string()),
             ("NODE_NAME".to_owned(), NODE.to_owned()),
         ];
+        opts.env
+            .extend(env.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())));
         let bed = Bed::with_agent(node, opts).await;
         bed.agent
             .wait_for("pod watch current", secs(10), |l| {
@@ -395,5 +402,41 @@ async fn a_force_delete_keeps_the_order_within_its_second() {
     kb.bed
         .allowed_ordered(&uid, "proxy", " in a force delete")
         .await;
+    kb.finish().await;
+}
+
+/// The chart's `agent.kubelet.evictionMaxPodGracePeriod` (`--kubelet-eviction-max-pod-grace`):
+/// a soft eviction gives the pod 6 s, not its 30. Its app drains for 20 s, so the kubelet's
+/// KILL ends it at 6 s; the agent, knowing the kill's budget, lets the proxy go at its
+/// deadline (6 s less the 1 s reserve) to drain before its TERM, instead of holding it until
+/// the kubelet gives up on its hook.
+#[tokio::test]
+async fn a_soft_evictions_deadline_follows_the_kubelets_configuration() {
+    let Some(kb) = KillBed::start_with(&[("EXITORDER_KUBELET_EVICTION_MAX_POD_GRACE", "6s")]).await
+    else {
+        return;
+    };
+    let p = two_level("evicted-soon", "20");
+    let running = kb.run(&p).await;
+    let uid = running.uid().to_owned();
+    let d = running
+        .delete_with(DeleteOptions::kubelet(Kill::Eviction {
+            hard: false,
+            max_pod_grace_seconds: 6,
+        }))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    kb.bed.show("evicted-soon", &d);
+    let allow = kb.bed.allowed(&uid, "proxy").await;
+    let waited = allow
+        .field("waited_ms")
+        .and_then(|w| w.parse::<u64>().ok())
+        .unwrap_or(0);
+    assert!(
+        allow.is("allow", &[("reason", "deadline"), ("kill", "eviction")])
+            && (4_000..5_900).contains(&waited),
+        "{allow:?}{}",
+        kb.bed.context(&d)
+    );
     kb.finish().await;
 }
