@@ -65,6 +65,14 @@ pub struct ExplainArgs {
     /// The agents' `--grace-reserve`, as the chart's `agent.graceReserve`.
     #[arg(long, default_value = "5s", value_parser = parse_duration)]
     pub grace_reserve: Duration,
+    /// The agents' `--kubelet-eviction-max-pod-grace`, as the chart's
+    /// `agent.kubelet.evictionMaxPodGracePeriod`.
+    #[arg(long, value_parser = parse_duration)]
+    pub kubelet_eviction_max_pod_grace: Option<Duration>,
+    /// The agents' `--kubelet-shutdown-grace-regular`, as the chart's
+    /// `agent.kubelet.shutdownGracePeriodRegularPods`.
+    #[arg(long, value_parser = parse_duration)]
+    pub kubelet_shutdown_grace_regular: Option<Duration>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -80,6 +88,10 @@ impl ExplainArgs {
                 grace_reserve: self.grace_reserve,
                 handshake_volume: self.handshake_volume,
                 ..crate::webhook::Settings::default()
+            },
+            kubelet: crate::kubelet::grace::KubeletConfig {
+                eviction_max_pod_grace: self.kubelet_eviction_max_pod_grace,
+                shutdown_regular_pods: self.kubelet_shutdown_grace_regular,
             },
         }
     }

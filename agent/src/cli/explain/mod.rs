@@ -98,7 +98,12 @@ pub fn explain(object: &str, pod: &Value, options: &Options) -> Result<Explanati
         containers.entry(c.name.as_str()).or_insert(c);
     }
     let exit = exit::exit_plan(&typed, &containers, &annotations, &mut warnings);
-    let grace = grace(&typed, options.settings.grace_reserve, &mut warnings);
+    let grace = grace(
+        &typed,
+        options.settings.grace_reserve,
+        &options.kubelet,
+        &mut warnings,
+    );
     let job = job::job(&typed, &containers, &annotations, &exit, &mut warnings);
     let pod_security = PodSecurity {
         profile: pss::profile(&admitted),
@@ -187,7 +192,13 @@ fn describe_op(op: &json_patch::PatchOperation) -> String {
     format!("{op} {path}")
 }
 
-fn grace(pod: &Pod, reserve: Duration, warnings: &mut Vec<Warning>) -> Grace {
+fn grace(
+    pod: &Pod,
+    reserve: Duration,
+    kubelet: &crate::kubelet::grace::KubeletConfig,
+    warnings: &mut Vec<Warning>,
+) -> Grace {
+    use crate::kubelet::kills::{Kill, PodKill};
     // The agent's own reading of the pod's grace and its own deadline.
     let api_grace = crate::cluster::podwatch::grace_of(pod);
     let now = std::time::Instant::now();
@@ -210,10 +221,30 @@ fn grace(pod: &Pod, reserve: Duration, warnings: &mut Vec<Warning>) -> Grace {
             ),
         });
     }
+    // The agent's deadline for each kill it can recognise, by the same rule it decides with
+    // (`kubelet::grace::of_kill`).
+    let kills = [
+        PodKill::Eviction,
+        PodKill::NodeShutdown,
+        PodKill::ActiveDeadline,
+        PodKill::Preemption,
+    ]
+    .into_iter()
+    .map(|k| {
+        let g = crate::kubelet::grace::of_kill(Some(Kill::Pod(k)), api_grace, kubelet)
+            .unwrap_or(crate::decide::facts::DEFAULT_GRACE);
+        KillGrace {
+            kill: Kill::Pod(k).to_string(),
+            grace_period_seconds: g.as_secs(),
+            release_by_seconds: g.saturating_sub(reserve).as_secs(),
+        }
+    })
+    .collect();
     Grace {
         grace_period_seconds: grace.as_secs(),
         reserve_seconds: reserve.as_secs(),
         release_by_seconds: release_by.as_secs(),
+        kills,
     }
 }
 

@@ -73,6 +73,18 @@ pub struct Grace {
     pub reserve_seconds: u64,
     /// When the agent releases every waiting sidecar, order or not, after the deletion.
     pub release_by_seconds: u64,
+    /// The same for each of the kubelet's own kills, once the agent recognised it.
+    pub kills: Vec<KillGrace>,
+}
+
+/// The budget of one kind of the kubelet's own kill of the pod.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct KillGrace {
+    /// As `exitorder_allows_by_kill_total{kill}` names it.
+    pub kill: String,
+    pub grace_period_seconds: u64,
+    pub release_by_seconds: u64,
 }
 
 /// What happens when the pod's work is done (restartPolicy Never or OnFailure).
@@ -156,6 +168,8 @@ pub struct Warning {
 #[derive(Debug, Clone, Default)]
 pub struct Options {
     pub settings: Settings,
+    /// What the agents are told of the kubelet's configuration.
+    pub kubelet: crate::kubelet::grace::KubeletConfig,
 }
 
 /// Why an object cannot be explained.

@@ -53,6 +53,15 @@ fn an_injected_mesh_pod_is_ordered_and_warns_of_nothing() {
         (e.grace.grace_period_seconds, e.grace.release_by_seconds),
         (30, 25)
     );
+    // Without the kubelet's configuration every kill of its own is bounded by the pod's grace.
+    assert!(
+        e.grace
+            .kills
+            .iter()
+            .all(|k| (k.grace_period_seconds, k.release_by_seconds) == (30, 25)),
+        "{:?}",
+        e.grace.kills
+    );
     assert_eq!(e.pod_security.profile, Profile::Baseline);
     assert!(e.warnings.is_empty(), "{:?}", e.warnings);
 }
@@ -351,6 +360,7 @@ fn pod_security_of_the_admitted_pod() {
             handshake_volume: mutate::HandshakeVolume::HostPath,
             ..Settings::default()
         },
+        ..Options::default()
     };
     let e = explain("Pod ns/p", &pod(json!({INJECT: "true"}), spec), &options).unwrap();
     assert_eq!(e.pod_security.profile, Profile::Privileged);
@@ -440,4 +450,43 @@ fn the_job_words_in_json_are_the_ones_the_text_says() {
     );
     assert_eq!(serde_json::to_value(Shutdown::Off).unwrap(), json!("off"));
     assert_eq!(serde_json::to_value(Shutdown::On).unwrap(), json!("on"));
+}
+
+#[test]
+fn the_kubelets_own_kills_get_the_budget_its_configuration_gives() {
+    let spec = json!({"containers": [{"name": "app", "image": "a"}, {"name": "linkerd-proxy", "image": "p"}]});
+    let options = Options {
+        kubelet: crate::kubelet::grace::KubeletConfig {
+            eviction_max_pod_grace: Some(Duration::from_secs(10)),
+            shutdown_regular_pods: Some(Duration::from_secs(20)),
+        },
+        ..Options::default()
+    };
+    let e = explain("Pod ns/p", &pod(json!({INJECT: "true"}), spec), &options).unwrap();
+    let kills: Vec<(&str, u64, u64)> = e
+        .grace
+        .kills
+        .iter()
+        .map(|k| {
+            (
+                k.kill.as_str(),
+                k.grace_period_seconds,
+                k.release_by_seconds,
+            )
+        })
+        .collect();
+    assert_eq!(
+        kills,
+        [
+            ("eviction", 10, 5),
+            ("node_shutdown", 20, 15),
+            ("active_deadline", 30, 25),
+            ("preemption", 30, 25),
+        ]
+    );
+    let text = super::text::render(&e);
+    assert!(
+        text.contains("eviction 10 s (released by 5 s), node_shutdown 20 s"),
+        "{text}"
+    );
 }

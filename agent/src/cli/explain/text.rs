@@ -87,6 +87,22 @@ fn write_all(o: &mut String, e: &Explanation) -> std::fmt::Result {
          latest ({} s kept for them to drain)",
         e.grace.grace_period_seconds, e.grace.release_by_seconds, e.grace.reserve_seconds
     )?;
+    let kills: Vec<String> = e
+        .grace
+        .kills
+        .iter()
+        .map(|k| {
+            format!(
+                "{} {} s (released by {} s)",
+                k.kill, k.grace_period_seconds, k.release_by_seconds
+            )
+        })
+        .collect();
+    writeln!(
+        o,
+        "  the kubelet's own kills, ordered the same way: {}",
+        kills.join(", ")
+    )?;
     writeln!(o)?;
     match e.job.shutdown {
         Shutdown::On => {
