@@ -34,8 +34,35 @@ fn on_signal() -> CancellationToken {
     cancel
 }
 
+/// Beyond the graceful shutdown's own bound: the time its last steps (the HTTP endpoint's
+/// drain, the runtime's teardown) may take before the process ends anyway.
+const SHUTDOWN_SLACK: std::time::Duration = std::time::Duration::from_secs(5);
+
 async fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
-    app::run(args.app_config(), on_signal()).await?;
+    let cfg = args.app_config();
+    let cancel = on_signal();
+    // The last resort: whatever a task does (a blocking call that does not return, work that
+    // never yields), SIGTERM ends the agent within its bound, as the kubelet's KILL would
+    // after the pod's grace period, but before it, so the log says why.
+    let bound = cfg.shutdown_timeout.saturating_add(SHUTDOWN_SLACK);
+    let signalled = cancel.clone();
+    tokio::spawn(
+        async move {
+            signalled.cancelled().await;
+            let _ = std::thread::Builder::new()
+                .name("shutdown_watchdog".to_owned())
+                .spawn(move || {
+                    std::thread::sleep(bound);
+                    tracing::error!(
+                        bound = ?bound,
+                        "the graceful shutdown did not end within its bound; exiting"
+                    );
+                    std::process::exit(1);
+                });
+        }
+        .instrument(tracing::info_span!("shutdown_watchdog")),
+    );
+    app::run(cfg, cancel).await?;
     Ok(())
 }
 

@@ -89,6 +89,10 @@ pub struct Stats {
     job_pods: AtomicU64,
     job_restarts_in_place: AtomicU64,
     kept: [AtomicU64; Kept::ALL.len()],
+    inotify_watches: AtomicU64,
+    inotify_polling: AtomicBool,
+    pods_polled: AtomicU64,
+    pod_budget_spent: [AtomicU64; 2],
 }
 
 /// What the agent keeps per pod or container besides the node view's pods and containers and
@@ -294,6 +298,52 @@ impl Stats {
 
     pub fn settlements_by_cgroup(&self) -> u64 {
         self.settled_by_cgroup.load(Ordering::Relaxed)
+    }
+
+    /// The inotify watches the agent holds.
+    pub fn set_inotify_watches(&self, n: usize) {
+        self.inotify_watches.store(n as u64, Ordering::Relaxed);
+    }
+
+    pub fn inotify_watches(&self) -> u64 {
+        self.inotify_watches.load(Ordering::Relaxed)
+    }
+
+    /// Whether exit directories are polled for want of an inotify instance.
+    pub fn set_inotify_polling(&self, on: bool) {
+        self.inotify_polling.store(on, Ordering::Relaxed);
+    }
+
+    pub fn inotify_polling(&self) -> bool {
+        self.inotify_polling.load(Ordering::Relaxed)
+    }
+
+    /// Pods polled for having spent their budget of file events or watches.
+    pub fn set_pods_polled(&self, n: usize) {
+        self.pods_polled.store(n as u64, Ordering::Relaxed);
+    }
+
+    pub fn pods_polled(&self) -> u64 {
+        self.pods_polled.load(Ordering::Relaxed)
+    }
+
+    /// A pod spent its budget (`events` or `watches`).
+    pub fn pod_budget_spent(&self, what: crate::handshake::budget::Spent) {
+        if let Some(n) = self.pod_budget_spent.get(what as usize) {
+            n.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    pub fn pod_budgets_spent(&self) -> [(&'static str, u64); 2] {
+        use crate::handshake::budget::Spent;
+        [Spent::Events, Spent::Watches].map(|s| {
+            (
+                s.as_str(),
+                self.pod_budget_spent
+                    .get(s as usize)
+                    .map_or(0, |n| n.load(Ordering::Relaxed)),
+            )
+        })
     }
 
     pub fn share_breach(&self) {

@@ -34,16 +34,6 @@ fn flood(dir: PathBuf) -> std::thread::JoinHandle<()> {
     })
 }
 
-/// A process's peak resident memory (`VmHWM`), in KiB.
-fn peak_rss_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("agent status");
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmHWM")
-}
-
 fn count(dir: &Path) -> usize {
     std::fs::read_dir(dir).map(|d| d.count()).unwrap_or(0)
 }
@@ -137,7 +127,7 @@ async fn a_flooded_directory_costs_its_pod_only() {
         FLOOD,
         "entries of the running pod were touched"
     );
-    let peak = peak_rss_kib(pid);
+    let peak = exitorder_e2e::support::procfs::peak_rss_kib(pid);
     eprintln!("flood: agent peak RSS {} KiB", peak);
     assert!(peak < 64 * 1024, "agent peak RSS {peak} KiB");
     assert!(bed.agent.find(|l| l.text.contains("panicked")).is_none());

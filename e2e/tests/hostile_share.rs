@@ -240,27 +240,6 @@ impl Outside {
     }
 }
 
-/// Inodes the process `pid` watches with inotify (from its fds' fdinfo).
-fn inotify_watched_inodes(pid: u32) -> BTreeSet<u64> {
-    let mut out = BTreeSet::new();
-    let Ok(fds) = fs::read_dir(format!("/proc/{pid}/fdinfo")) else {
-        return out;
-    };
-    for fd in fds.flatten() {
-        let info = fs::read_to_string(fd.path()).unwrap_or_default();
-        for line in info.lines().filter(|l| l.starts_with("inotify wd:")) {
-            if let Some(ino) = line
-                .split_whitespace()
-                .find_map(|f| f.strip_prefix("ino:"))
-                .and_then(|h| u64::from_str_radix(h, 16).ok())
-            {
-                out.insert(ino);
-            }
-        }
-    }
-    out
-}
-
 /// The kernel state of this process's thread named `name` (`S` while it sleeps).
 fn thread_state(name: &str) -> Option<char> {
     for task in fs::read_dir("/proc/self/task").ok()?.flatten() {
@@ -681,7 +660,7 @@ async fn hostile_share_contents_are_refused_while_real_exits_are_answered() {
     );
     // No inotify watch of the agent's reaches outside the share (listed after the
     // inventory: listing directories moves their atimes).
-    let watched = inotify_watched_inodes(pid);
+    let watched = exitorder_e2e::support::procfs::inotify_watched_inodes(pid);
     assert!(!watched.is_empty(), "no inotify watch found for pid {pid}");
     let leaked: Vec<_> = outside
         .dir_inodes()

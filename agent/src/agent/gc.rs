@@ -53,6 +53,10 @@ impl Agent {
         self.sync().rescan(&mut dirty);
         self.evaluate(dirty);
         self.waits.prune(Instant::now());
+        // The budgets of pods whose directories are gone.
+        self.budgets
+            .retain(|dir| std::fs::symlink_metadata(dir).is_ok());
+        self.stats.set_pods_polled(self.budgets.polled_count());
         self.forget_gone_pods();
         if self.removals.round.is_some()
             || !self.view.is_listed()

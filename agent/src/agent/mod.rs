@@ -17,6 +17,7 @@
 
 mod api;
 mod decisions;
+mod files;
 mod gc;
 mod jobs;
 mod link;
@@ -28,15 +29,16 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Instant;
 
-use tokio::sync::mpsc;
 use tracing::{debug, info, warn, Instrument};
 
 use crate::cluster::Cluster;
 use crate::decide::bounds::Later as _;
 use crate::decide::RunState;
+use crate::handshake::budget::PodBudgets;
+use crate::handshake::fsqueue::FsQueue;
 use crate::handshake::share::{Share, ShareError};
 use crate::handshake::waits::{ShareSync, Waits};
-use crate::handshake::watch::{FsEvent, Root, ShareWatcher, WatchError};
+use crate::handshake::watch::{Root, ShareWatcher, WatchError};
 use crate::pod::PodUid;
 use crate::runtime::source::{SourceKind, SourceSignal};
 use crate::runtime::RuntimeError;
@@ -72,6 +74,9 @@ pub enum AgentError {
     },
 }
 
+/// Signals, replies or API changes taken in one round besides the first.
+const DRAIN_MAX: usize = 256;
+
 pub struct Agent {
     cfg: Config,
     share: Arc<Share>,
@@ -79,7 +84,10 @@ pub struct Agent {
     /// the kubelet's root has none.
     local: Option<Arc<Share>>,
     watcher: ShareWatcher,
-    fs_events: mpsc::UnboundedReceiver<FsEvent>,
+    /// What the watcher saw, coalesced per pod.
+    fs: Arc<FsQueue>,
+    /// What each pod's exit directories may still cost, and the pods polled for now.
+    budgets: PodBudgets,
     waits: Waits,
     view: NodeView,
     link: RuntimeLink,
@@ -118,7 +126,7 @@ impl Agent {
             );
         }
         let link = RuntimeLink::connect(&cfg.cri_socket)?;
-        let (tx, fs_events) = mpsc::unbounded_channel();
+        let fs = Arc::new(FsQueue::default());
         let local = open_local(&cfg.kubelet_root_dir);
         let roots = std::iter::once(&share)
             .chain(&local)
@@ -127,7 +135,8 @@ impl Agent {
                 container_depth: s.place().container_depth(),
             })
             .collect();
-        let mut watcher = ShareWatcher::new(tx, roots)?;
+        let mut watcher = ShareWatcher::new(fs.clone(), roots)?;
+        stats.set_inotify_polling(watcher.polling().is_some());
         // Watch before scanning: a file created in between is then both scanned and reported.
         watcher.watch(&share.pods_path())?;
         if let Some(local) = &local {
@@ -148,7 +157,8 @@ impl Agent {
             share: Arc::new(share),
             local: local.map(Arc::new),
             watcher,
-            fs_events,
+            fs,
+            budgets: PodBudgets::default(),
             waits: Waits::default(),
             view: NodeView::with_tombstone_ttl(tombstone_ttl),
             link,
@@ -223,6 +233,7 @@ impl Agent {
         self.stats
             .set_kept(Kept::ExitHistory, self.waits.history_len());
         self.stats.set_kept(Kept::Watches, self.watcher.len());
+        self.stats.set_inotify_watches(self.watcher.len());
         self.stats
             .set_kept(Kept::ViewTombstones, self.view.tombstones());
     }
@@ -270,45 +281,39 @@ impl Agent {
             self.cfg.reconcile_interval,
         );
         reconcile.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut poll = tokio::time::interval(crate::handshake::budget::POLL_EVERY);
+        poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
+            let mut more_files = false;
             let wake = self.next_wake();
             let mut dirty = BTreeSet::new();
             tokio::select! {
+                // Shutdown first, file changes last: a flood of one pod's file events, served
+                // a few pods per round, can neither hold the loop nor starve the runtime's
+                // signals, the API server's or the timers.
+                biased;
                 () = &mut shutdown => break,
-                ev = self.fs_events.recv() => {
-                    let Some(ev) = ev else { break };
-                    // Take everything already queued, so a burst costs one round, and a
-                    // flood that overflows the kernel's queue again and again one rescan.
-                    let mut rescan = false;
-                    let mut next = Some(ev);
-                    while let Some(ev) = next.take() {
-                        match ev {
-                            FsEvent::Rescan => rescan = true,
-                            ev => self.sync().on_event(ev, &mut dirty),
-                        }
-                        next = self.fs_events.try_recv().ok();
-                    }
-                    if rescan {
-                        self.sync().on_event(FsEvent::Rescan, &mut dirty);
-                    }
-                    self.check_share(&mut dirty);
-                }
+                // What is queued already is taken with it (a burst costs one round), up to
+                // a bound: the round ends, and shutdown is looked at, in any case.
                 Some(sig) = self.link.signals.recv() => {
                     self.on_signal(sig, &mut dirty);
-                    while let Ok(sig) = self.link.signals.try_recv() {
+                    for _ in 0..DRAIN_MAX {
+                        let Ok(sig) = self.link.signals.try_recv() else { break };
                         self.on_signal(sig, &mut dirty);
                     }
                 }
                 Some(reply) = self.link.replies.recv() => {
                     self.on_reply(reply, &mut dirty);
-                    while let Ok(reply) = self.link.replies.try_recv() {
+                    for _ in 0..DRAIN_MAX {
+                        let Ok(reply) = self.link.replies.try_recv() else { break };
                         self.on_reply(reply, &mut dirty);
                     }
                 }
                 sig = self.api.next() => match sig {
                     Some(sig) => {
                         self.on_pod_signal(sig, &mut dirty);
-                        while let Some(sig) = self.api.queued() {
+                        for _ in 0..DRAIN_MAX {
+                            let Some(sig) = self.api.queued() else { break };
                             self.on_pod_signal(sig, &mut dirty);
                         }
                     }
@@ -326,6 +331,7 @@ impl Agent {
                     self.link.ask(Read::List);
                 }
                 _ = gc.tick() => self.gc(),
+                _ = poll.tick(), if self.polling_files() => self.poll_held(&mut dirty),
                 breaches = finished(&mut self.audit.round) => {
                     self.audit.round = None;
                     match breaches {
@@ -355,6 +361,13 @@ impl Agent {
                         Err(e) => warn!(error = %e, "a removal round failed"),
                     }
                 }
+                () = self.fs.ready() => {
+                    if self.on_files(&mut dirty) {
+                        // More pods' changes wait: decide what this round found, then let
+                        // the runtime run others before the next round.
+                        more_files = true;
+                    }
+                }
             }
             for need in self.view.needs(Instant::now()) {
                 self.link.ask(Read::Need(need));
@@ -364,6 +377,9 @@ impl Agent {
             }
             if self.fatal.is_some() {
                 break;
+            }
+            if more_files {
+                tokio::task::yield_now().await;
             }
         }
         link_tasks.abort();

@@ -30,11 +30,13 @@ pub const REASON_ALLOWED: &str = "SidecarExitAllowed";
 pub const REASON_DEADLINE: &str = "SidecarExitDeadline";
 pub const REASON_SHUTDOWN_FAILED: &str = "SidecarShutdownFailed";
 pub const REASON_BREACH: &str = "ExitDirectoryBreach";
+pub const REASON_FLOODED: &str = "ExitDirectoryFlooded";
 /// events.k8s.io/v1 `reportingController`.
 pub const REPORTING_CONTROLLER: &str = "exitorder.io/agent";
 const ACTION: &str = "AllowExit";
 const ACTION_SHUTDOWN: &str = "ShutdownSidecar";
 const ACTION_BREACH: &str = "CheckMounts";
+const ACTION_FLOODED: &str = "WatchExitDirectories";
 
 /// Notices queued before new ones are dropped: a whole node draining at once fits.
 pub const QUEUE: usize = 1024;
@@ -89,12 +91,28 @@ pub struct BreachNotice {
     pub at: SystemTime,
 }
 
+/// A pod whose exit directories spent their budget of file events or watches: polled for a
+/// while.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FloodNotice {
+    pub pod: PodRef,
+    pub note: String,
+    pub at: SystemTime,
+}
+
+impl From<FloodNotice> for Notice {
+    fn from(n: FloodNotice) -> Self {
+        Notice::Flooded(n)
+    }
+}
+
 /// Anything an event is posted for.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Notice {
     Exit(ExitNotice),
     Shutdown(ShutdownNotice),
     Breach(BreachNotice),
+    Flooded(FloodNotice),
 }
 
 impl From<BreachNotice> for Notice {
@@ -121,6 +139,7 @@ impl Notice {
             Notice::Exit(n) => &n.pod,
             Notice::Shutdown(n) => &n.pod,
             Notice::Breach(n) => &n.pod,
+            Notice::Flooded(n) => &n.pod,
         }
     }
 }
@@ -134,6 +153,14 @@ pub fn event_for(n: &Notice, reporting_instance: &str) -> Event {
             &n.container,
             n.at,
             ("Warning", REASON_BREACH, ACTION_BREACH),
+            n.note.clone(),
+            reporting_instance,
+        ),
+        Notice::Flooded(n) => event(
+            &n.pod,
+            "",
+            n.at,
+            ("Warning", REASON_FLOODED, ACTION_FLOODED),
             n.note.clone(),
             reporting_instance,
         ),
@@ -224,8 +251,9 @@ fn event(
             namespace: Some(pod.namespace.clone()),
             name: Some(pod.name.clone()),
             uid: Some(pod.uid.to_string()),
-            // The kubelet's own form, so `kubectl describe` groups it with container events.
-            field_path: Some(format!("spec.containers{{{container}}}")),
+            // The kubelet's own form, so `kubectl describe` groups it with container events;
+            // none for an event about the whole pod.
+            field_path: (!container.is_empty()).then(|| format!("spec.containers{{{container}}}")),
             ..Default::default()
         }),
         reporting_controller: Some(REPORTING_CONTROLLER.to_owned()),

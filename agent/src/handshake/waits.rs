@@ -16,7 +16,7 @@ use crate::decide::Reason;
 use crate::handshake::share::{
     ContainerName, ExitKey, ExitState, FileId, Place, Rejection, Share, ShareEntry, ShareError,
 };
-use crate::handshake::watch::{FsEvent, ShareWatcher};
+use crate::handshake::watch::{FsEvent, ShareWatcher, WatchError};
 use crate::kubelet::kills::{ContainerKill, Kill, PodKill};
 use crate::pod::PodUid;
 use crate::stats::Stats;
@@ -327,6 +327,40 @@ impl<'a> ShareSync<'a> {
         }
     }
 
+    /// Reads a polled pod's exit directories named `names` (at most twice
+    /// [`crate::handshake::budget::POLL_NAMES`]), and those of its pending waits, with no
+    /// watch.
+    pub fn poll_pod(
+        &mut self,
+        place: Place,
+        pod: &PodUid,
+        names: &[String],
+        dirty: &mut BTreeSet<PodUid>,
+    ) {
+        let waiting: Vec<String> = self
+            .waits
+            .pending
+            .get(pod)
+            .map(|p| p.waiting.keys().map(|c| c.as_str().to_owned()).collect())
+            .unwrap_or_default();
+        let all: BTreeSet<&str> = names
+            .iter()
+            .take(crate::handshake::budget::POLL_NAMES.saturating_mul(2))
+            .chain(&waiting)
+            .map(String::as_str)
+            .collect();
+        for name in all {
+            if let Ok(container) = ContainerName::parse(name) {
+                let key = ExitKey {
+                    pod: pod.clone(),
+                    container,
+                    place,
+                };
+                self.sync_container(&key, dirty);
+            }
+        }
+    }
+
     /// Counts a refused entry by its kind, or an I/O error that says nothing about the entry.
     fn count(&self, e: &ShareError) {
         match e.rejection() {
@@ -342,7 +376,7 @@ impl<'a> ShareSync<'a> {
         // Watched before listing, level by level: the kubelet creates what is below right
         // after, and what is created between a listing and its watch would go unseen.
         let watcher = &mut *self.watcher;
-        match share.walk_pod(pod, |dir| watcher.watch(dir)) {
+        match share.walk_pod(pod, |dir, fd| watcher.watch_at(dir, fd)) {
             Ok(Ok(true)) => match share.containers_in(pod) {
                 Ok(keys) => {
                     for key in keys {
@@ -356,6 +390,7 @@ impl<'a> ShareSync<'a> {
             },
             // The kubelet has not made the rest yet: the last level's watch tells when it does.
             Ok(Ok(false)) => {}
+            Ok(Err(WatchError::Budget { .. })) => {}
             Ok(Err(e)) => {
                 self.stats.share_error();
                 warn!(error = %e, "cannot watch pod directory");
@@ -395,10 +430,19 @@ impl<'a> ShareSync<'a> {
             return;
         };
         match share.prepare_container_dir(key) {
-            Ok(()) => {
-                if let Err(e) = self.watcher.watch(&share.container_path(key)) {
-                    self.stats.share_error();
-                    warn!(container = %key, error = %e, "cannot watch container directory");
+            Ok(dir) => {
+                use std::os::fd::AsFd as _;
+                match self
+                    .watcher
+                    .watch_at(&share.container_path(key), dir.as_fd())
+                {
+                    Ok(()) => {}
+                    // Past its share of watches: the pod is polled (the watcher tells the loop).
+                    Err(WatchError::Budget { .. }) => {}
+                    Err(e) => {
+                        self.stats.share_error();
+                        warn!(container = %key, error = %e, "cannot watch container directory");
+                    }
                 }
             }
             Err(e) if e.is_not_found() => self.watcher.forget(&share.container_path(key)),
@@ -516,17 +560,15 @@ mod tests {
         watcher: ShareWatcher,
         waits: Waits,
         stats: Arc<Stats>,
-        _events: tokio::sync::mpsc::UnboundedReceiver<FsEvent>,
     }
 
     impl Fixture {
         fn new() -> Fixture {
             let dir = tempfile::tempdir().unwrap();
             let share = Share::open(&dir.path().join("share")).unwrap();
-            let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
             Fixture {
                 watcher: ShareWatcher::new(
-                    tx,
+                    Arc::new(crate::handshake::fsqueue::FsQueue::default()),
                     vec![crate::handshake::watch::Root {
                         pods: share.pods_path(),
                         container_depth: 2,
@@ -536,7 +578,6 @@ mod tests {
                 share,
                 waits: Waits::default(),
                 stats: Arc::new(Stats::default()),
-                _events: rx,
                 dir,
             }
         }

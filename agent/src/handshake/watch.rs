@@ -1,19 +1,51 @@
-//! inotify on the share, one directory level at a time.
+//! inotify on the places of exit directories, one directory level at a time, each watch on
+//! the directory the agent opened and checked.
 //!
-//! Only `pods/`, `pods/<uid>/` and `pods/<uid>/<name>/` are watched, each non-recursively: the
-//! first two are created by the kubelet, and below the third a container may create what it
-//! likes, so recursing there would let one pod spend the node's inotify watches.
+//! Only the levels down to a container's exit directory are watched, each non-recursively:
+//! below it a container may create what it likes. What makes this safe against a pod that
+//! changes its own volume at full speed:
+//! - **A watch is added on an opened directory, never on a name.** The agent opens each
+//!   level with `O_NOFOLLOW | O_DIRECTORY` (which a link fails) and adds the watch through
+//!   `/proc/self/fd/N`: that magic link resolves to the open file itself, not by looking the
+//!   name up again, so a link exchanged in between (`renameat2(RENAME_EXCHANGE)`) cannot
+//!   redirect it anywhere outside the pod. (`IN_DONT_FOLLOW` would not do: on the magic link
+//!   it refuses, or watches the link.) Without `/proc`, by name with `IN_DONT_FOLLOW`.
+//! - **Two inotify instances.** The kubelet's levels (the roots, `pods/<uid>/`, the volume
+//!   directories) are in one, the levels a pod can change (the exit directories and their
+//!   parent) in the other: a pod's churn cannot overflow the queue that tells of new pods,
+//!   and a watch the agent adds or removes for a pod can never be one of the kubelet's levels
+//!   (watch descriptors are per instance).
+//! - **Bounded.** At most [`MAX_POD_WATCHES`] watches per pod and [`MAX_WATCHES`] in all; a
+//!   pod past its share is served by polling ([`WatchError::Budget`]).
+//! - **Read off the loop.** A thread reads both instances and files each event in the
+//!   [`FsQueue`], which coalesces and bounds them; a lost root watch (`IN_IGNORED`) is told.
+//!
+//! No inotify instance at all (root's `fs.inotify.max_user_instances`, 128, shared with every
+//! root process of the node): the watcher runs without one and says so ([`ShareWatcher::polling`]);
+//! the agent then rescans on a timer instead.
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::{BTreeSet, HashMap};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
 
-use notify::event::{AccessKind, AccessMode, EventKind};
-use notify::{Config, RecommendedWatcher, RecursiveMode, Watcher};
-use tokio::sync::mpsc;
+use rustix::fs::inotify::{self, CreateFlags, ReadFlags, WatchFlags};
+use rustix::io::Errno;
+use tracing::warn;
 
+use crate::handshake::fsqueue::FsQueue;
 use crate::handshake::share::EXIT_FILE;
 
-/// What the watcher reports.
+/// Watches one pod may have: the kubelet's levels down to its exit directories (at most 4)
+/// and one per container's exit directory; a pod with more containers than this is rare, and
+/// served by polling.
+pub const MAX_POD_WATCHES: usize = 40;
+/// Watches the agent holds in all (root's `fs.inotify.max_user_watches` is shared with every
+/// root process of the node: the kubelet, the runtime, root sidecars).
+pub const MAX_WATCHES: usize = 8192;
+
+/// What the watcher reports (for tests and the loop's own use).
 #[derive(Debug)]
 pub enum FsEvent {
     /// Something changed at these paths.
@@ -27,29 +59,20 @@ pub enum FsEvent {
 #[derive(Debug, thiserror::Error)]
 pub enum WatchError {
     #[error("inotify: {0}")]
-    Init(#[source] notify::Error),
+    Init(#[source] std::io::Error),
     #[error("watch {path}: {source}")]
     Add {
         path: PathBuf,
         #[source]
-        source: notify::Error,
+        source: std::io::Error,
     },
-}
-
-pub struct ShareWatcher {
-    inner: RecommendedWatcher,
-    watched: HashSet<PathBuf>,
-}
-
-/// Kinds that can mean an exit file or a directory came, changed or went. Opens and reads are
-/// left out: the agent's own reads would otherwise come back as events.
-fn relevant(kind: &EventKind) -> bool {
-    match kind {
-        EventKind::Create(_) | EventKind::Remove(_) => true,
-        EventKind::Modify(m) => !matches!(m, notify::event::ModifyKind::Metadata(_)),
-        EventKind::Access(AccessKind::Close(AccessMode::Write)) => true,
-        EventKind::Access(_) | EventKind::Other | EventKind::Any => false,
-    }
+    /// The pod (or the agent as a whole) has all the watches it may: served by polling.
+    #[error("watch {path}: {what} has {limit} watches already")]
+    Budget {
+        path: PathBuf,
+        what: &'static str,
+        limit: usize,
+    },
 }
 
 /// A directory of pods whose changes are reported, and how deep below it a container's exit
@@ -60,77 +83,369 @@ pub struct Root {
     pub container_depth: usize,
 }
 
-/// Whether a changed path can matter: a directory down to a container's exit directory, or
-/// an exit file. Whatever else a container makes in its directory is its own business;
-/// dropping it here, on the watcher's thread, keeps a container that creates files without
-/// end from filling the decision loop's queue.
-fn worth_telling(roots: &[Root], path: &Path) -> bool {
+impl Root {
+    /// How deep `path` is below this root, if it is.
+    fn depth(&self, path: &Path) -> Option<usize> {
+        Some(path.strip_prefix(&self.pods).ok()?.components().count())
+    }
+}
+
+/// Which instance a watch is in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Inst {
+    /// The roots and the kubelet's levels.
+    Kube,
+    /// The levels a pod can change.
+    Pods,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Watch {
+    inst: Inst,
+    wd: i32,
+    ino: u64,
+    dev: u64,
+}
+
+/// What the reading thread needs.
+struct Shared {
+    kube: OwnedFd,
+    pods: OwnedFd,
+    wake: OwnedFd,
+    /// Each watch descriptor's directory.
+    table: Mutex<HashMap<(Inst, i32), PathBuf>>,
+    queue: Arc<FsQueue>,
+    roots: Vec<Root>,
+}
+
+pub struct ShareWatcher {
+    shared: Option<Arc<Shared>>,
+    roots: Vec<Root>,
+    watched: HashMap<PathBuf, Watch>,
+    /// Watches per pod directory.
+    per_pod: HashMap<PathBuf, usize>,
+    /// Why there is no inotify, when there is none.
+    polling: Option<String>,
+    /// Pods whose watches are not added: past their share, or polled for a while.
+    held: BTreeSet<PathBuf>,
+    /// Pods refused a watch since the loop last asked ([`Self::take_refused`]).
+    refused: BTreeSet<PathBuf>,
+}
+
+fn table(shared: &Shared) -> std::sync::MutexGuard<'_, HashMap<(Inst, i32), PathBuf>> {
+    shared.table.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The root `path` is below, and the pod directory it belongs to (`None` for a root itself
+/// or a path below none).
+fn pod_dir_of<'r>(roots: &'r [Root], path: &Path) -> Option<(&'r Root, PathBuf)> {
     for root in roots {
         if let Ok(rel) = path.strip_prefix(&root.pods) {
-            let depth = rel.components().count();
+            let first = rel.components().next()?;
+            return Some((root, root.pods.join(first)));
+        }
+    }
+    None
+}
+
+/// Whether a changed path can matter: a directory down to a container's exit directory, or
+/// an exit file. Whatever else a container makes in its directory is its own business;
+/// dropping it on the watcher's thread keeps it off the loop.
+fn worth_telling(roots: &[Root], path: &Path) -> bool {
+    for root in roots {
+        if let Some(depth) = root.depth(path) {
             return depth <= root.container_depth
                 || (depth == root.container_depth.saturating_add(1)
-                    && rel.file_name() == Some(std::ffi::OsStr::new(EXIT_FILE)));
+                    && path.file_name() == Some(std::ffi::OsStr::new(EXIT_FILE)));
         }
     }
     // Not below any: a root itself, moved or removed.
     true
 }
 
+/// Creations, removals, renames and finished writes: the agent's own reads and `fchmod`
+/// produce none of these.
+fn mask() -> WatchFlags {
+    WatchFlags::CREATE
+        | WatchFlags::CLOSE_WRITE
+        | WatchFlags::MOVED_FROM
+        | WatchFlags::MOVED_TO
+        | WatchFlags::DELETE
+        | WatchFlags::DELETE_SELF
+        | WatchFlags::MOVE_SELF
+        | WatchFlags::ONLYDIR
+        | WatchFlags::EXCL_UNLINK
+}
+
+fn io_err(e: Errno) -> std::io::Error {
+    std::io::Error::from_raw_os_error(e.raw_os_error())
+}
+
+/// Whether an error means root's inotify instances or watches are used up.
+fn exhausted(e: Errno) -> bool {
+    matches!(e, Errno::MFILE | Errno::NFILE | Errno::NOMEM | Errno::NOSPC)
+}
+
 impl ShareWatcher {
-    /// Reports the changes below `roots` that can matter.
-    pub fn new(tx: mpsc::UnboundedSender<FsEvent>, roots: Vec<Root>) -> Result<Self, WatchError> {
-        let handler = move |res: notify::Result<notify::Event>| {
-            let ev = match res {
-                Ok(ev) if ev.need_rescan() => FsEvent::Rescan,
-                Ok(mut ev) if relevant(&ev.kind) => {
-                    ev.paths.retain(|p| worth_telling(&roots, p));
-                    if ev.paths.is_empty() {
-                        return;
-                    }
-                    FsEvent::Changed(ev.paths)
-                }
-                Ok(_) => return,
-                Err(e) => FsEvent::Error(e.to_string()),
-            };
-            // The receiver is gone only during shutdown.
-            let _ = tx.send(ev);
+    /// Reports the changes below `roots` that can matter into `queue`. Without an inotify
+    /// instance to be had (root's limit reached) the watcher polls ([`Self::polling`]); any
+    /// other failure is an error.
+    pub fn new(queue: Arc<FsQueue>, roots: Vec<Root>) -> Result<Self, WatchError> {
+        let init = || inotify::init(CreateFlags::NONBLOCK | CreateFlags::CLOEXEC);
+        let instances = init().and_then(|kube| Ok((kube, init()?)));
+        let (kube, pods) = match instances {
+            Ok(i) => i,
+            Err(e) if exhausted(e) => {
+                let why = format!("no inotify instance can be had: {e}");
+                warn!(
+                    event = "inotify_unavailable",
+                    error = %e,
+                    "root's inotify instances are used up (fs.inotify.max_user_instances): exit directories are polled"
+                );
+                return Ok(ShareWatcher {
+                    shared: None,
+                    roots,
+                    watched: HashMap::new(),
+                    per_pod: HashMap::new(),
+                    polling: Some(why),
+                    held: BTreeSet::new(),
+                    refused: BTreeSet::new(),
+                });
+            }
+            Err(e) => return Err(WatchError::Init(io_err(e))),
         };
-        let inner = RecommendedWatcher::new(handler, Config::default().with_follow_symlinks(false))
+        let wake = rustix::event::eventfd(0, rustix::event::EventfdFlags::CLOEXEC)
+            .map_err(|e| WatchError::Init(io_err(e)))?;
+        let shared = Arc::new(Shared {
+            kube,
+            pods,
+            wake,
+            table: Mutex::new(HashMap::new()),
+            queue,
+            roots: roots.clone(),
+        });
+        let theirs = shared.clone();
+        std::thread::Builder::new()
+            .name("inotify".to_owned())
+            .spawn(move || {
+                let _span = tracing::info_span!("inotify").entered();
+                read_events(&theirs);
+            })
             .map_err(WatchError::Init)?;
         Ok(ShareWatcher {
-            inner,
-            watched: HashSet::new(),
+            shared: Some(shared),
+            roots,
+            watched: HashMap::new(),
+            per_pod: HashMap::new(),
+            polling: None,
+            held: BTreeSet::new(),
+            refused: BTreeSet::new(),
         })
     }
 
-    /// Watches one directory (idempotent). The caller has checked it is a real directory.
+    /// Why exit directories are polled instead of watched, if they are.
+    pub fn polling(&self) -> Option<&str> {
+        self.polling.as_deref()
+    }
+
+    /// Watches a root (idempotent): opened here without following a link.
     pub fn watch(&mut self, dir: &Path) -> Result<(), WatchError> {
-        if self.watched.contains(dir) {
+        let fd = rustix::fs::open(
+            dir,
+            rustix::fs::OFlags::RDONLY
+                | rustix::fs::OFlags::DIRECTORY
+                | rustix::fs::OFlags::NOFOLLOW
+                | rustix::fs::OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        )
+        .map_err(|e| WatchError::Add {
+            path: dir.to_owned(),
+            source: io_err(e),
+        })?;
+        self.watch_at(dir, fd.as_fd())
+    }
+
+    /// Watches the directory `dir` is, as opened in `fd` by the caller (which checked it):
+    /// that directory, whatever `dir` names by now. Idempotent while `dir` is that directory.
+    pub fn watch_at(&mut self, dir: &Path, fd: BorrowedFd<'_>) -> Result<(), WatchError> {
+        let Some(shared) = self.shared.clone() else {
             return Ok(());
+        };
+        let add_err = |e: Errno| WatchError::Add {
+            path: dir.to_owned(),
+            source: io_err(e),
+        };
+        let st = rustix::fs::fstat(fd).map_err(add_err)?;
+        let (ino, dev) = (st.st_ino, st.st_dev);
+        if let Some(w) = self.watched.get(dir) {
+            if w.ino == ino && w.dev == dev {
+                return Ok(());
+            }
+            // Another directory under the same name now (the pod exchanged it): the old
+            // watch goes.
+            self.forget_one(dir);
         }
-        self.inner
-            .watch(dir, RecursiveMode::NonRecursive)
-            .map_err(|source| WatchError::Add {
+        // The levels from the exit directories' parent down are the pod's to change.
+        let pod = pod_dir_of(&self.roots, dir).map(|(root, pod_dir)| {
+            let pods_level = root.depth(dir).unwrap_or(0).saturating_add(1) >= root.container_depth;
+            (pods_level, pod_dir)
+        });
+        let inst = match &pod {
+            Some((true, _)) => Inst::Pods,
+            _ => Inst::Kube,
+        };
+        if let Some((pods_level, pod_dir)) = &pod {
+            if *pods_level && self.held.contains(pod_dir) {
+                return Err(WatchError::Budget {
+                    path: dir.to_owned(),
+                    what: "its pod, polled for now,",
+                    limit: 0,
+                });
+            }
+            if self.per_pod.get(pod_dir).copied().unwrap_or(0) >= MAX_POD_WATCHES {
+                if self.refused.len() < MAX_WATCHES {
+                    self.refused.insert(pod_dir.clone());
+                }
+                return Err(WatchError::Budget {
+                    path: dir.to_owned(),
+                    what: "its pod",
+                    limit: MAX_POD_WATCHES,
+                });
+            }
+        }
+        if self.watched.len() >= MAX_WATCHES {
+            return Err(WatchError::Budget {
                 path: dir.to_owned(),
-                source,
-            })?;
-        self.watched.insert(dir.to_owned());
+                what: "the agent",
+                limit: MAX_WATCHES,
+            });
+        }
+        let instance = match inst {
+            Inst::Kube => &shared.kube,
+            Inst::Pods => &shared.pods,
+        };
+        let by_fd = format!("/proc/self/fd/{}", fd.as_raw_fd());
+        let wd = match inotify::add_watch(instance, by_fd.as_str(), mask()) {
+            Ok(wd) => wd,
+            // No /proc (a chroot): by name, the last component not followed.
+            Err(Errno::NOENT) if !Path::new("/proc/self/fd").exists() => {
+                inotify::add_watch(instance, dir, mask() | WatchFlags::DONT_FOLLOW)
+                    .map_err(add_err)?
+            }
+            Err(e) => return Err(add_err(e)),
+        };
+        {
+            let mut t = table(&shared);
+            // The same directory under two names of the pod's (it moved it): the watch is
+            // one; it is filed under the name seen last, and the other name watches anew.
+            if let Some(old) = t.insert((inst, wd), dir.to_owned()) {
+                if old != dir {
+                    if let Some(w) = self.watched.remove(&old) {
+                        debug_assert_eq!(w.wd, wd);
+                        let p = pod_dir_of(&self.roots, &old).map(|(_, p)| p);
+                        if let Some(p) = p {
+                            self.drop_count(&p);
+                        }
+                    }
+                }
+            }
+        }
+        self.watched
+            .insert(dir.to_owned(), Watch { inst, wd, ino, dev });
+        if let Some((_, pod_dir)) = pod {
+            let n = self.per_pod.entry(pod_dir).or_insert(0);
+            *n = n.saturating_add(1);
+        }
         Ok(())
     }
 
-    /// Forgets every watch at or below `dir` (the kernel drops them when the directory goes;
-    /// this keeps our side in step).
+    fn drop_count(&mut self, pod_dir: &Path) {
+        if let Some(n) = self.per_pod.get_mut(pod_dir) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                self.per_pod.remove(pod_dir);
+            }
+        }
+    }
+
+    fn forget_one(&mut self, path: &Path) {
+        let Some(w) = self.watched.remove(path) else {
+            return;
+        };
+        if let Some(shared) = &self.shared {
+            let owner = {
+                let mut t = table(shared);
+                let mine = t.get(&(w.inst, w.wd)).is_some_and(|p| p == path);
+                if mine {
+                    t.remove(&(w.inst, w.wd));
+                }
+                mine
+            };
+            if owner {
+                let instance = match w.inst {
+                    Inst::Kube => &shared.kube,
+                    Inst::Pods => &shared.pods,
+                };
+                // Gone already when the directory went (EINVAL): nothing to remove.
+                let _ = inotify::remove_watch(instance, w.wd);
+            }
+        }
+        let p = pod_dir_of(&self.roots, path).map(|(_, p)| p);
+        if let Some(p) = p {
+            self.drop_count(&p);
+        }
+    }
+
+    /// Forgets every watch at or below `dir`.
     pub fn forget(&mut self, dir: &Path) {
         let gone: Vec<PathBuf> = self
             .watched
-            .iter()
+            .keys()
             .filter(|p| p.starts_with(dir))
             .cloned()
             .collect();
         for p in gone {
-            let _ = self.inner.unwatch(&p);
-            self.watched.remove(&p);
+            self.forget_one(&p);
+        }
+    }
+
+    /// Forgets the watches of the levels a pod can change below `pod_dir` (its exit
+    /// directories and their parent), keeping the kubelet's: the pod is polled meanwhile.
+    pub fn forget_pod_levels(&mut self, pod_dir: &Path) {
+        let gone: Vec<PathBuf> = self
+            .watched
+            .iter()
+            .filter(|(p, w)| p.starts_with(pod_dir) && w.inst == Inst::Pods)
+            .map(|(p, _)| p.clone())
+            .collect();
+        for p in gone {
+            self.forget_one(&p);
+        }
+    }
+
+    /// Holds the levels a pod can change below `pod_dir` unwatched (their watches go): the
+    /// pod is polled until [`Self::release`].
+    pub fn hold(&mut self, pod_dir: &Path) {
+        self.forget_pod_levels(pod_dir);
+        self.held.insert(pod_dir.to_owned());
+    }
+
+    /// Watches may be added below `pod_dir` again.
+    pub fn release(&mut self, pod_dir: &Path) {
+        self.held.remove(pod_dir);
+    }
+
+    /// The pods refused a watch for want of their share since the last call.
+    pub fn take_refused(&mut self) -> BTreeSet<PathBuf> {
+        std::mem::take(&mut self.refused)
+    }
+
+    /// The kernel dropped this root's watch: forgotten here, to be watched anew.
+    pub fn lost(&mut self, root: &Path) {
+        if let Some(w) = self.watched.remove(root) {
+            if let Some(shared) = &self.shared {
+                table(shared).remove(&(w.inst, w.wd));
+            }
         }
     }
 
@@ -138,10 +453,20 @@ impl ShareWatcher {
     /// under a root of pod directories.
     pub fn watched_below(&self, root: &Path) -> BTreeSet<std::ffi::OsString> {
         self.watched
-            .iter()
+            .keys()
             .filter_map(|p| p.strip_prefix(root).ok()?.iter().next())
             .map(ToOwned::to_owned)
             .collect()
+    }
+
+    /// Whether `dir` is watched.
+    pub fn is_watched(&self, dir: &Path) -> bool {
+        self.watched.contains_key(dir)
+    }
+
+    /// Watches held on the pod whose directory is `pod_dir`.
+    pub fn pod_watches(&self, pod_dir: &Path) -> usize {
+        self.per_pod.get(pod_dir).copied().unwrap_or(0)
     }
 
     pub fn len(&self) -> usize {
@@ -153,42 +478,111 @@ impl ShareWatcher {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn only_what_can_hold_a_wait_is_told() {
-        let pods = &[
-            Root {
-                pods: "/share/pods".into(),
-                container_depth: 2,
-            },
-            Root {
-                pods: "/kubelet/pods".into(),
-                container_depth: 5,
-            },
-        ];
-        let uid = "0f5c7a1e-8d2b-4c3e-9f00-123456789abc";
-        for told in [
-            "/share/pods".to_owned(),
-            format!("/share/pods/{uid}"),
-            format!("/share/pods/{uid}/proxy"),
-            format!("/share/pods/{uid}/proxy/exit"),
-            "/share".to_owned(),
-            format!("/kubelet/pods/{uid}/volumes/kubernetes.io~empty-dir"),
-            format!("/kubelet/pods/{uid}/volumes/kubernetes.io~empty-dir/exitorder/proxy"),
-            format!("/kubelet/pods/{uid}/volumes/kubernetes.io~empty-dir/exitorder/proxy/exit"),
-        ] {
-            assert!(worth_telling(pods, Path::new(&told)), "{told}");
-        }
-        for dropped in [
-            format!("/share/pods/{uid}/proxy/junk-1"),
-            format!("/share/pods/{uid}/proxy/.exit.tmp"),
-            format!("/share/pods/{uid}/proxy/exit/deeper"),
-            format!("/kubelet/pods/{uid}/volumes/kubernetes.io~empty-dir/exitorder/proxy/junk"),
-        ] {
-            assert!(!worth_telling(pods, Path::new(&dropped)), "{dropped}");
+impl Drop for ShareWatcher {
+    fn drop(&mut self) {
+        if let Some(shared) = &self.shared {
+            let _ = rustix::io::write(&shared.wake, &1u64.to_ne_bytes());
         }
     }
 }
+
+/// The reading thread: both instances until woken to end. The kubelet's instance is read
+/// first at each wake; each is read a bounded number of times per wake, so the pods' cannot
+/// keep the kubelet's waiting.
+fn read_events(shared: &Shared) {
+    use rustix::event::{poll, PollFd, PollFlags};
+    // Aligned for `struct inotify_event` (the reader checks), room for many.
+    let mut buf = vec![std::mem::MaybeUninit::<u8>::uninit(); 64 * 1024];
+    loop {
+        let (kube_ready, pods_ready, woken) = {
+            let mut fds = [
+                PollFd::new(&shared.kube, PollFlags::IN),
+                PollFd::new(&shared.pods, PollFlags::IN),
+                PollFd::new(&shared.wake, PollFlags::IN),
+            ];
+            match poll(&mut fds, None) {
+                Ok(_) => {}
+                Err(Errno::INTR) => continue,
+                Err(e) => {
+                    shared.queue.error(format!("poll: {e}"));
+                    return;
+                }
+            }
+            (
+                !fds[0].revents().is_empty(),
+                !fds[1].revents().is_empty(),
+                !fds[2].revents().is_empty(),
+            )
+        };
+        if woken {
+            return;
+        }
+        if kube_ready {
+            drain(shared, Inst::Kube, &mut buf);
+        }
+        if pods_ready {
+            drain(shared, Inst::Pods, &mut buf);
+        }
+    }
+}
+
+/// Reads what one instance has (at most a few buffers), filing each event.
+fn drain(shared: &Shared, inst: Inst, buf: &mut [std::mem::MaybeUninit<u8>]) {
+    let fd = match inst {
+        Inst::Kube => &shared.kube,
+        Inst::Pods => &shared.pods,
+    };
+    let mut reader = inotify::Reader::new(fd, buf);
+    // A bounded number of events per wake: the other instance is looked at in between.
+    for _ in 0..16_384 {
+        let ev = match reader.next() {
+            Ok(ev) => ev,
+            Err(Errno::AGAIN | Errno::INTR) => return,
+            Err(e) => {
+                shared.queue.error(format!("inotify read: {e}"));
+                return;
+            }
+        };
+        let flags = ev.events();
+        if flags.contains(ReadFlags::QUEUE_OVERFLOW) {
+            shared.queue.rescan();
+            continue;
+        }
+        let key = (inst, ev.wd());
+        if flags.contains(ReadFlags::IGNORED) {
+            // The kernel dropped the watch (its directory went, or was unmounted); a root's
+            // loss is told so it is watched again.
+            let gone = table(shared).remove(&key);
+            if let Some(dir) = gone {
+                if shared.roots.iter().any(|r| r.pods == dir) {
+                    shared.queue.lost(dir);
+                } else if let Some((_, pod_dir)) = pod_dir_of(&shared.roots, &dir) {
+                    shared.queue.push(Some(&pod_dir), dir);
+                }
+            }
+            continue;
+        }
+        let path = {
+            let t = table(shared);
+            let Some(dir) = t.get(&key) else {
+                continue;
+            };
+            match ev.file_name() {
+                Some(name) if !name.to_bytes().is_empty() => {
+                    dir.join(std::ffi::OsStr::from_bytes(name.to_bytes()))
+                }
+                _ => dir.clone(),
+            }
+        };
+        if !worth_telling(&shared.roots, &path) {
+            continue;
+        }
+        match pod_dir_of(&shared.roots, &path) {
+            Some((_, pod_dir)) => shared.queue.push(Some(&pod_dir), path),
+            None => shared.queue.push(None, path),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

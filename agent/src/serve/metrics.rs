@@ -121,6 +121,28 @@ impl Collector for Read<Stats> {
             "Stopping pods found by a look at their cgroup to have started no container the agent does not know, with no listing of the runtime.",
             stats.settlements_by_cgroup(),
         )?;
+        f.gauge(
+            "exitorder_inotify_watches",
+            "inotify watches the agent holds on exit directories and the levels above them (root's fs.inotify.max_user_watches is shared with every root process of the node).",
+            stats.inotify_watches(),
+        )?;
+        f.gauge(
+            "exitorder_inotify_unavailable",
+            "Whether exit directories are polled because no inotify instance could be had (root's fs.inotify.max_user_instances used up).",
+            u64::from(stats.inotify_polling()),
+        )?;
+        f.gauge(
+            "exitorder_pods_polled",
+            "Pods whose exit directories are polled for now, for having spent their budget of file events or watches.",
+            stats.pods_polled(),
+        )?;
+        f.labelled(
+            MetricType::Counter,
+            "exitorder_pod_budget_spent",
+            "Times a pod's exit directories spent their budget, by what: file events, or watches (directories). The pod is polled for a while.",
+            "what",
+            stats.pod_budgets_spent(),
+        )?;
         f.counter(
             "exitorder_share_breaches",
             "Writable mounts found reaching another pod's exit directories (or every pod's).",

@@ -2,6 +2,7 @@
 //! built once per test process, and assertions on deletion timelines.
 
 pub mod flood;
+pub mod procfs;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -218,11 +218,12 @@ impl Share {
     pub fn walk_pod<E>(
         &self,
         pod: &PodUid,
-        mut at: impl FnMut(&Path) -> Result<(), E>,
+        mut at: impl FnMut(&Path, std::os::fd::BorrowedFd<'_>) -> Result<(), E>,
     ) -> Result<Result<bool, E>, ShareError> {
+        use std::os::fd::AsFd as _;
         let mut path = self.pod_path(pod);
         let mut dir = open_dir_at(&self.pods, pod.as_str(), &path)?;
-        if let Err(e) = at(&path) {
+        if let Err(e) = at(&path, dir.as_fd()) {
             return Ok(Err(e));
         }
         for name in self.place.between() {
@@ -232,7 +233,7 @@ impl Share {
                 Err(e) if e.is_not_found() => return Ok(Ok(false)),
                 Err(e) => return Err(e),
             };
-            if let Err(e) = at(&path) {
+            if let Err(e) = at(&path, dir.as_fd()) {
                 return Ok(Err(e));
             }
         }
@@ -313,7 +314,9 @@ impl Share {
     /// `subPathExpr` directories as root, and proxies such as linkerd-proxy run as non-root,
     /// so without this their preStop could not create `exit`. The directory is that one
     /// container's own, so opening it up gives nothing to anyone else.
-    pub fn prepare_container_dir(&self, key: &ExitKey) -> Result<(), ShareError> {
+    ///
+    /// Returns the directory as opened (and checked): what a watch of it must be added on.
+    pub fn prepare_container_dir(&self, key: &ExitKey) -> Result<OwnedFd, ShareError> {
         let dir = self.open_container(key)?;
         let path = self.container_path(key);
         let st = rfs::fstat(&dir).map_err(|e| ShareError::io("stat", &path, e))?;
@@ -321,7 +324,7 @@ impl Share {
             rfs::fchmod(&dir, Mode::from_raw_mode(0o777))
                 .map_err(|e| ShareError::io("chmod", &path, e))?;
         }
-        Ok(())
+        Ok(dir)
     }
 
     /// Reads a container's exit file.

@@ -99,7 +99,7 @@ fn pod_local_exit_directories_are_where_the_kubelet_keeps_emptydirs() {
     assert!(s.classify(&volume.join("Bad_Name")).is_err());
     let mut walked = Vec::new();
     let complete = s
-        .walk_pod(&k.pod, |p| {
+        .walk_pod(&k.pod, |p, _| {
             walked.push(p.to_owned());
             Ok::<(), ()>(())
         })
@@ -130,7 +130,7 @@ fn a_pod_local_walk_stops_where_the_kubelet_has_not_made_the_rest() {
     let pod = PodUid::parse(UID).unwrap();
     let mut walked = 0;
     let complete = s
-        .walk_pod(&pod, |_| {
+        .walk_pod(&pod, |_, _| {
             walked += 1;
             Ok::<(), ()>(())
         })
@@ -156,7 +156,7 @@ fn links_on_the_way_to_pod_local_directories_are_refused() {
         assert_eq!(e.rejection(), Some(Rejection::Link), "{level}: {e}");
         assert!(s.write_allow(&k).is_err(), "{level}");
         assert!(s
-            .walk_pod(&k.pod, |_| Ok::<(), ()>(()))
+            .walk_pod(&k.pod, |_, _| Ok::<(), ()>(()))
             .is_err_and(|e| e.rejection() == Some(Rejection::Link)));
         assert_eq!(
             std::fs::read_to_string(outside.join("proxy/exit")).unwrap(),
