@@ -93,6 +93,9 @@ pub struct Stats {
     inotify_polling: AtomicBool,
     pods_polled: AtomicU64,
     pod_budget_spent: [AtomicU64; 2],
+    /// When the decision loop last went round (ms since [`Stats::epoch`]; 0: not yet).
+    loop_beat_ms: AtomicU64,
+    epoch: std::sync::OnceLock<std::time::Instant>,
 }
 
 /// What the agent keeps per pod or container besides the node view's pods and containers and
@@ -298,6 +301,28 @@ impl Stats {
 
     pub fn settlements_by_cgroup(&self) -> u64 {
         self.settled_by_cgroup.load(Ordering::Relaxed)
+    }
+
+    fn epoch(&self) -> std::time::Instant {
+        *self.epoch.get_or_init(std::time::Instant::now)
+    }
+
+    /// The decision loop goes round at `now`.
+    pub fn loop_beat(&self, now: std::time::Instant) {
+        let ms = now.saturating_duration_since(self.epoch()).as_millis();
+        // 1 ms at least: 0 says "not yet".
+        let ms = u64::try_from(ms).unwrap_or(u64::MAX).max(1);
+        self.loop_beat_ms.store(ms, Ordering::Relaxed);
+    }
+
+    /// How long the decision loop has not gone round at `now`; `None` before its first round.
+    pub fn loop_silent(&self, now: std::time::Instant) -> Option<std::time::Duration> {
+        let ms = self.loop_beat_ms.load(Ordering::Relaxed);
+        if ms == 0 {
+            return None;
+        }
+        let since = now.saturating_duration_since(self.epoch());
+        Some(since.saturating_sub(std::time::Duration::from_millis(ms)))
     }
 
     /// The inotify watches the agent holds.

@@ -15,7 +15,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use exitorder_e2e::support::procfs::{inotify_watched_inodes, inotify_watches, peak_rss_kib};
+use exitorder_e2e::support::procfs::{
+    inotify_watched_inodes, inotify_watches, open_fds, peak_rss_kib,
+};
 use exitorder_e2e::support::{self, Bed};
 use exitorder_testbed::RunningPod;
 
@@ -177,8 +179,8 @@ async fn exit_churn_in_its_own_volume_costs_that_pod_only() {
             .join(share_flooder.uid())
             .join("proxy"),
     );
-    // Thousands of directories too: more than a pod's share of watches.
-    for i in 0..2_000 {
+    // Tens of thousands of directories too: far more than a pod's share of watches.
+    for i in 0..20_000 {
         std::fs::create_dir_all(vol.join(format!("d{i}"))).expect("dir");
     }
     let decided = victims_ordered(&bed, 4, 200_000).await;
@@ -195,15 +197,15 @@ async fn exit_churn_in_its_own_volume_costs_that_pod_only() {
         "{polled} polled\n{}",
         bed.agent.log_tail(20)
     );
-    let watches = inotify_watches(pid).len();
+    let (watches, fds) = (inotify_watches(pid).len(), open_fds(pid));
     assert!(
-        watches < 200,
-        "the agent holds {watches} watches\n{}",
+        watches < 200 && fds < 200,
+        "the agent holds {watches} watches, {fds} descriptors\n{}",
         bed.agent.log_tail(20)
     );
     racers.stop();
     let peak = peak_rss_kib(pid);
-    eprintln!("exit churn: agent peak RSS {peak} KiB, {watches} watches");
+    eprintln!("exit churn: agent peak RSS {peak} KiB, {watches} watches, {fds} descriptors");
     assert!(peak < 96 * 1024, "agent peak RSS {peak} KiB");
     // The flooding pods themselves, polled now, are still ordered when they go.
     for pod in [flooder, share_flooder] {

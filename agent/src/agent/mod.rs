@@ -27,7 +27,7 @@ mod warned;
 use std::collections::BTreeSet;
 use std::future::Future;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tracing::{debug, info, warn, Instrument};
 
@@ -283,7 +283,11 @@ impl Agent {
         reconcile.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut poll = tokio::time::interval(crate::handshake::budget::POLL_EVERY);
         poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // The loop goes round at least this often, idle or not: `/healthz` tells a wedged one.
+        let mut beat = tokio::time::interval(Duration::from_secs(1));
+        beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
+            self.stats.loop_beat(Instant::now());
             let mut more_files = false;
             let wake = self.next_wake();
             let mut dirty = BTreeSet::new();
@@ -331,6 +335,7 @@ impl Agent {
                     self.link.ask(Read::List);
                 }
                 _ = gc.tick() => self.gc(),
+                _ = beat.tick() => {}
                 _ = poll.tick(), if self.polling_files() => self.poll_held(&mut dirty),
                 breaches = finished(&mut self.audit.round) => {
                     self.audit.round = None;

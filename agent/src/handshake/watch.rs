@@ -277,8 +277,13 @@ impl ShareWatcher {
         };
         let st = rustix::fs::fstat(fd).map_err(add_err)?;
         let (ino, dev) = (st.st_ino, st.st_dev);
-        if let Some(w) = self.watched.get(dir) {
-            if w.ino == ino && w.dev == dev {
+        if let Some(w) = self.watched.get(dir).copied() {
+            // Still the kernel's watch of this directory (an `IN_IGNORED` removes it from the
+            // table: unmounted, say): nothing to do.
+            let live = table(&shared)
+                .get(&(w.inst, w.wd))
+                .is_some_and(|p| p == dir);
+            if live && w.ino == ino && w.dev == dev {
                 return Ok(());
             }
             // Another directory under the same name now (the pod exchanged it): the old
@@ -327,6 +332,20 @@ impl ShareWatcher {
         let by_fd = format!("/proc/self/fd/{}", fd.as_raw_fd());
         let wd = match inotify::add_watch(instance, by_fd.as_str(), mask()) {
             Ok(wd) => wd,
+            // The node's watches used up (root's `fs.inotify.max_user_watches`): the pod is
+            // polled, as one past its own share.
+            Err(e) if exhausted(e) && pod.is_some() => {
+                if let Some((_, pod_dir)) = &pod {
+                    if self.refused.len() < MAX_WATCHES {
+                        self.refused.insert(pod_dir.clone());
+                    }
+                }
+                return Err(WatchError::Budget {
+                    path: dir.to_owned(),
+                    what: "the node (fs.inotify.max_user_watches)",
+                    limit: self.watched.len(),
+                });
+            }
             // No /proc (a chroot): by name, the last component not followed.
             Err(Errno::NOENT) if !Path::new("/proc/self/fd").exists() => {
                 inotify::add_watch(instance, dir, mask() | WatchFlags::DONT_FOLLOW)
@@ -557,7 +576,8 @@ fn drain(shared: &Shared, inst: Inst, buf: &mut [std::mem::MaybeUninit<u8>]) {
                 if shared.roots.iter().any(|r| r.pods == dir) {
                     shared.queue.lost(dir);
                 } else if let Some((_, pod_dir)) = pod_dir_of(&shared.roots, &dir) {
-                    shared.queue.push(Some(&pod_dir), dir);
+                    // A level of a pod: the pod is walked again, which watches what is there.
+                    shared.queue.push(Some(&pod_dir), pod_dir.clone());
                 }
             }
             continue;

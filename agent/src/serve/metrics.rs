@@ -1,4 +1,5 @@
-//! The agent's HTTP endpoint: `/metrics` (OpenMetrics text), `/healthz` (the process answers),
+//! The agent's HTTP endpoint: `/metrics` (OpenMetrics text), `/healthz` (the process answers
+//! and its decision loop goes round),
 //! `/readyz` (the share watch runs and the runtime answered its last call).
 
 use std::convert::Infallible;
@@ -223,7 +224,10 @@ fn respond(stats: &Arc<Stats>, req: &Request<Incoming>) -> Response<Full<Bytes>>
             );
             r
         }
-        "/healthz" => text(StatusCode::OK, "ok\n".into()),
+        "/healthz" => match liveness(stats, std::time::Instant::now()) {
+            Ok(()) => text(StatusCode::OK, "ok\n".into()),
+            Err(why) => text(StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n")),
+        },
         "/readyz" => match readiness(stats) {
             Ok(()) => text(StatusCode::OK, "ready\n".into()),
             Err(why) => text(
@@ -232,6 +236,25 @@ fn respond(stats: &Arc<Stats>, req: &Request<Incoming>) -> Response<Full<Bytes>>
             ),
         },
         _ => text(StatusCode::NOT_FOUND, "not found\n".into()),
+    }
+}
+
+/// How long the decision loop may go without a round before `/healthz` fails: it goes round
+/// at least every second (a timer of its own), and no step of it blocks for long, so this
+/// is a loop that is wedged. The kubelet's liveness probe then restarts the agent, whose
+/// successor answers every wait left.
+pub const LOOP_SILENCE: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Whether the agent is alive (`/healthz`): the process answers, and its decision loop went
+/// round within [`LOOP_SILENCE`] (or has not started yet: the start-up scan, the runtime's
+/// first answer).
+pub fn liveness(stats: &Stats, now: std::time::Instant) -> Result<(), String> {
+    match stats.loop_silent(now) {
+        Some(silent) if silent > LOOP_SILENCE => Err(format!(
+            "the decision loop has not gone round for {} s",
+            silent.as_secs()
+        )),
+        _ => Ok(()),
     }
 }
 
@@ -285,6 +308,23 @@ pub async fn serve(listener: TcpListener, stats: Arc<Stats>, stop: CancellationT
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn healthz_fails_once_the_decision_loop_is_silent() {
+        let stats = Stats::default();
+        // Later than the stats' own epoch (taken at their first use).
+        stats.loop_silent(std::time::Instant::now());
+        let now = std::time::Instant::now() + Duration::from_secs(1);
+        // Before the loop's first round (the start-up scan): alive.
+        assert_eq!(liveness(&stats, now + Duration::from_secs(3600)), Ok(()));
+        stats.loop_beat(now);
+        assert_eq!(liveness(&stats, now + Duration::from_secs(9)), Ok(()));
+        let err = liveness(&stats, now + Duration::from_secs(12)).unwrap_err();
+        assert!(err.contains("has not gone round for 12 s"), "{err}");
+        stats.loop_beat(now + Duration::from_secs(12));
+        assert_eq!(liveness(&stats, now + Duration::from_secs(13)), Ok(()));
+    }
 
     #[test]
     fn share_rejections_by_reason() {
