@@ -163,7 +163,21 @@ async fn exit_churn_in_its_own_volume_costs_that_pod_only() {
         return;
     };
     let pid = bed.agent.pid().expect("agent pid");
-    let flooder = bed.run_ready(&support::pod_local("flooder")).await;
+    // A container of the pod mounting the whole volume churns an `exit` of its own making
+    // from inside, as fast as its shell goes; the host's racers below stand in for faster
+    // ones (and for what busybox cannot do).
+    let mut p = support::pod_local("flooder");
+    p["spec"]["containers"]
+        .as_array_mut()
+        .expect("containers")
+        .push(serde_json::json!({
+            "name": "churner",
+            "image": "busybox:1.36",
+            "command": ["sh", "-c",
+                "trap 'exit 0' TERM; mkdir -p /v/inpod; while :; do echo wait > /v/inpod/exit; rm -f /v/inpod/exit; done"],
+            "volumeMounts": [{"name": "exitorder", "mountPath": "/v"}],
+        }));
+    let flooder = bed.run_ready(&p).await;
     let vol = volume(&bed, &flooder);
     // And in the host share, where a container has only its own directory: its `exit`.
     let mut p = support::example("two-level");
