@@ -65,7 +65,10 @@ fuzz_target!(|data: &[u8]| {
     }
     let object = &request["object"];
     let refused = matches!(mutate(object, &settings), Admission::Deny(_));
-    let options = exitorder::cli::explain::Options { settings };
+    let options = exitorder::cli::explain::Options {
+        settings,
+        ..Default::default()
+    };
     if let Ok(e) = exitorder::cli::explain::explain("fuzz", object, &options) {
         let denied = matches!(
             e.injection,
