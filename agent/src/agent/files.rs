@@ -53,15 +53,20 @@ impl Agent {
                 .unwrap_or_else(|| vec![changes.pod_dir.clone()]);
             self.sync().on_event(FsEvent::Changed(paths), dirty);
         }
-        for pod_dir in self.watcher.take_refused() {
-            self.hold_pod(&pod_dir, Spent::Watches, now);
-        }
+        self.hold_refused(now);
         if rescan {
             self.sync().on_event(FsEvent::Rescan, dirty);
         }
         self.check_share(dirty);
         self.stats.set_inotify_watches(self.watcher.len());
         batch.more
+    }
+
+    /// Polls the pods refused a watch for want of their share.
+    fn hold_refused(&mut self, now: Instant) {
+        for pod_dir in self.watcher.take_refused() {
+            self.hold_pod(&pod_dir, Spent::Watches, now);
+        }
     }
 
     /// Watches the roots the watcher does not (the kernel dropped one).
@@ -142,6 +147,8 @@ impl Agent {
             self.sync()
                 .on_event(FsEvent::Changed(vec![pod_dir.clone()]), dirty);
         }
+        // Watched again and past its share again: polled again at once.
+        self.hold_refused(now);
         let polled: Vec<PathBuf> = self.budgets.polled().map(|(d, _)| d.clone()).collect();
         for pod_dir in polled {
             let Some((place, uid)) = self.pod_of_dir(&pod_dir) else {
