@@ -100,6 +100,8 @@ impl core::error::Error for SetupError {
 pub struct ExitRequest {
     exit_file: CString,
     watch: Watch,
+    /// The file this request created, to tell it from another request made in its place.
+    id: Option<(u64, u64)>,
 }
 
 /// How the answer is noticed.
@@ -176,11 +178,16 @@ impl ExitRequest {
                 other => break other.map_err(fail("create exit file in"))?,
             }
         };
+        let id = sys::file_id(&file).ok();
         if let Err(err) = write_request(file) {
             let _ = remove_file(&exit_file);
             return Err(fail("write exit file in")(err));
         }
-        Ok(ExitRequest { exit_file, watch })
+        Ok(ExitRequest {
+            exit_file,
+            watch,
+            id,
+        })
     }
 
     /// Why the answer is polled for instead of watched, if it is.
@@ -285,8 +292,23 @@ impl ExitRequest {
         }
     }
 
-    /// Removes `exit`, whatever it holds; a missing file is fine.
+    /// Removes `exit` (a missing file is fine), unless another request took this one's
+    /// place: the same hook run again, which the kubelet does when it starts a pod's kill
+    /// over (a shortened grace period, a retried kill) while this run still waits. That
+    /// request is its hook's to withdraw; removing it would let its container go unanswered.
+    /// The agent's answer in this request's place is this request's, and goes.
     pub fn withdraw(&self) -> Result<(), OsError> {
+        match sys::path_id(&self.exit_file) {
+            // Nothing there: nothing to withdraw (a request made just after is not ours).
+            Err(OsError(libc::ENOENT)) => return Ok(()),
+            Ok(now)
+                if self.id.is_some_and(|ours| ours != now)
+                    && read_answer(&self.exit_file).is_ok_and(|a| is_request(&a)) =>
+            {
+                return Ok(());
+            }
+            _ => {}
+        }
         remove_file(&self.exit_file)
     }
 
@@ -307,6 +329,12 @@ impl ExitRequest {
 /// reading so it can be checked against the agent's own reading of the same bytes.
 pub fn is_allow(answer: &[u8]) -> bool {
     answer.trim_ascii() == ALLOW
+}
+
+/// Whether `content` is a request still waiting (`wait`, or nothing yet), as the agent reads it.
+fn is_request(content: &[u8]) -> bool {
+    let c = content.trim_ascii();
+    c.is_empty() || c == WAIT_CONTENT.trim_ascii()
 }
 
 /// How long to wait next: at most `most`, and no later than `deadline`; `None` once the

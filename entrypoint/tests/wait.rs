@@ -584,3 +584,33 @@ fn sigkill_while_waiting_leaves_the_request_and_the_next_wait_takes_it_over() {
     let output = next.exit_within(PROMPTLY);
     assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
 }
+
+#[test]
+fn a_request_made_again_in_its_place_is_not_withdrawn_by_the_first() {
+    // The kubelet runs a preStop hook again when it starts a pod's kill over (a shortened
+    // grace period, a retried kill) while the first run may still wait: the second run's
+    // request takes the first's place, and the first must leave it alone when it ends (here
+    // by its timeout). The new request is put in place in one step, as the first sees it.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let first = Hook::spawn(&["wait", "--dir", path(dir.path()), "--timeout", "1s"]);
+    wait_for_request(dir.path());
+    answer(dir.path(), "wait\n");
+    let output = first.exit_within(PROMPTLY);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    assert!(
+        stderr(&output).contains("no exit permission after 1s"),
+        "{}",
+        stderr(&output)
+    );
+    assert_eq!(
+        fs::read_to_string(exit_file(dir.path())).ok().as_deref(),
+        Some("wait\n"),
+        "the other request was withdrawn: {}",
+        stderr(&output)
+    );
+    // Its own request, or the agent's answer in its place, it withdraws as before.
+    let output =
+        Hook::spawn(&["wait", "--dir", path(dir.path()), "--timeout", "1s"]).exit_within(PROMPTLY);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    assert!(!exit_file(dir.path()).exists());
+}

@@ -156,6 +156,27 @@ pub fn fchmod(fd: &Fd, mode: libc::mode_t) -> Result<(), OsError> {
     check(unsafe { libc::fchmod(fd.raw(), mode) }).map(drop)
 }
 
+/// Which file an open descriptor is: (device, inode), from fstat(2).
+pub fn file_id(fd: &Fd) -> Result<(u64, u64), OsError> {
+    let mut st = core::mem::MaybeUninit::<libc::stat>::uninit();
+    // SAFETY: the kernel fills the whole struct on success, and it is read only then.
+    check(unsafe { libc::fstat(fd.raw(), st.as_mut_ptr()) })?;
+    // SAFETY: fstat succeeded, so the struct is initialized.
+    let st = unsafe { st.assume_init() };
+    Ok((st.st_dev, st.st_ino))
+}
+
+/// Which file `path` names, not following a link: (device, inode), from lstat(2).
+pub fn path_id(path: &CStr) -> Result<(u64, u64), OsError> {
+    let mut st = core::mem::MaybeUninit::<libc::stat>::uninit();
+    // SAFETY: path is NUL-terminated; the kernel fills the whole struct on success, and it
+    // is read only then.
+    check(unsafe { libc::lstat(path.as_ptr(), st.as_mut_ptr()) })?;
+    // SAFETY: lstat succeeded, so the struct is initialized.
+    let st = unsafe { st.assume_init() };
+    Ok((st.st_dev, st.st_ino))
+}
+
 /// unlink(2).
 pub fn unlink(path: &CStr) -> Result<(), OsError> {
     // SAFETY: path is NUL-terminated.
