@@ -20,9 +20,11 @@ use crate::node::{AgentOptions, AgentProcess, LogLine, Node, NodeOptions, Testbe
 use crate::verdict::{self, Allowed, ContainerVerdict, Verdict};
 
 mod job;
+mod kill;
 mod mutation;
 
 pub use job::JobRun;
+pub use kill::DemoKill;
 
 pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s).map_err(|e| format!("{e} (examples: 500ms, 2s)"))
@@ -98,58 +100,6 @@ pub struct DemoArgs {
     /// it).
     #[arg(long, value_name = "FILE.tar", default_value = crate::install::IMAGE_IN_TREE)]
     pub agent_image: PathBuf,
-}
-
-/// The ways `demo` can end the pod ([`DemoArgs::kill`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum DemoKill {
-    /// `kubectl delete`.
-    Deletion,
-    /// Node-pressure eviction past a soft threshold.
-    SoftEviction,
-    /// Node-pressure eviction past a hard threshold (1 s).
-    HardEviction,
-    /// Graceful node shutdown.
-    NodeShutdown,
-    /// `activeDeadlineSeconds` passed.
-    ActiveDeadline,
-    /// Preempted by the kubelet to admit a critical pod.
-    Preemption,
-}
-
-impl DemoKill {
-    /// The test bed's kill, and the deletion's own grace period, for `--grace-period`.
-    fn with_grace(self, grace: Option<i64>) -> anyhow::Result<(Kill, Option<i64>)> {
-        let none = |kill: Kill| match grace {
-            Some(_) => anyhow::bail!(
-                "--grace-period does not apply to --kill {}: it takes the pod's own",
-                kill.name()
-            ),
-            None => Ok((kill, None)),
-        };
-        match self {
-            DemoKill::Deletion => Ok((Kill::Deletion, grace)),
-            DemoKill::SoftEviction => Ok((
-                Kill::Eviction {
-                    hard: false,
-                    max_pod_grace_seconds: grace.unwrap_or(i64::MAX),
-                },
-                None,
-            )),
-            DemoKill::HardEviction => none(Kill::Eviction {
-                hard: true,
-                max_pod_grace_seconds: 0,
-            }),
-            DemoKill::NodeShutdown => Ok((
-                Kill::NodeShutdown {
-                    grace_seconds: grace.unwrap_or(i64::MAX),
-                },
-                None,
-            )),
-            DemoKill::ActiveDeadline => none(Kill::ActiveDeadline),
-            DemoKill::Preemption => none(Kill::Preemption),
-        }
-    }
 }
 
 /// The binaries the agent runs from, as a process on the test node.

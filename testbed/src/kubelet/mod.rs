@@ -13,6 +13,7 @@ mod container;
 pub mod fields;
 mod inplace;
 pub mod kills;
+mod ordering;
 pub mod plan;
 mod prestop;
 mod report;

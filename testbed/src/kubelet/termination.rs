@@ -2,20 +2,20 @@
 //! native sidecars after the main containers in reverse order (KEP-753), StopContainer with
 //! what is left of the grace period; then the sandbox goes. What happened is recorded.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use exitorder::cri::{
     Container, ContainerFilter, ContainerState, ListContainersRequest, RemovePodSandboxRequest,
     StopContainerRequest, StopPodSandboxRequest,
 };
-use tokio::sync::watch;
 
 use super::actions::MAX_RUNTIME_SECONDS;
 use super::api::{self, reasons, EventType};
 use super::container::{request, MIN_GRACE_SECONDS};
 use super::kills::Kill;
-use super::plan::{Kind, PodPlan};
+use super::ordering::Ordering;
+use super::plan::Kind;
 pub use super::prestop::HookRecord;
 use super::{prestop, DeleteOptions, Phase, PodCtx, Timeline, What};
 use crate::node::cleanup::{
@@ -100,66 +100,6 @@ impl Deletion {
     /// The pod's timeline in ms from the deletion.
     pub fn describe(&self) -> String {
         self.timeline.render(self.started_ns)
-    }
-}
-
-/// When each native sidecar may be stopped: after every main container, and after the
-/// sidecars declared after it (the kubelet's terminationOrdering).
-struct Ordering {
-    terminated: HashMap<String, watch::Sender<bool>>,
-    prereqs: HashMap<String, Vec<watch::Receiver<bool>>>,
-}
-
-impl Ordering {
-    fn new(plan: &PodPlan, running: &[String]) -> Ordering {
-        let mut terminated = HashMap::new();
-        let mut prereqs: HashMap<String, Vec<watch::Receiver<bool>>> = HashMap::new();
-        let mut channel = |name: &str| {
-            let (tx, rx) = watch::channel(!running.iter().any(|r| r == name));
-            terminated.insert(name.to_owned(), tx);
-            rx
-        };
-        let mains: Vec<watch::Receiver<bool>> =
-            plan.containers.iter().map(|c| channel(&c.name)).collect();
-        let mut later: Option<watch::Receiver<bool>> = None;
-        for c in plan.init.iter().rev() {
-            let rx = channel(&c.name);
-            if c.kind == Kind::Sidecar {
-                let mut wait = mains.clone();
-                wait.extend(later.take());
-                prereqs.insert(c.name.clone(), wait);
-                later = Some(rx);
-            }
-        }
-        Ordering {
-            terminated,
-            prereqs,
-        }
-    }
-
-    /// Waits for `name`'s turn, at most `limit`; whether it had anything to wait for.
-    async fn wait_for_turn(&self, name: &str, limit: Duration) -> bool {
-        let Some(waits) = self.prereqs.get(name) else {
-            return false;
-        };
-        let deadline = tokio::time::Instant::now()
-            + limit.min(Duration::from_secs(MAX_RUNTIME_SECONDS.unsigned_abs()));
-        for rx in waits {
-            let mut rx = rx.clone();
-            if tokio::time::timeout_at(deadline, rx.wait_for(|done| *done))
-                .await
-                .is_err()
-            {
-                break;
-            }
-        }
-        true
-    }
-
-    fn terminated(&self, name: &str) {
-        if let Some(tx) = self.terminated.get(name) {
-            let _ = tx.send(true);
-        }
     }
 }
 
@@ -336,7 +276,7 @@ async fn kill_one(
 }
 
 /// Whether a CRI call failed because the runtime was not there (restarting): nothing was
-/// done, and the kubelet's pod worker tries the kill again until the runtime answers.
+/// done, and the kubelet's pod worker tries it again until the runtime answers.
 fn runtime_away(status: &tonic::Status) -> bool {
     status.code() == tonic::Code::Unavailable
         || status.message().contains("transport error")
@@ -344,7 +284,8 @@ fn runtime_away(status: &tonic::Status) -> bool {
 }
 
 /// Runs `call` again while the runtime is away, for up to [`SETUP_TIMEOUT`], as the kubelet
-/// retries a pod's kill after a runtime restart.
+/// retries stopping and removing a sandbox after a runtime restart (a failed kill of the
+/// containers is tried again whole: [`kill_until_done`]).
 async fn while_runtime_away<T, F, Fut>(mut call: F) -> Result<T, tonic::Status>
 where
     F: FnMut() -> Fut,
