@@ -8,8 +8,10 @@
 //! - the whole seconds it took come off the grace period (`int64(metav1.Now().Sub(start.Time).Seconds())`).
 //!
 //! A kill that is cancelled (the pod worker's context: a shortened grace period) cancels the
-//! hook's call too, and the runtime ends an exec whose caller went away; [`Hook`] aborts it
-//! when dropped before [`Hook::detach`].
+//! hook's call too: [`Hook`] aborts it when dropped before [`Hook::detach`]. Whether the exec
+//! itself ends then is the runtime's doing (the test bed's is the real containerd); the
+//! entrypoint holds either way (a run that outlives its call leaves a later run's request
+//! alone).
 
 use std::time::Duration;
 
