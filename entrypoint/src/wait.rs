@@ -98,10 +98,11 @@ impl core::error::Error for SetupError {
 /// A posted request for exit permission: `exit` exists and is being watched.
 #[derive(Debug)]
 pub struct ExitRequest {
+    dir: CString,
     exit_file: CString,
     watch: Watch,
     /// The file this request created, to tell it from another request made in its place.
-    id: Option<(u64, u64)>,
+    id: Option<sys::FileId>,
 }
 
 /// How the answer is noticed.
@@ -169,21 +170,30 @@ impl ExitRequest {
         };
 
         let exit_file = exit_file_in(dir).map_err(fail("create exit file in"))?;
-        let mut attempts = 0;
-        let file = loop {
-            attempts += 1;
-            remove_file(&exit_file).map_err(fail("remove stale exit file in"))?;
-            match create_exit_file(&exit_file) {
-                Err(OsError(libc::EEXIST)) if attempts < CREATE_ATTEMPTS => continue,
-                other => break other.map_err(fail("create exit file in"))?,
+        // Under the directory's lock: another run of this hook withdrawing its own request
+        // (see [`Self::withdraw`]) never sees this one half made.
+        let file = with_dir_lock(dir, || {
+            let mut attempts = 0;
+            loop {
+                attempts += 1;
+                remove_file(&exit_file).map_err(fail("remove stale exit file in"))?;
+                match create_exit_file(&exit_file) {
+                    Err(OsError(libc::EEXIST)) if attempts < CREATE_ATTEMPTS => continue,
+                    other => break other.map_err(fail("create exit file in")),
+                }
             }
-        };
-        let id = sys::file_id(&file).ok();
-        if let Err(err) = write_request(file) {
+        })?;
+        if let Err(err) = sys::write_all_fd(&file, WAIT_CONTENT) {
             let _ = remove_file(&exit_file);
             return Err(fail("write exit file in")(err));
         }
+        // Once written: the write changes it (its change time).
+        let id = sys::file_id(&file).ok();
+        // Closing is what raises IN_CLOSE_WRITE for the agent; Fd's drop ignores close
+        // errors, which carry nothing useful for a local file.
+        drop(file);
         Ok(ExitRequest {
+            dir: dir.into(),
             exit_file,
             watch,
             id,
@@ -298,6 +308,12 @@ impl ExitRequest {
     /// request is its hook's to withdraw; removing it would let its container go unanswered.
     /// The agent's answer in this request's place is this request's, and goes.
     pub fn withdraw(&self) -> Result<(), OsError> {
+        // Under the directory's lock, as another run posts its request: what is looked at is
+        // what is removed.
+        with_dir_lock(&self.dir, || self.withdraw_locked())
+    }
+
+    fn withdraw_locked(&self) -> Result<(), OsError> {
         match sys::path_id(&self.exit_file) {
             // Nothing there: nothing to withdraw (a request made just after is not ours).
             Err(OsError(libc::ENOENT)) => return Ok(()),
@@ -412,12 +428,18 @@ fn create_exit_file(path: &CStr) -> Result<Fd, OsError> {
     Ok(fd)
 }
 
-fn write_request(file: Fd) -> Result<(), OsError> {
-    sys::write_all_fd(&file, WAIT_CONTENT)?;
-    // Closing is what raises IN_CLOSE_WRITE for the agent; Fd's drop
-    // ignores close errors, which carry nothing useful for a local file.
-    drop(file);
-    Ok(())
+/// Runs `f` holding an exclusive flock(2) on `dir` (without one if the directory cannot be
+/// opened or locked: `f` then runs as it did before runs of a hook could overlap). Held for
+/// a few system calls, never across a wait; the descriptor is closed at once, so it pins
+/// nothing (see [`ExitRequest::post`]).
+fn with_dir_lock<T>(dir: &CStr, f: impl FnOnce() -> T) -> T {
+    let fd = sys::open(dir, libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC, 0);
+    if let Ok(fd) = &fd {
+        let _ = sys::lock_exclusive(fd);
+    }
+    let out = f();
+    drop(fd);
+    out
 }
 
 fn read_answer(path: &CStr) -> Result<Vec<u8>, OsError> {

@@ -156,25 +156,42 @@ pub fn fchmod(fd: &Fd, mode: libc::mode_t) -> Result<(), OsError> {
     check(unsafe { libc::fchmod(fd.raw(), mode) }).map(drop)
 }
 
-/// Which file an open descriptor is: (device, inode), from fstat(2).
-pub fn file_id(fd: &Fd) -> Result<(u64, u64), OsError> {
+/// Which file a stat(2) result is: its device and inode, and when it was made or last
+/// changed (a file system often gives a new file the inode of one just removed).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FileId {
+    dev: u64,
+    ino: u64,
+    ctime: (i64, i64),
+}
+
+impl FileId {
+    fn of(st: &libc::stat) -> FileId {
+        FileId {
+            dev: st.st_dev,
+            ino: st.st_ino,
+            ctime: (st.st_ctime, st.st_ctime_nsec),
+        }
+    }
+}
+
+/// Which file an open descriptor is, from fstat(2).
+pub fn file_id(fd: &Fd) -> Result<FileId, OsError> {
     let mut st = core::mem::MaybeUninit::<libc::stat>::uninit();
     // SAFETY: the kernel fills the whole struct on success, and it is read only then.
     check(unsafe { libc::fstat(fd.raw(), st.as_mut_ptr()) })?;
     // SAFETY: fstat succeeded, so the struct is initialized.
-    let st = unsafe { st.assume_init() };
-    Ok((st.st_dev, st.st_ino))
+    Ok(FileId::of(unsafe { &st.assume_init() }))
 }
 
-/// Which file `path` names, not following a link: (device, inode), from lstat(2).
-pub fn path_id(path: &CStr) -> Result<(u64, u64), OsError> {
+/// Which file `path` names, not following a link, from lstat(2).
+pub fn path_id(path: &CStr) -> Result<FileId, OsError> {
     let mut st = core::mem::MaybeUninit::<libc::stat>::uninit();
     // SAFETY: path is NUL-terminated; the kernel fills the whole struct on success, and it
     // is read only then.
     check(unsafe { libc::lstat(path.as_ptr(), st.as_mut_ptr()) })?;
     // SAFETY: lstat succeeded, so the struct is initialized.
-    let st = unsafe { st.assume_init() };
-    Ok((st.st_dev, st.st_ino))
+    Ok(FileId::of(unsafe { &st.assume_init() }))
 }
 
 /// unlink(2).
