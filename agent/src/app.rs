@@ -9,7 +9,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn, Instrument};
 
-use crate::agent::{Agent, AgentError, Config};
+use crate::agent::{Agent, AgentError, Config, Farewell};
 use crate::cluster;
 use crate::serve::Limits;
 use crate::stats::Stats;
@@ -39,6 +39,9 @@ pub struct AppConfig {
     pub metrics_addr: SocketAddr,
     /// This node's name: with an API server configured, the pod watch's `spec.nodeName`.
     pub node_name: Option<String>,
+    /// The agent's own DaemonSet (namespace, name): whether it is gone at SIGTERM tells an
+    /// uninstall from a restart.
+    pub daemonset: Option<(String, String)>,
     /// How long the drain after `cancel` may take.
     pub shutdown_timeout: Duration,
 }
@@ -91,7 +94,13 @@ pub async fn run(cfg: AppConfig, cancel: CancellationToken) -> Result<(), AppErr
     let mut agent = Agent::start(cfg.agent.clone(), stats.clone()).map_err(AppError::Start)?;
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut cluster_task: Option<JoinHandle<()>> = None;
+    let (farewell_tx, farewell_rx) = tokio::sync::watch::channel(Farewell::Restart);
+    let mut owner = None;
     if let Some((client, node)) = api_client(cfg.node_name.as_deref()).await {
+        owner = cfg
+            .daemonset
+            .as_ref()
+            .map(|(ns, name)| cluster::owner::Owner::new(client.clone(), ns, name));
         info!(node = %node, "watching this node's pods on the API server");
         let (link, tasks) = cluster::start(client, &node, stats);
         agent = agent.with_cluster(link);
@@ -101,15 +110,29 @@ pub async fn run(cfg: AppConfig, cancel: CancellationToken) -> Result<(), AppErr
                 .instrument(tracing::info_span!("cluster")),
         ));
     }
+    let owner_task = owner.clone().map(|owner| {
+        tokio::spawn(
+            owner
+                .watch(cluster::stopped(stop_rx.clone()))
+                .instrument(tracing::info_span!("owner_watch")),
+        )
+    });
     let mut decisions = tokio::spawn(
         agent
-            .run(cluster::stopped(stop_rx))
+            .run(async move {
+                cluster::stopped(stop_rx).await;
+                *farewell_rx.borrow()
+            })
             .instrument(tracing::info_span!("decisions")),
     );
     let result = tokio::select! {
         res = &mut decisions => res,
         () = cancel.cancelled() => {
             info!("shutting down");
+            // Read before the loop stops: an uninstall lets every wait go on the way out.
+            if let Some(owner) = &owner {
+                let _ = farewell_tx.send(owner.farewell().await);
+            }
             let _ = stop_tx.send(true);
             let all = async {
                 let res = (&mut decisions).await;
@@ -123,6 +146,9 @@ pub async fn run(cfg: AppConfig, cancel: CancellationToken) -> Result<(), AppErr
                 Err(_) => {
                     decisions.abort();
                     if let Some(t) = &cluster_task {
+                        t.abort();
+                    }
+                    if let Some(t) = &owner_task {
                         t.abort();
                     }
                     http.abort();
@@ -142,6 +168,9 @@ pub async fn run(cfg: AppConfig, cancel: CancellationToken) -> Result<(), AppErr
         warn!("metrics connections still open at the end of the shutdown; dropped");
     }
     if let Some(t) = &cluster_task {
+        t.abort();
+    }
+    if let Some(t) = &owner_task {
         t.abort();
     }
     result

@@ -27,6 +27,8 @@ pub mod cli; // the command line, `exitorder explain`, manifests
 pub mod cluster; // the API server: pod watch, Events
 pub mod config;
 pub mod decide; // the pure decision: facts, priorities, stop order, restarts
+#[cfg(feature = "fault-hooks")]
+pub mod faults; // faults the tests inject into the real binary
 pub mod handshake; // the share on the node: layout, waits, inotify, guards
 pub mod jobs; // Jobs that finish: completion rules, sidecar shutdown
 pub mod kubelet; // the agent's model of the kubelet: kills, their Events, their grace

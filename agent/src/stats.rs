@@ -81,6 +81,7 @@ pub struct Stats {
     entrypoint_refused: Mutex<Option<String>>,
     share_rejected: [AtomicU64; Rejection::ALL.len()],
     exit_churn: AtomicU64,
+    waits_withdrawn: AtomicU64,
     view_containers: AtomicU64,
     view_pods: AtomicU64,
     /// The HTTP endpoint's connections.
@@ -433,6 +434,16 @@ impl Stats {
 
     pub fn exit_churns(&self) -> u64 {
         self.exit_churn.load(Ordering::Relaxed)
+    }
+
+    /// A pending wait whose request went before the agent answered it: the entrypoint's own
+    /// timeout, its presence wait, a signal, or the container gone.
+    pub fn wait_withdrawn(&self) {
+        self.waits_withdrawn.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn waits_withdrawn(&self) -> u64 {
+        self.waits_withdrawn.load(Ordering::Relaxed)
     }
 
     /// The entrypoint given cannot serve sidecars; readiness says so until a restart.

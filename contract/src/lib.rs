@@ -42,6 +42,43 @@ pub mod handshake {
     pub const WAIT: &str = "wait";
     /// Its content once the agent allows the exit.
     pub const ALLOW: &str = "allow";
+    /// The agent's presence in a container's directory: written when the agent first
+    /// serves the directory, so a waiting sidecar can tell an agent that is briefly away
+    /// (restarting, upgraded: the file stays, the wait goes on) from none at all (no file:
+    /// the sidecar proceeds after its short `--presence` wait) or from exitorder uninstalled
+    /// (`state=uninstalled`: it proceeds at once). Lines of `key=value`; a reader ignores
+    /// keys it does not know, so later agents can say more.
+    pub const AGENT_FILE: &str = "agent";
+    /// The version of the presence file's format, its `version=` line.
+    pub const AGENT_VERSION: u32 = 1;
+    /// `state=` of an agent serving the directory.
+    pub const STATE_SERVING: &str = "serving";
+    /// `state=` once exitorder was uninstalled from the node: no agent will answer.
+    pub const STATE_UNINSTALLED: &str = "uninstalled";
+
+    /// What a presence file says.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub enum Presence {
+        /// An agent serves the directory (or a later one says something this reader does
+        /// not know, which errs toward the order).
+        Serving,
+        /// exitorder was uninstalled: nothing will answer.
+        Uninstalled,
+    }
+
+    /// Reads a presence file leniently: the `state=` line decides, unknown keys and lines
+    /// are ignored, and anything but [`STATE_UNINSTALLED`] reads as [`Presence::Serving`].
+    pub fn presence(content: &[u8]) -> Presence {
+        for line in content.split(|b| *b == b'\n') {
+            let line = line.trim_ascii();
+            if let Some(state) = line.strip_prefix(b"state=") {
+                if state.trim_ascii() == STATE_UNINSTALLED.as_bytes() {
+                    return Presence::Uninstalled;
+                }
+            }
+        }
+        Presence::Serving
+    }
 }
 
 /// Where a sidecar sees the share.
@@ -136,4 +173,26 @@ pub mod podlocal {
     pub const IMAGE_ENTRYPOINT: &str = "/usr/local/bin/exitorder-entrypoint";
     /// The user the install container runs as: no user of the image (it has none), not root.
     pub const INSTALL_UID: i64 = 65532;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::handshake::{presence, Presence};
+
+    #[test]
+    fn presence_reads_the_state_line_and_ignores_the_rest() {
+        assert_eq!(
+            presence(b"version=1\nstate=uninstalled\n"),
+            Presence::Uninstalled
+        );
+        assert_eq!(
+            presence(b"version=9\nnew-key=x\n state=uninstalled \r\n"),
+            Presence::Uninstalled
+        );
+        assert_eq!(presence(b"version=1\nstate=serving\n"), Presence::Serving);
+        // Unknown states, garbage and nothing at all err toward the order.
+        assert_eq!(presence(b"state=draining\n"), Presence::Serving);
+        assert_eq!(presence(b"\xff\x00"), Presence::Serving);
+        assert_eq!(presence(b""), Presence::Serving);
+    }
 }

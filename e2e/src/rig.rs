@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use exitorder::agent::{Agent, Config};
+use exitorder::agent::{Agent, Config, Farewell};
 use exitorder::cluster::Cluster;
 use exitorder::decide::Reason;
 use exitorder::stats::Stats;
@@ -21,7 +21,7 @@ pub struct Rig {
     pub bin_dir: PathBuf,
     pub served: Served,
     pub stats: Arc<Stats>,
-    agent: Option<(tokio::task::JoinHandle<()>, oneshot::Sender<()>)>,
+    agent: Option<(tokio::task::JoinHandle<()>, oneshot::Sender<Farewell>)>,
     pub reserve: Duration,
 }
 
@@ -74,9 +74,7 @@ impl Rig {
         let (tx, rx) = oneshot::channel();
         let task = tokio::spawn(async move {
             agent
-                .run(async {
-                    let _ = rx.await;
-                })
+                .run(async { rx.await.unwrap_or_default() })
                 .await
                 .expect("agent run");
         });
@@ -84,8 +82,17 @@ impl Rig {
     }
 
     pub async fn stop_agent(&mut self) {
+        self.stop_agent_for(Farewell::Restart).await;
+    }
+
+    /// Stops the agent as exitorder's uninstall does.
+    pub async fn uninstall_agent(&mut self) {
+        self.stop_agent_for(Farewell::Uninstall).await;
+    }
+
+    async fn stop_agent_for(&mut self, farewell: Farewell) {
         if let Some((task, tx)) = self.agent.take() {
-            let _ = tx.send(());
+            let _ = tx.send(farewell);
             tokio::time::timeout(Duration::from_secs(5), task)
                 .await
                 .expect("agent stops within its bound")

@@ -12,13 +12,11 @@
 use exitorder_e2e::support;
 
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use exitorder_testbed::install::{
-    ChartAgent, ChartOptions, Helm, CHART_IN_TREE, IMAGE_IN_TREE, NAMESPACE,
-};
+use exitorder_testbed::install::{ChartAgent, ChartOptions, IMAGE_IN_TREE, NAMESPACE};
 use exitorder_testbed::kubelet::RunOptions;
 use exitorder_testbed::manifest;
 use k8s_openapi::api::admissionregistration::v1::{
@@ -27,54 +25,13 @@ use k8s_openapi::api::admissionregistration::v1::{
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::core::v1::{Namespace, Secret, Service, ServiceAccount};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use serde_json::{json, Value};
+use support::chart::{chart, count, helm, kind, render, set, typed};
 use support::{example, skip_or_fail};
 
 fn root() -> &'static Path {
     exitorder_e2e::repo()
-}
-
-fn chart() -> PathBuf {
-    root().join(CHART_IN_TREE)
-}
-
-fn helm() -> Option<Helm> {
-    match Helm::find(root()) {
-        Ok(h) => Some(h),
-        Err(e) => {
-            skip_or_fail(&format!("the chart tests need helm: {e}"));
-            None
-        }
-    }
-}
-
-fn set(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
-    pairs
-        .iter()
-        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-        .collect()
-}
-
-fn render(helm: &Helm, values: &[(&str, &str)]) -> Vec<Value> {
-    let text = helm
-        .template(&chart(), NAMESPACE, &set(values))
-        .unwrap_or_else(|e| panic!("{e}"));
-    manifest::documents(&text).unwrap_or_else(|e| panic!("{e}"))
-}
-
-fn kind<'a>(docs: &'a [Value], kind: &str) -> &'a Value {
-    manifest::find(docs, kind, None).unwrap_or_else(|| panic!("no {kind} rendered"))
-}
-
-fn count(docs: &[Value], kind: &str) -> usize {
-    docs.iter().filter(|d| d["kind"] == kind).count()
-}
-
-/// The object of `kind` as its k8s-openapi type.
-fn typed<T: serde::de::DeserializeOwned>(docs: &[Value], kind_name: &str) -> T {
-    serde_json::from_value(kind(docs, kind_name).clone())
-        .unwrap_or_else(|e| panic!("the {kind_name} does not deserialize: {e}"))
 }
 
 /// Every rendered object is what the API server would accept as its kind (its k8s-openapi
@@ -92,6 +49,8 @@ fn assert_valid_objects(docs: &[Value], kinds: &[&str]) {
             "ServiceAccount" => is::<ServiceAccount>(d),
             "ClusterRole" => is::<ClusterRole>(d),
             "ClusterRoleBinding" => is::<ClusterRoleBinding>(d),
+            "Role" => is::<Role>(d),
+            "RoleBinding" => is::<RoleBinding>(d),
             "Deployment" => is::<Deployment>(d),
             "Service" => is::<Service>(d),
             "PodDisruptionBudget" => is::<PodDisruptionBudget>(d),
@@ -112,6 +71,8 @@ const AGENT_KINDS: &[&str] = &[
     "ServiceAccount",
     "ClusterRole",
     "ClusterRoleBinding",
+    "Role",
+    "RoleBinding",
 ];
 
 /// The agent's objects and the webhook's, with its generated certificate.
@@ -120,17 +81,25 @@ const WEBHOOK_KINDS: &[&str] = &[
     "ServiceAccount",
     "ClusterRole",
     "ClusterRoleBinding",
+    "Role",
+    "RoleBinding",
     "Deployment",
     "Service",
     "PodDisruptionBudget",
     "MutatingWebhookConfiguration",
-    "ValidatingWebhookConfiguration",
     "Secret",
 ];
 
 const WEBHOOK: &[(&str, &str)] = &[("webhook.enabled", "true")];
+/// The webhook's hostPath injection, which puts exit directories in the share: the share's
+/// guard comes with it.
+const HOSTPATH_WEBHOOK: &[(&str, &str)] = &[
+    ("webhook.enabled", "true"),
+    ("webhook.handshakeVolume", "hostPath"),
+];
 const CERT_MANAGER: &[(&str, &str)] = &[
     ("webhook.enabled", "true"),
+    ("webhook.shareGuard.enabled", "true"),
     ("webhook.certManager.enabled", "true"),
 ];
 
@@ -282,8 +251,8 @@ fn rbac_is_exactly_what_the_agent_needs() {
         let docs = render(&helm, values);
         assert_agent_rbac(&docs);
         for (k, n) in [
-            ("Role", 0),
-            ("RoleBinding", 0),
+            ("Role", 1),
+            ("RoleBinding", 1),
             ("ClusterRole", 1),
             ("ClusterRoleBinding", 1),
             ("ServiceAccount", 1),
@@ -332,6 +301,37 @@ fn assert_agent_rbac(docs: &[Value]) {
     assert_eq!(
         kind(docs, "DaemonSet")["spec"]["template"]["spec"]["serviceAccountName"],
         sa["metadata"]["name"]
+    );
+    // In its own namespace, its own DaemonSet only: what tells an uninstall from a restart.
+    let ds = kind(docs, "DaemonSet");
+    let ds_name = ds["metadata"]["name"].as_str().expect("name");
+    let role: Role = typed(docs, "Role");
+    assert_eq!(role.metadata.namespace.as_deref(), Some(NAMESPACE));
+    let rules = role.rules.unwrap_or_default();
+    assert_eq!(rules.len(), 1, "{rules:?}");
+    assert_eq!(rules[0].api_groups, Some(s(&["apps"])));
+    assert_eq!(rules[0].resources, Some(s(&["daemonsets"])));
+    assert_eq!(rules[0].resource_names, Some(s(&[ds_name])));
+    assert_eq!(rules[0].verbs, s(&["get", "list", "watch"]));
+    let binding: RoleBinding = typed(docs, "RoleBinding");
+    let subjects = binding.subjects.expect("subjects");
+    assert_eq!(subjects.len(), 1, "{subjects:?}");
+    assert_eq!(
+        Some(subjects[0].name.as_str()),
+        sa["metadata"]["name"].as_str()
+    );
+    assert_eq!(
+        binding.role_ref.name,
+        role.metadata.name.clone().unwrap_or_default()
+    );
+    let env = ds["spec"]["template"]["spec"]["containers"][0]["env"]
+        .as_array()
+        .expect("env");
+    let named = format!("{NAMESPACE}/{ds_name}");
+    assert!(
+        env.iter()
+            .any(|e| e["name"] == "EXITORDER_DAEMONSET" && e["value"] == named.as_str()),
+        "{env:?}"
     );
 }
 
@@ -424,9 +424,13 @@ fn the_webhook_chart_lints_and_renders() {
     let docs = render(&helm, WEBHOOK);
     assert_valid_objects(&docs, WEBHOOK_KINDS);
 
-    // The share's guard: every pod with a hostPath and every ephemeral container, failing
-    // closed for those only.
-    let vwc: ValidatingWebhookConfiguration = typed(&docs, "ValidatingWebhookConfiguration");
+    // Pod-local injection (the default) puts nothing in the share: no guard.
+    assert_eq!(count(&docs, "ValidatingWebhookConfiguration"), 0);
+    // The share's guard, with the hostPath injection: pods that may reach the share
+    // writable, and every ephemeral container, failing closed for those only (which they
+    // are: `share_guard.rs`).
+    let hostpath = render(&helm, HOSTPATH_WEBHOOK);
+    let vwc: ValidatingWebhookConfiguration = typed(&hostpath, "ValidatingWebhookConfiguration");
     let guard = &vwc.webhooks.expect("webhooks")[0];
     assert_eq!(guard.name, "share-guard.exitorder.io");
     assert_eq!(guard.failure_policy.as_deref(), Some("Fail"));
@@ -443,18 +447,31 @@ fn the_webhook_chart_lints_and_renders() {
         Some(&["CREATE".to_owned(), "UPDATE".to_owned()][..])
     );
     let conditions = guard.match_conditions.as_deref().expect("matchConditions");
-    assert_eq!(
-        conditions[0].expression,
-        "has(object.spec.volumes) && object.spec.volumes.exists(v, has(v.hostPath))"
-    );
-    let without = render(
-        &helm,
-        &[
-            ("webhook.enabled", "true"),
-            ("webhook.shareGuard.enabled", "false"),
-        ],
-    );
-    assert_eq!(count(&without, "ValidatingWebhookConfiguration"), 0);
+    assert_eq!(conditions.len(), 1, "{conditions:?}");
+    for (values, guards) in [
+        (
+            &[
+                ("webhook.enabled", "true"),
+                ("webhook.handshakeVolume", "hostPath"),
+                ("webhook.shareGuard.enabled", "false"),
+            ][..],
+            0,
+        ),
+        (
+            &[
+                ("webhook.enabled", "true"),
+                ("webhook.shareGuard.enabled", "true"),
+            ][..],
+            1,
+        ),
+    ] {
+        let docs = render(&helm, values);
+        assert_eq!(
+            count(&docs, "ValidatingWebhookConfiguration"),
+            guards,
+            "{values:?}"
+        );
+    }
 
     // The configuration: pod creations, never blocking them, called again after other
     // injectors, through the rendered Service.

@@ -39,6 +39,13 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(25);
 pub const ENV_DIR: &str = "EXITORDER_DIR";
 /// Overrides [`DEFAULT_TIMEOUT`]; `--timeout` overrides it in turn.
 pub const ENV_TIMEOUT: &str = "EXITORDER_WAIT_TIMEOUT";
+/// How long `wait` gives an agent to show it serves the directory: long enough for an
+/// agent that sees the directory only when the request is made (it marks every directory
+/// it watches as soon as it watches it), short enough that a pod on a node with no agent
+/// pays next to nothing.
+pub const DEFAULT_PRESENCE: Duration = Duration::from_secs(1);
+/// Overrides [`DEFAULT_PRESENCE`]; `--presence` overrides it in turn.
+pub const ENV_PRESENCE: &str = "EXITORDER_PRESENCE";
 
 /// How long `shutdown` keeps retrying and `await` keeps polling, and the
 /// bound of `wait --http-get`'s request.
@@ -50,7 +57,7 @@ pub const EX_FAILED: u8 = 1;
 pub const EX_USAGE: u8 = 64;
 
 pub const USAGE: &str = "\
-usage: exitorder-entrypoint wait [--dir DIR] [--timeout DURATION]
+usage: exitorder-entrypoint wait [--dir DIR] [--timeout DURATION] [--presence DURATION]
                                  [-- CMD [ARGS...] | --http-get URL | --sleep DURATION]
        exitorder-entrypoint -wait-container-exit [-entrypoint CMD] [-- ARGS...]
        exitorder-entrypoint shutdown --post URL [--timeout DURATION]
@@ -78,6 +85,11 @@ options:
                        (env EXITORDER_WAIT_TIMEOUT, default 25s);
                        shutdown, await: give up after DURATION (default 2m);
                        DURATION is 500ms, 30s, 2m, 1h or plain seconds
+  --presence DURATION  wait: proceed after DURATION when no agent has ever
+                       said it serves DIR (env EXITORDER_PRESENCE, default
+                       1s; 0 waits for the timeout whatever); an agent that
+                       said so is waited for while it restarts, and an
+                       uninstall lets the wait go at once
   --http-get URL       wait: GET URL after the wait, as an httpGet hook would;
                        await: the URL to poll
   --sleep DURATION     wait: sleep after the wait, as a sleep hook would
@@ -126,7 +138,13 @@ pub struct InstallArgs {
 pub struct WaitArgs {
     pub dir: CString,
     pub timeout: Duration,
+    /// How long an agent has to show it serves the directory before the wait gives up on
+    /// it; `None` waits for the timeout whatever (`--presence 0`).
+    pub presence: Option<Duration>,
     pub then: Then,
+    /// Flags this entrypoint does not know (`--name` or `--name=value`), from a later
+    /// release's webhook or manifests: skipped with a warning rather than failing the hook.
+    pub ignored: Vec<CString>,
 }
 
 /// What `wait` does once the wait is over: the sidecar's original preStop
@@ -163,6 +181,7 @@ pub struct Exec {
 pub struct Env {
     pub dir: Option<CString>,
     pub timeout: Option<CString>,
+    pub presence: Option<CString>,
 }
 
 impl Env {
@@ -173,6 +192,7 @@ impl Env {
         Env {
             dir: get(ENV_DIR),
             timeout: get(ENV_TIMEOUT),
+            presence: get(ENV_PRESENCE),
         }
     }
 }
@@ -296,6 +316,8 @@ impl<'a> Flag<'a> {
 fn parse_wait(mut args: impl Iterator<Item = CString>, env: &Env) -> Result<Command, UsageError> {
     let mut dir = None;
     let mut timeout = None;
+    let mut presence = None;
+    let mut ignored = Vec::new();
     let mut command = Vec::new();
     let mut http_get = None;
     let mut sleep = None;
@@ -324,6 +346,18 @@ fn parse_wait(mut args: impl Iterator<Item = CString>, env: &Env) -> Result<Comm
                 let duration = timeout_value(flag.value("--sleep", &mut args)?, "--sleep")?;
                 once(&mut sleep, duration, "--sleep")?;
             }
+            "presence" => {
+                presence = Some(timeout_value(
+                    flag.value("--presence", &mut args)?,
+                    "--presence",
+                )?)
+            }
+            // A later release's flag: a hook that fails on it would skip the wait and the
+            // sidecar's own preStop both. Later flags come as `--name=value`, so one not
+            // known here takes no separate value.
+            _ if flag.dashes == 2 && flag.name != "h" && flag.name != "help" => {
+                ignored.push(arg.clone())
+            }
             _ => return Err(unexpected(&arg)),
         }
     }
@@ -338,7 +372,24 @@ fn parse_wait(mut args: impl Iterator<Item = CString>, env: &Env) -> Result<Comm
             ))
         }
     };
-    finish(dir, timeout, then, env)
+    finish(
+        Flags {
+            dir,
+            timeout,
+            presence,
+            ignored,
+        },
+        then,
+        env,
+    )
+}
+
+/// What `wait`'s command line said, before the environment and defaults.
+struct Flags {
+    dir: Option<CString>,
+    timeout: Option<Duration>,
+    presence: Option<Duration>,
+    ignored: Vec<CString>,
 }
 
 /// `shutdown --post URL` and `await --http-get URL`, each with `--timeout`.
@@ -450,7 +501,13 @@ fn parse_kruise(mut args: impl Iterator<Item = CString>, env: &Env) -> Result<Co
         ));
     }
     let then = command_from(entrypoint, positional).map_or(Then::Nothing, Then::Exec);
-    finish(dir, timeout, then, env)
+    let flags = Flags {
+        dir,
+        timeout,
+        presence: None,
+        ignored: Vec::new(),
+    };
+    finish(flags, then, env)
 }
 
 /// Go's `strconv.ParseBool` spellings, as `-wait-container-exit=true` is a
@@ -520,21 +577,28 @@ fn command_from(program: Option<CString>, mut rest: Vec<CString>) -> Option<Exec
 /// Fills in what the command line left out: flag, then environment, then
 /// default. The environment's timeout is only parsed when it is used, so a
 /// flag can override a broken value.
-fn finish(
-    dir: Option<CString>,
-    timeout: Option<Duration>,
-    then: Then,
-    env: &Env,
-) -> Result<Command, UsageError> {
-    let dir = dir
+fn finish(flags: Flags, then: Then, env: &Env) -> Result<Command, UsageError> {
+    let dir = flags
+        .dir
         .or_else(|| env.dir.clone())
         .unwrap_or_else(|| DEFAULT_DIR.into());
-    let timeout = match (timeout, &env.timeout) {
+    let timeout = match (flags.timeout, &env.timeout) {
         (Some(timeout), _) => timeout,
         (None, Some(value)) => timeout_value(value.clone(), ENV_TIMEOUT)?,
         (None, None) => DEFAULT_TIMEOUT,
     };
-    Ok(Command::Wait(WaitArgs { dir, timeout, then }))
+    let presence = match (flags.presence, &env.presence) {
+        (Some(presence), _) => presence,
+        (None, Some(value)) => timeout_value(value.clone(), ENV_PRESENCE)?,
+        (None, None) => DEFAULT_PRESENCE,
+    };
+    Ok(Command::Wait(WaitArgs {
+        dir,
+        timeout,
+        presence: (!presence.is_zero()).then_some(presence),
+        then,
+        ignored: flags.ignored,
+    }))
 }
 
 #[cfg(test)]
@@ -581,7 +645,9 @@ mod tests {
             WaitArgs {
                 dir: c("/var/run/exitorder"),
                 timeout: Duration::from_secs(25),
+                presence: Some(Duration::from_secs(1)),
                 then: Then::Nothing,
+                ignored: Vec::new(),
             }
         );
     }
@@ -629,6 +695,7 @@ mod tests {
         let env = Env {
             dir: Some(c("/env/dir")),
             timeout: Some(c("2m")),
+            presence: None,
         };
         match parse_with(&["wait"], &env) {
             Ok(Command::Wait(parsed)) => {
@@ -651,6 +718,7 @@ mod tests {
         let env = Env {
             dir: None,
             timeout: Some(c("soon")),
+            presence: None,
         };
         let message = parse_with(&["wait"], &env).unwrap_err().0;
         assert!(message.contains(ENV_TIMEOUT), "{message}");
@@ -770,12 +838,46 @@ mod tests {
     }
 
     #[test]
+    fn presence_comes_from_the_flag_then_the_environment_and_zero_turns_it_off() {
+        assert_eq!(
+            wait(&["wait", "--presence", "250ms"]).presence,
+            Some(Duration::from_millis(250))
+        );
+        assert_eq!(wait(&["wait", "--presence=0"]).presence, None);
+        let env = Env {
+            presence: Some(c("3s")),
+            ..Env::default()
+        };
+        match parse_with(&["wait"], &env) {
+            Ok(Command::Wait(parsed)) => assert_eq!(parsed.presence, Some(Duration::from_secs(3))),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_later_releases_flags_are_skipped_not_refused() {
+        let parsed = wait(&[
+            "wait",
+            "--from-the-future=2",
+            "--timeout",
+            "3s",
+            "--later",
+            "--",
+            "sh",
+        ]);
+        assert_eq!(parsed.ignored, [c("--from-the-future=2"), c("--later")]);
+        assert_eq!(parsed.timeout, Duration::from_secs(3));
+        assert!(matches!(parsed.then, Then::Exec(_)));
+        // A single dash is no later flag: a typo of a known one still fails.
+        assert!(error(&["wait", "-timeout", "3s"]).contains("unknown flag"));
+    }
+
+    #[test]
     fn usage_errors() {
         for (args, needle) in [
             (&[][..], "missing subcommand"),
             (&["sleep"], "unknown subcommand"),
             (&["--dir", "/d"], "unknown flag"),
-            (&["wait", "--bogus"], "unknown flag --bogus"),
             (&["wait", "-dir", "/d"], "unknown flag -dir"),
             (&["wait", "sh"], "put the command after --"),
             (&["wait", "--dir"], "--dir needs a value"),
@@ -783,7 +885,7 @@ mod tests {
             (&["wait", "--timeout"], "--timeout needs a value"),
             (&["wait", "--timeout", "1.5s"], "invalid duration"),
             (&["wait", "--timeout", "-1"], "invalid duration"),
-            (&["wait", "--help=yes"], "unknown flag"),
+            (&["wait", "--presence", "soon"], "invalid duration"),
             (
                 &["-wait-container-exit", "-entrypoint"],
                 "-entrypoint needs a value",
@@ -851,6 +953,7 @@ mod tests {
         let env = Env {
             dir: None,
             timeout: Some(c("5s")),
+            presence: None,
         };
         assert_eq!(
             parse_with(

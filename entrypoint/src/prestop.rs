@@ -76,9 +76,15 @@ fn wait_for_permission(args: &WaitArgs) -> Option<c_int> {
             POLL_FALLBACK.as_millis()
         );
     }
+    for flag in &args.ignored {
+        log!(
+            "ignoring {} (not known to this entrypoint; from a later exitorder?)",
+            Lossy(flag.to_bytes())
+        );
+    }
     log!("waiting up to {timeout} for exit permission in {dir}");
     let mut signalled = None;
-    match request.wait(args.timeout, signals.as_ref()) {
+    match request.wait(args.timeout, args.presence, signals.as_ref()) {
         Ok(Outcome::Allowed) => {
             log!("exit allowed after {}ms", started.elapsed().as_millis());
         }
@@ -93,6 +99,13 @@ fn wait_for_permission(args: &WaitArgs) -> Option<c_int> {
             "{dir}/exit was removed by someone else while waiting \
              (the agent never removes it); proceeding"
         ),
+        Ok(Outcome::NoAgent) => log!(
+            "no exitorder agent serves {dir} (none said so within {}); proceeding",
+            duration::show(args.presence.unwrap_or_default())
+        ),
+        Ok(Outcome::Uninstalled) => {
+            log!("exitorder was uninstalled from this node; proceeding");
+        }
         Ok(Outcome::Signalled(signal)) => {
             log!(
                 "{} while waiting for exit permission; withdrawing the request and exiting",

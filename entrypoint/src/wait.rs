@@ -33,9 +33,14 @@ use core::time::Duration;
 
 use crate::lossy::Lossy;
 use crate::sys::{self, Fd, Instant, OsError, SignalFd};
+use exitorder_contract::handshake::{presence, Presence};
 
 /// Name of the request/answer file inside the directory.
 pub const EXIT_FILE: &str = exitorder_contract::handshake::EXIT_FILE;
+/// Name of the file by which the agent says it serves the directory.
+pub const AGENT_FILE: &str = exitorder_contract::handshake::AGENT_FILE;
+/// More than the agent's presence file holds; a later agent's longer one reads as serving.
+const MAX_PRESENCE: usize = 256;
 /// What the request file holds until the agent answers.
 pub const WAIT_CONTENT: &[u8] = b"wait\n";
 /// The agent's answer, compared after trimming whitespace.
@@ -67,6 +72,10 @@ pub enum Outcome {
     ExitFileGone,
     /// This signal arrived (through the [`SignalFd`] given to the wait).
     Signalled(c_int),
+    /// No agent said it serves the directory within the presence wait: nothing will answer.
+    NoAgent,
+    /// The agent said exitorder is uninstalled from the node: nothing will answer.
+    Uninstalled,
 }
 
 /// Setting up the request failed; the caller proceeds without permission.
@@ -100,6 +109,7 @@ impl core::error::Error for SetupError {
 pub struct ExitRequest {
     dir: CString,
     exit_file: CString,
+    agent_file: CString,
     watch: Watch,
     /// The file this request created, to tell it from another request made in its place.
     id: Option<sys::FileId>,
@@ -169,7 +179,8 @@ impl ExitRequest {
             Err(err) => return Err(fail("set up inotify for")(err)),
         };
 
-        let exit_file = exit_file_in(dir).map_err(fail("create exit file in"))?;
+        let exit_file = file_in(dir, EXIT_FILE).map_err(fail("create exit file in"))?;
+        let agent_file = file_in(dir, AGENT_FILE).map_err(fail("create exit file in"))?;
         // Under the directory's lock: another run of this hook withdrawing its own request
         // (see [`Self::withdraw`]) never sees this one half made.
         let file = with_dir_lock(dir, || {
@@ -195,6 +206,7 @@ impl ExitRequest {
         Ok(ExitRequest {
             dir: dir.into(),
             exit_file,
+            agent_file,
             watch,
             id,
         })
@@ -209,23 +221,40 @@ impl ExitRequest {
     }
 
     /// Blocks until the agent allows the exit, `timeout` passes, `exit` or
-    /// the directory goes away, or one of `signals` arrives.
-    pub fn wait(&self, timeout: Duration, signals: Option<&SignalFd>) -> Result<Outcome, OsError> {
+    /// the directory goes away, or one of `signals` arrives; or, with `presence`,
+    /// until that long has passed with no agent saying it serves the directory.
+    /// An agent that said so once (its presence file stays while it restarts or
+    /// is upgraded) is waited for until `timeout`; one that says exitorder was
+    /// uninstalled ends the wait at once.
+    pub fn wait(
+        &self,
+        timeout: Duration,
+        presence: Option<Duration>,
+        signals: Option<&SignalFd>,
+    ) -> Result<Outcome, OsError> {
         let deadline = Instant::now().checked_add(timeout);
         // The answer may already have landed between creating the file and
         // now; its event is queued too, but checking first costs nothing.
         if let Some(outcome) = self.check_answer() {
             return Ok(outcome);
         }
+        // Until an agent is seen: when it must have shown itself.
+        let mut unseen = presence
+            .and_then(|wait| Instant::now().checked_add(wait))
+            .filter(|at| deadline.is_none_or(|d| *at < d));
+        if let Some(outcome) = self.check_presence(&mut unseen) {
+            return Ok(outcome);
+        }
         let inotify = match &self.watch {
             Watch::Inotify(inotify) => inotify,
-            Watch::Polling(_) => return self.poll_answer(deadline, signals),
+            Watch::Polling(_) => return self.poll_answer(deadline, unseen, signals),
         };
         let mut buffer = [0u8; EVENT_BUFFER];
         loop {
             let Some(slice) = next_slice(deadline, MAX_POLL) else {
                 return Ok(Outcome::TimedOut);
             };
+            let slice = until(unseen, slice);
             let ready = match signals {
                 Some(signals) => sys::poll(
                     [(inotify, sys::READABLE), (signals.fd(), sys::READABLE)],
@@ -245,6 +274,9 @@ impl ExitRequest {
                 }
             }
             if !events_ready {
+                if let Some(outcome) = self.check_presence(&mut unseen) {
+                    return Ok(outcome);
+                }
                 continue;
             }
 
@@ -262,6 +294,28 @@ impl ExitRequest {
                 (Some(outcome), false) => return Ok(outcome),
                 (None, false) => {}
             }
+            if events.presence || unseen.is_some() {
+                if let Some(outcome) = self.check_presence(&mut unseen) {
+                    return Ok(outcome);
+                }
+            }
+        }
+    }
+
+    /// What the agent's presence file says, as far as the wait goes: `Uninstalled`
+    /// when it says so; `NoAgent` when there is none and `unseen` has passed; else
+    /// `None`, and an agent seen clears `unseen` (it is waited for from then on,
+    /// however long it is away).
+    fn check_presence(&self, unseen: &mut Option<Instant>) -> Option<Outcome> {
+        match read_presence(&self.agent_file) {
+            Some(Presence::Uninstalled) => Some(Outcome::Uninstalled),
+            Some(Presence::Serving) => {
+                *unseen = None;
+                None
+            }
+            None => unseen
+                .is_some_and(|at| Instant::now() >= at)
+                .then_some(Outcome::NoAgent),
         }
     }
 
@@ -270,12 +324,14 @@ impl ExitRequest {
     fn poll_answer(
         &self,
         deadline: Option<Instant>,
+        mut unseen: Option<Instant>,
         signals: Option<&SignalFd>,
     ) -> Result<Outcome, OsError> {
         loop {
             let Some(slice) = next_slice(deadline, POLL_FALLBACK) else {
                 return Ok(Outcome::TimedOut);
             };
+            let slice = until(unseen, slice);
             match signals {
                 Some(signals) => match sys::poll_readable(signals.fd(), slice) {
                     Ok(true) => {
@@ -289,6 +345,9 @@ impl ExitRequest {
                 None => sys::sleep_until(Instant::now().saturating_add(slice)),
             }
             if let Some(outcome) = self.check_answer() {
+                return Ok(outcome);
+            }
+            if let Some(outcome) = self.check_presence(&mut unseen) {
                 return Ok(outcome);
             }
         }
@@ -353,6 +412,39 @@ fn is_request(content: &[u8]) -> bool {
     c.is_empty() || c == WAIT_CONTENT.trim_ascii()
 }
 
+/// `slice`, cut short to end when `unseen` comes.
+fn until(unseen: Option<Instant>, slice: Duration) -> Duration {
+    unseen.map_or(slice, |at| {
+        slice.min(at.saturating_duration_since(Instant::now()))
+    })
+}
+
+/// What the agent's presence file in the directory says; `None` when there is none. A file
+/// that cannot be read (a directory or a link the container put there) reads as an agent
+/// serving: it errs toward the order, and only the container's own preStop pays.
+fn read_presence(path: &CStr) -> Option<Presence> {
+    let fd = match sys::open(
+        path,
+        libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_CLOEXEC,
+        0,
+    ) {
+        Ok(fd) => fd,
+        Err(OsError(libc::ENOENT)) => return None,
+        Err(_) => return Some(Presence::Serving),
+    };
+    let mut content = [0u8; MAX_PRESENCE];
+    let mut len = 0;
+    while len < MAX_PRESENCE {
+        match sys::read(&fd, &mut content[len..]) {
+            Ok(0) => break,
+            Ok(read) => len += read,
+            Err(OsError(libc::EINTR)) => {}
+            Err(_) => break,
+        }
+    }
+    Some(presence(&content[..len]))
+}
+
 /// How long to wait next: at most `most`, and no later than `deadline`; `None` once the
 /// deadline has passed. No deadline (a timeout too large for the clock) is as good as none.
 fn next_slice(deadline: Option<Instant>, most: Duration) -> Option<Duration> {
@@ -384,8 +476,12 @@ fn drain_events(inotify: &Fd, buffer: &mut [u8]) -> Result<Events, OsError> {
             }
             // After an overflow, events for `exit` may have been lost.
             let about_exit = event.name == EXIT_FILE.as_bytes();
-            if about_exit || event.mask & libc::IN_Q_OVERFLOW != 0 {
+            let overflow = event.mask & libc::IN_Q_OVERFLOW != 0;
+            if about_exit || overflow {
                 events.recheck = true;
+            }
+            if event.name == AGENT_FILE.as_bytes() || overflow {
+                events.presence = true;
             }
         }
     }
@@ -395,16 +491,18 @@ fn drain_events(inotify: &Fd, buffer: &mut [u8]) -> Result<Events, OsError> {
 struct Events {
     recheck: bool,
     directory_gone: bool,
+    /// The agent's presence file changed.
+    presence: bool,
 }
 
-/// `dir/exit`. Fails only if the result is not a C string, which cannot
+/// `dir/name`. Fails only if the result is not a C string, which cannot
 /// happen for a directory that came in as one.
-fn exit_file_in(dir: &CStr) -> Result<CString, OsError> {
+fn file_in(dir: &CStr, name: &str) -> Result<CString, OsError> {
     let mut path = Vec::from(dir.to_bytes());
     if path.last() != Some(&b'/') {
         path.push(b'/');
     }
-    path.extend_from_slice(EXIT_FILE.as_bytes());
+    path.extend_from_slice(name.as_bytes());
     CString::new(path).map_err(|_| OsError(libc::EINVAL))
 }
 

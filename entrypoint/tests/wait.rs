@@ -255,7 +255,7 @@ fn usage_errors_exit_64_with_usage_on_stderr() {
     for args in [
         &[][..],
         &["bogus"],
-        &["wait", "--bogus"],
+        &["wait", "-bogus"],
         &["wait", "--dir"],
         &["wait", "--timeout"],
         &["wait", "--timeout", "1.5s"],

@@ -17,6 +17,7 @@
 
 mod api;
 mod decisions;
+mod farewell;
 mod files;
 mod gc;
 mod jobs;
@@ -49,6 +50,8 @@ use api::ApiLink;
 use link::RuntimeLink;
 use share::{install_entrypoint, open_local};
 use warned::Warned;
+
+pub use farewell::Farewell;
 
 pub use crate::config::{Config, DEFAULT_POLL_INTERVAL};
 pub use crate::decide::facts::DEFAULT_GRACE;
@@ -254,7 +257,10 @@ impl Agent {
 
     /// Runs until `shutdown` completes. Pending waits are left in place for the next agent
     /// (or the entrypoint's own timeout): answering them on the way out would break the order.
-    pub async fn run(mut self, shutdown: impl Future<Output = ()>) -> Result<(), AgentError> {
+    ///
+    /// `shutdown` says how the agent leaves: at an uninstall every wait is let go and every
+    /// directory served is marked left (see [`Farewell`]).
+    pub async fn run(mut self, shutdown: impl Future<Output = Farewell>) -> Result<(), AgentError> {
         let version = self.link.hello(&self.stats).await;
         info!(
             share = %self.cfg.share_dir.display(),
@@ -286,8 +292,10 @@ impl Agent {
         // The loop goes round at least this often, idle or not: `/healthz` tells a wedged one.
         let mut beat = tokio::time::interval(Duration::from_secs(1));
         beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
+        let farewell = loop {
             self.stats.loop_beat(Instant::now());
+            #[cfg(feature = "fault-hooks")]
+            crate::faults::wedge_point();
             let mut more_files = false;
             let wake = self.next_wake();
             let mut dirty = BTreeSet::new();
@@ -296,7 +304,7 @@ impl Agent {
                 // a few pods per round, can neither hold the loop nor starve the runtime's
                 // signals, the API server's or the timers.
                 biased;
-                () = &mut shutdown => break,
+                farewell = &mut shutdown => break farewell,
                 // What is queued already is taken with it (a burst costs one round), up to
                 // a bound: the round ends, and shutdown is looked at, in any case.
                 Some(sig) = self.link.signals.recv() => {
@@ -381,13 +389,16 @@ impl Agent {
                 self.evaluate(dirty);
             }
             if self.fatal.is_some() {
-                break;
+                break Farewell::Restart;
             }
             if more_files {
                 tokio::task::yield_now().await;
             }
-        }
+        };
         link_tasks.abort();
+        if farewell == Farewell::Uninstall {
+            self.leave_node();
+        }
         if let Some(t) = jobs_task {
             t.abort();
         }

@@ -161,6 +161,13 @@ pub struct AgentArgs {
     /// Events' reporting instance. Without it there is no pod watch.
     #[arg(long, env = "NODE_NAME")]
     pub node_name: Option<String>,
+    /// The agent's own DaemonSet, `NAMESPACE/NAME`: read once at SIGTERM, to tell an
+    /// uninstall (the DaemonSet gone or being deleted: every waiting sidecar on the node is
+    /// let go, and the directories say no agent will answer) from a restart or a rolling
+    /// update (waits stay for the next agent). Without it, or without the API server, every
+    /// stop is taken for a restart.
+    #[arg(long, env = "EXITORDER_DAEMONSET", value_parser = parse_daemonset)]
+    pub daemonset: Option<(String, String)>,
     /// Time kept back from the grace deadline so a released sidecar can still drain before
     /// the kubelet's SIGKILL.
     #[arg(long, env = "EXITORDER_GRACE_RESERVE", default_value = "5s", value_parser = parse_duration)]
@@ -212,6 +219,26 @@ pub struct AgentArgs {
     pub gc_min_age: Duration,
 }
 
+/// `NAMESPACE/NAME`, both DNS labels or subdomains as the API server has them.
+fn parse_daemonset(s: &str) -> Result<(String, String), String> {
+    let (ns, name) = s
+        .split_once('/')
+        .ok_or_else(|| format!("{s:?}: expected NAMESPACE/NAME"))?;
+    let valid = |part: &str| {
+        !part.is_empty()
+            && part.len() <= 253
+            && part
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
+    };
+    if !valid(ns) || !valid(name) {
+        return Err(format!(
+            "{s:?}: NAMESPACE and NAME are lowercase letters, digits, '-' and '.'"
+        ));
+    }
+    Ok((ns.to_owned(), name.to_owned()))
+}
+
 impl AgentArgs {
     /// The whole agent's configuration these flags describe.
     pub fn app_config(&self) -> crate::app::AppConfig {
@@ -219,6 +246,7 @@ impl AgentArgs {
             agent: self.config(),
             metrics_addr: self.metrics_addr,
             node_name: self.node_name.clone(),
+            daemonset: self.daemonset.clone(),
             shutdown_timeout: self.shutdown_timeout,
         }
     }
@@ -289,6 +317,12 @@ pub struct WebhookArgs {
     /// grace period ends.
     #[arg(long, env = "EXITORDER_GRACE_RESERVE", default_value = "5s", value_parser = parse_duration)]
     pub grace_reserve: Duration,
+    /// The injected entrypoints' `--presence`: how long a sidecar waits for an agent to say it
+    /// serves its directory before proceeding without one. Unset: the entrypoint's default
+    /// (1s). `0s` waits for the timeout whatever: set it while upgrading from a release whose
+    /// agents do not say so yet, until every node runs the new agent.
+    #[arg(long, env = "EXITORDER_AGENT_PRESENCE", value_parser = parse_duration)]
+    pub agent_presence: Option<Duration>,
     /// How often the certificate files are checked for a change.
     #[arg(long, env = "EXITORDER_WEBHOOK_RELOAD_INTERVAL", default_value = "5s", value_parser = parse_duration)]
     pub reload_interval: Duration,
@@ -315,6 +349,7 @@ impl WebhookArgs {
                 grace_reserve: self.grace_reserve,
                 handshake_volume: self.handshake_volume,
                 install_image: self.install_image.clone(),
+                agent_presence: self.agent_presence,
             },
             reload_interval: self.reload_interval.max(Duration::from_millis(10)),
             shutdown_timeout: self.shutdown_timeout,

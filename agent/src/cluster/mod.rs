@@ -9,6 +9,7 @@
 //! - [`podevents`]: the kubelet's word on one pod's kill, from its Events;
 //! - [`recorder`]: Kubernetes Events about held exits.
 
+pub mod owner;
 pub mod podevents;
 pub mod podwatch;
 pub mod recorder;

@@ -151,6 +151,10 @@ impl ApiPod {
             Ok(r) => r,
             Err(e) => return Some(Err(e)),
         };
+        let later = record.unknown_fields();
+        if !later.is_empty() {
+            debug!(pod = %sandbox.pod_uid, fields = ?later, "the pod's restart record has fields of a later release; read past them");
+        }
         let native_sidecars = match sandbox.annotations.get(annotation::NATIVE_SIDECARS) {
             Some(v) => match StopOrder::from_annotation(v) {
                 Ok(order) => order.native().to_vec(),

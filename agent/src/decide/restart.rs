@@ -196,8 +196,12 @@ impl Restart {
 /// webhook records it on a completing pod as the annotation [`RESTARTS`]; the kubelet copies
 /// pod annotations to the sandbox, so an agent without the API server decides as one with it. The fields are the spec's own (immutable
 /// once the pod exists); everything in it is as hostile as the spec it came from.
+///
+/// Read leniently: a field this agent does not know (a later webhook's) is kept aside in
+/// [`Self::later`] and said, not a reason to refuse the record. Agents before this one refused
+/// unknown fields, so the webhook adds none (a version among them) while those may still run.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct RestartRecord {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restart_policy: Option<String>,
@@ -206,17 +210,23 @@ pub struct RestartRecord {
     /// can restart every container of the pod (KEP-5532).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub init_containers: Vec<RecordedContainer>,
+    /// Fields of a later webhook's record, unknown here.
+    #[serde(flatten, skip_serializing)]
+    pub later: BTreeMap<String, serde_json::Value>,
 }
 
 /// One container's restart fields, as in its spec.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct RecordedContainer {
     pub name: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restart_policy: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restart_policy_rules: Option<Vec<ContainerRestartRule>>,
+    /// Fields of a later webhook's record, unknown here.
+    #[serde(flatten, skip_serializing)]
+    pub later: BTreeMap<String, serde_json::Value>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -234,6 +244,7 @@ impl RestartRecord {
             name: c.name.clone(),
             restart_policy: c.restart_policy.clone(),
             restart_policy_rules: c.restart_policy_rules.clone(),
+            later: BTreeMap::new(),
         };
         RestartRecord {
             restart_policy: spec.restart_policy.clone(),
@@ -247,7 +258,18 @@ impl RestartRecord {
                 .filter(|c| names_restart_all(c.restart_policy_rules.as_deref()))
                 .map(recorded)
                 .collect(),
+            later: BTreeMap::new(),
         }
+    }
+
+    /// The fields of a later release's record this agent reads past, by path.
+    pub fn unknown_fields(&self) -> Vec<String> {
+        let containers = self
+            .containers
+            .iter()
+            .chain(&self.init_containers)
+            .flat_map(|c| c.later.keys().map(move |k| format!("{}.{k}", c.name)));
+        self.later.keys().cloned().chain(containers).collect()
     }
 
     /// The annotation's value; `None` when it would be larger than the agent reads.
@@ -472,6 +494,23 @@ mod tests {
     }
 
     #[test]
+    fn a_later_webhooks_fields_are_read_past_and_named() {
+        let r = RestartRecord::parse(
+            r#"{"v": 2, "restartPolicy": "Never", "containers": [{"name": "a", "image": "x", "restartPolicy": "OnFailure"}]}"#,
+        )
+        .expect("lenient");
+        assert_eq!(r.restart_policy.as_deref(), Some("Never"));
+        assert_eq!(r.containers[0].restart_policy.as_deref(), Some("OnFailure"));
+        assert_eq!(r.unknown_fields(), ["v", "a.image"]);
+        // What this agent writes carries none of them, so an agent that refuses unknown
+        // fields reads it.
+        assert_eq!(
+            r.to_annotation().expect("small"),
+            r#"{"restartPolicy":"Never","containers":[{"name":"a","restartPolicy":"OnFailure"}]}"#
+        );
+    }
+
+    #[test]
     fn a_hostile_record_is_refused_before_it_is_read() {
         let big = format!(
             r#"{{"containers": [{{"name": "{}"}}]}}"#,
@@ -483,7 +522,6 @@ mod tests {
             "[]",
             r#"{"containers": 1}"#,
             r#"{"containers": [], "restartPolicy": 7}"#,
-            r#"{"containers": [{"name": "a", "image": "x"}]}"#,
             r#"{"restartPolicy": "Never"}"#,
         ] {
             assert!(

@@ -14,7 +14,8 @@ use tracing::{debug, warn};
 use crate::decide::bounds::Later as _;
 use crate::decide::Reason;
 use crate::handshake::share::{
-    ContainerName, ExitKey, ExitState, FileId, Place, Rejection, Share, ShareEntry, ShareError,
+    ContainerName, ExitKey, ExitState, FileId, Place, PresenceState, Rejection, Share, ShareEntry,
+    ShareError,
 };
 use crate::handshake::watch::{FsEvent, ShareWatcher, WatchError};
 use crate::kubelet::kills::{ContainerKill, Kill, PodKill};
@@ -432,6 +433,11 @@ impl<'a> ShareSync<'a> {
         match share.prepare_container_dir(key) {
             Ok(dir) => {
                 use std::os::fd::AsFd as _;
+                // Before its watch: a sidecar that asks from now on knows an agent serves it.
+                if let Err(e) = share.mark_presence(&dir, key, PresenceState::Serving) {
+                    self.count(&e);
+                    debug!(container = %key, error = %e, "cannot mark the agent's presence");
+                }
                 match self
                     .watcher
                     .watch_at(&share.container_path(key), dir.as_fd())
@@ -513,6 +519,12 @@ impl<'a> ShareSync<'a> {
                 pod.first_seen = pod.first_seen.min(since);
                 let mut waiter = Waiter::new(since, key.place);
                 waiter.file = file;
+                // A wait in a directory the agent had not marked (the container removed the
+                // mark, or asked before the agent saw its directory): marked now, well within
+                // the sidecar's short wait for it.
+                if let Err(e) = share.mark_presence_of(key, PresenceState::Serving) {
+                    debug!(container = %key, error = %e, "cannot mark the agent's presence");
+                }
                 pod.waiting.insert(key.container.clone(), waiter);
                 if rerun {
                     debug!(container = %key, "exit file made again: the kubelet started the pod's kill over");
@@ -539,7 +551,19 @@ impl<'a> ShareSync<'a> {
                 warn!(container = %key, content = ?text, "exit file has unexpected content; ignored");
                 self.waits.drop_waiter(key);
             }
-            ExitState::Absent => self.waits.drop_removed(key),
+            ExitState::Absent => {
+                let pending = self
+                    .waits
+                    .pending
+                    .get(&key.pod)
+                    .and_then(|p| p.waiting.get(&key.container))
+                    .is_some_and(|w| w.place == key.place);
+                if pending {
+                    // Gone unanswered: the entrypoint gave up on the agent (or was stopped).
+                    self.stats.wait_withdrawn();
+                }
+                self.waits.drop_removed(key);
+            }
             ExitState::Allowed => self.waits.drop_waiter(key),
         }
         self.stats.set_pending(self.waits.count());

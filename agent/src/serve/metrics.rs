@@ -162,6 +162,11 @@ impl Collector for Read<Stats> {
             "Waits that came back within the churn window; their decisions were coalesced.",
             stats.exit_churns(),
         )?;
+        f.counter(
+            "exitorder_waits_withdrawn",
+            "Waits whose request went before the agent answered it: the entrypoint's own timeout, its presence wait, a signal, or the container gone.",
+            stats.waits_withdrawn(),
+        )?;
         let (containers, pods) = stats.view_size();
         f.gauge(
             "exitorder_view_containers",

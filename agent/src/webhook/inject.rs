@@ -108,6 +108,8 @@ pub struct Sidecar {
     pub timeout: Duration,
     /// Where its exit directory is.
     pub handshake: HandshakeVolume,
+    /// The entrypoint's `--presence`, when the webhook is told one.
+    pub presence: Option<Duration>,
 }
 
 impl Sidecar {
@@ -134,6 +136,11 @@ impl Sidecar {
             "--timeout".to_owned(),
             format!("{}s", self.timeout.as_secs()),
         ];
+        // In one argument: an entrypoint that does not know the flag skips it whole.
+        argv.extend(
+            self.presence
+                .map(|p| format!("--presence={}ms", p.as_millis())),
+        );
         let then = match then(&hook, c.ports.as_deref().unwrap_or_default()) {
             Then::Wrapped => {
                 lifecycle.pre_stop = Some(hook);
@@ -595,6 +602,7 @@ mod tests {
         let s = Sidecar {
             timeout: Duration::from_secs(25),
             handshake: super::HandshakeVolume::HostPath,
+            presence: None,
         };
         s.inject(&mut c, &mut warnings).unwrap();
         let first = c.clone();
@@ -745,6 +753,7 @@ mod tests {
         Sidecar {
             timeout: Duration::from_secs(1),
             handshake: super::HandshakeVolume::HostPath,
+            presence: None,
         }
         .inject(&mut spec.containers[0], &mut Vec::new())
         .unwrap();
@@ -796,6 +805,7 @@ mod tests {
         let s = Sidecar {
             timeout: Duration::from_secs(1),
             handshake: super::HandshakeVolume::HostPath,
+            presence: None,
         };
         let e = s.inject(&mut c, &mut Vec::new()).unwrap_err();
         assert!(e.contains("POD_UID"), "{e}");

@@ -36,6 +36,11 @@ pub struct Settings {
     pub handshake_volume: HandshakeVolume,
     /// The image the init container `exitorder-install` copies the entrypoint from.
     pub install_image: String,
+    /// The entrypoint's `--presence`, when set: how long a sidecar waits for an agent to say
+    /// it serves the directory (0: for the timeout whatever, as entrypoints before presence
+    /// did; what an upgrade from such a release sets while agents roll out). Unset: the
+    /// entrypoint's own default.
+    pub agent_presence: Option<Duration>,
 }
 
 impl Default for Settings {
@@ -46,6 +51,7 @@ impl Default for Settings {
             grace_reserve: Duration::from_secs(5),
             handshake_volume: HandshakeVolume::EmptyDir,
             install_image: DEFAULT_INSTALL_IMAGE.to_owned(),
+            agent_presence: None,
         }
     }
 }
@@ -295,6 +301,7 @@ fn inject_into(
     let sidecar = Sidecar {
         timeout,
         handshake: settings.handshake_volume,
+        presence: settings.agent_presence,
     };
     for c in spec.containers.iter_mut().chain(
         spec.init_containers

@@ -1,6 +1,8 @@
 //! Helpers for the end-to-end tests: a node with the real agent on it, the static entrypoint
 //! built once per test process, and assertions on deletion timelines.
 
+pub mod chart;
+pub mod compat;
 pub mod flood;
 pub mod procfs;
 
@@ -62,7 +64,7 @@ pub fn agent_bin() -> &'static Path {
 
 /// Runs the cargo that runs these tests (`CARGO`) with `args` in the repository: its
 /// standard output, or why `what` failed.
-fn cargo(what: &str, args: &[impl AsRef<std::ffi::OsStr>]) -> Result<Vec<u8>, String> {
+pub(crate) fn cargo(what: &str, args: &[impl AsRef<std::ffi::OsStr>]) -> Result<Vec<u8>, String> {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let out = Command::new(&cargo)
         .current_dir(crate::repo())
@@ -93,6 +95,34 @@ fn build_place() -> Option<(PathBuf, String)> {
     Some((target_dir.to_path_buf(), profile.to_owned()))
 }
 
+/// Builds `exitorder-entrypoint` statically, as the image ships it, from the workspace of
+/// `manifest` (this one's when `None`), into `<target_dir>/release`.
+pub(crate) fn build_static_entrypoint(
+    what: &str,
+    manifest: Option<&str>,
+    target_dir: &str,
+) -> Result<(), String> {
+    let mut args = vec!["rustc"];
+    if let Some(m) = manifest {
+        args.extend(["--manifest-path", m]);
+    }
+    args.extend([
+        "-p",
+        "exitorder-entrypoint",
+        "--release",
+        "--bin",
+        "exitorder-entrypoint",
+        "--target-dir",
+        target_dir,
+        "--",
+        "-C",
+        "target-feature=+crt-static",
+        "-C",
+        "panic=abort",
+    ]);
+    cargo(what, &args).map(|_| ())
+}
+
 /// Builds `exitorder-entrypoint` statically (it runs inside busybox containers) into
 /// target/static, once per test process. A target dir of its own: its flags (static,
 /// `panic=abort`) would otherwise make the workspace's artifacts be built again.
@@ -100,24 +130,7 @@ pub fn static_entrypoint() -> &'static Path {
     static BUILT: OnceLock<Result<PathBuf, String>> = OnceLock::new();
     let built = BUILT.get_or_init(|| {
         let root = crate::repo();
-        cargo(
-            "the static entrypoint's build",
-            &[
-                "rustc",
-                "-p",
-                "exitorder-entrypoint",
-                "--release",
-                "--bin",
-                "exitorder-entrypoint",
-                "--target-dir",
-                "target/static",
-                "--",
-                "-C",
-                "target-feature=+crt-static",
-                "-C",
-                "panic=abort",
-            ],
-        )?;
+        build_static_entrypoint("the static entrypoint's build", None, "target/static")?;
         let bin = root.join("target/static/release/exitorder-entrypoint");
         match check_static_executable(&bin) {
             Ok(()) => Ok(bin),
@@ -196,6 +209,19 @@ impl Bed {
         Ok(())
     }
 
+    /// Stops the agent with SIGTERM and asserts it exits 0 within its bound.
+    pub async fn terminate_agent(&mut self) {
+        let status = self
+            .agent
+            .terminate(Duration::from_secs(15))
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(
+            status.is_some_and(|s| s.success()),
+            "agent exit: {status:?}"
+        );
+    }
+
     /// Asserts `later` exited after `earlier` and was let go by the order (`ordered`).
     pub async fn assert_ordered(&self, d: &Deletion, uid: &str, later: &str, earlier: &str) {
         assert_exited_after(self, d, later, earlier);
@@ -264,6 +290,43 @@ impl Bed {
             self.agent.log_tail(25)
         )
     }
+}
+
+/// The agent `agent` on `node`, installing `entrypoint`, with a grace reserve of 1 s, told of
+/// the fake API server `served` as node `node_name` and of its own DaemonSet
+/// `exitorder/exitorder`, which the fake then holds: what tells an uninstall from a restart.
+pub fn agent_with_daemonset(
+    agent: &Path,
+    node: &Node,
+    entrypoint: &Path,
+    served: &crate::fakeapi::ServedApi,
+    node_name: &str,
+    dir: &Path,
+) -> AgentOptions {
+    served.api.put_daemonset("exitorder", "exitorder", false);
+    let mut opts = AgentOptions::new(agent, node, entrypoint);
+    opts.grace_reserve = Duration::from_secs(1);
+    opts.env = vec![
+        (
+            "KUBECONFIG".to_owned(),
+            served.write_kubeconfig(dir).display().to_string(),
+        ),
+        ("NODE_NAME".to_owned(), node_name.to_owned()),
+        (
+            "EXITORDER_DAEMONSET".to_owned(),
+            "exitorder/exitorder".to_owned(),
+        ),
+    ];
+    opts
+}
+
+/// The two-level example whose app drains for `drain` seconds on TERM, with the grace period
+/// 30 s past that.
+pub fn draining_two_level(drain: u64) -> Value {
+    let mut p = example("two-level");
+    edit_script(&mut p, "app", "sleep 2", &format!("sleep {drain}"));
+    set_grace(&mut p, drain.saturating_add(30));
+    p
 }
 
 /// `pod` as the API server holds it once the kubelet of `node` runs it as `running`:

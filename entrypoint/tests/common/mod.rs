@@ -58,12 +58,24 @@ impl Hook {
 
     /// Runs `command` (the binary, or something that execs it) with the
     /// entrypoint's environment variables cleared unless the test set them.
+    /// No test directory has an agent's presence file unless the test makes
+    /// one, so the presence wait is off unless the test turns it on.
     pub fn spawn_command(mut command: Command) -> Hook {
-        for name in ["EXITORDER_DIR", "EXITORDER_WAIT_TIMEOUT"] {
+        for name in [
+            "EXITORDER_DIR",
+            "EXITORDER_WAIT_TIMEOUT",
+            "EXITORDER_PRESENCE",
+        ] {
             let set_by_test = command.get_envs().any(|(key, _)| key == name);
             if !set_by_test {
                 command.env_remove(name);
             }
+        }
+        if !command
+            .get_envs()
+            .any(|(key, _)| key == "EXITORDER_PRESENCE")
+        {
+            command.env("EXITORDER_PRESENCE", "0");
         }
         command
             .stdin(Stdio::null())

@@ -28,6 +28,31 @@ use exitorder_contract::podlocal;
 /// File name of the installed entrypoint in the bin directory.
 pub use exitorder_contract::share::ENTRYPOINT as ENTRYPOINT_NAME;
 
+/// The agent's presence file in a container's directory.
+pub use exitorder_contract::handshake::AGENT_FILE;
+
+/// What the agent's presence file says of it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PresenceState {
+    /// The agent serves the directory: a waiting sidecar waits for its answer, however long
+    /// the agent is away.
+    Serving,
+    /// exitorder was uninstalled from the node: a waiting sidecar proceeds at once.
+    Uninstalled,
+}
+
+impl PresenceState {
+    /// The file's content: the format's version, then the state.
+    pub fn content(self) -> String {
+        use exitorder_contract::handshake::{AGENT_VERSION, STATE_SERVING, STATE_UNINSTALLED};
+        let state = match self {
+            PresenceState::Serving => STATE_SERVING,
+            PresenceState::Uninstalled => STATE_UNINSTALLED,
+        };
+        format!("version={AGENT_VERSION}\nstate={state}\n")
+    }
+}
+
 /// More than any valid content; the rest of a larger file is never read.
 const MAX_EXIT_BYTES: usize = 64;
 /// Deepest directory level the removal of a pod's tree descends to; a container could nest
@@ -325,6 +350,45 @@ impl Share {
                 .map_err(|e| ShareError::io("chmod", &path, e))?;
         }
         Ok(dir)
+    }
+
+    /// Makes the agent's presence known in a container's directory (`dir`, as opened by
+    /// [`Self::prepare_container_dir`]), in `state`; `true` when the file was written, `false`
+    /// when one of the same size was there already. The size is all that is checked: a
+    /// container that rewrites its own presence file can only mislead its own preStop.
+    pub fn mark_presence(
+        &self,
+        dir: &OwnedFd,
+        key: &ExitKey,
+        state: PresenceState,
+    ) -> Result<bool, ShareError> {
+        let want = state.content();
+        if let Ok(st) = rfs::statat(dir, AGENT_FILE, AtFlags::SYMLINK_NOFOLLOW) {
+            if FileType::from_raw_mode(st.st_mode) == FileType::RegularFile
+                && usize::try_from(st.st_size).ok() == Some(want.len())
+            {
+                return Ok(false);
+            }
+        }
+        write_replace(
+            dir,
+            &self.container_path(key),
+            AGENT_FILE,
+            want.as_bytes(),
+            0o644,
+            false,
+        )?;
+        Ok(true)
+    }
+
+    /// [`Self::mark_presence`] by the container's key.
+    pub fn mark_presence_of(
+        &self,
+        key: &ExitKey,
+        state: PresenceState,
+    ) -> Result<bool, ShareError> {
+        let dir = self.open_container(key)?;
+        self.mark_presence(&dir, key, state)
     }
 
     /// Reads a container's exit file.

@@ -168,3 +168,36 @@ them all. The API server calls `<svc>.<ns>.svc`.
 {{- $ns := .Release.Namespace }}
 {{- list $svc (printf "%s.%s" $svc $ns) (printf "%s.%s.svc" $svc $ns) (printf "%s.%s.svc.cluster.local" $svc $ns) | toYaml }}
 {{- end }}
+
+{{/*
+Whether the share's guard is rendered: as webhook.shareGuard.enabled says, or, left unset, only
+where the injection uses the host share (webhook.handshakeVolume: hostPath). Pod-local
+injection puts nothing in the share for a pod to reach.
+*/}}
+{{- define "exitorder.webhook.shareGuard" -}}
+{{- $on := .Values.webhook.shareGuard.enabled -}}
+{{- if kindIs "invalid" $on -}}
+{{- $on = eq .Values.webhook.handshakeVolume "hostPath" -}}
+{{- end -}}
+{{- if $on }}true{{ end -}}
+{{- end }}
+
+{{/*
+The guard's matchConditions expression: the pods a container of which mounts, writable, a
+hostPath volume that may reach the share or the bin directory: one of their ancestors or
+themselves, anything below them, or a path spelled in a way a prefix cannot judge (`//`,
+`.` or `..` components, relative). Every other pod (node-exporter's read-only `/`, a log
+shipper's `/var/log`) is never sent, so it never depends on the webhook. What is sent, the
+webhook judges exactly (after resolving the path's spelling).
+*/}}
+{{- define "exitorder.webhook.shareGuardCondition" -}}
+{{- $p := "v.hostPath.path" -}}
+{{- $reach := list (printf "%s.contains('//') || %s.contains('/.') || !%s.startsWith('/')" $p $p $p) -}}
+{{- range $dir := list .Values.shareDir .Values.binDir -}}
+{{- $d := squote (printf "%s/" (trimSuffix "/" $dir)) -}}
+{{- $reach = append $reach (printf "%s.startsWith(%s.endsWith('/') ? %s : %s + '/')" $d $p $p $p) -}}
+{{- $reach = append $reach (printf "%s.startsWith(%s)" $p $d) -}}
+{{- end -}}
+{{- $writable := "[object.spec.containers, has(object.spec.initContainers) ? object.spec.initContainers : [], has(object.spec.ephemeralContainers) ? object.spec.ephemeralContainers : []].exists(cs, cs.exists(c, has(c.volumeMounts) && c.volumeMounts.exists(m, m.name == v.name && !(has(m.readOnly) && m.readOnly))))" -}}
+{{- printf "has(object.spec.volumes) && object.spec.volumes.exists(v, has(v.hostPath) && (%s) && %s)" (join " || " $reach) $writable -}}
+{{- end }}

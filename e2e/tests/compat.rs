@@ -1,0 +1,122 @@
+//! One release apart, either way, on the real containerd: the previous release's entrypoint
+//! under this agent (pods admitted before an upgrade), and this entrypoint under the previous
+//! release's agent (pods admitted by the new webhook on a node the DaemonSet has not reached
+//! yet, with `webhook.agentPresence: 0s` as the README's Upgrade section says). The previous
+//! release is built from its commit (`e2e/compat/previous`).
+//!
+//! Needs root, `containerd runc busybox-static` and the repository's history; without them
+//! each test prints "SKIPPED: <reason>" and passes, except in CI (`CI` set), where they are
+//! mandatory.
+
+use std::time::Duration;
+
+use exitorder_e2e::fakeapi::FakeApi;
+use exitorder_e2e::support::compat::{previous, Previous};
+use exitorder_e2e::support::{
+    self, agent_bin, assert_exited_after, container_mut, draining_two_level, skip_or_fail, Bed,
+};
+use exitorder_testbed::AgentOptions;
+
+fn secs(s: u64) -> Duration {
+    Duration::from_secs(s)
+}
+
+fn previous_or_skip() -> Option<&'static Previous> {
+    match previous() {
+        Ok(p) => Some(p),
+        Err(e) => {
+            skip_or_fail(&format!(
+                "the compatibility tests need the previous release: {e}"
+            ));
+            None
+        }
+    }
+}
+
+#[tokio::test]
+async fn an_earlier_entrypoint_is_ordered_and_let_go_at_an_uninstall_by_this_agent() {
+    let Some(prev) = previous_or_skip() else {
+        return;
+    };
+    let Some(node) = support::node_or_skip().await else {
+        return;
+    };
+    const NODE: &str = "compat-node";
+    let served = FakeApi::for_node(NODE).serve();
+    let dir = tempfile::tempdir().expect("tempdir");
+    // This agent installs the earlier entrypoint: what pods admitted before see.
+    let opts = support::agent_with_daemonset(
+        agent_bin(),
+        &node,
+        &prev.entrypoint,
+        &served,
+        NODE,
+        dir.path(),
+    );
+    let mut bed = Bed::with_agent(node, opts).await;
+
+    let running = bed.run_ready(&draining_two_level(3)).await;
+    let uid = running.uid().to_owned();
+    let d = running.delete().await.expect("delete pod");
+    bed.show("an_earlier_entrypoint_is_ordered (ordered)", &d);
+    bed.assert_ordered(&d, &uid, "proxy", "app").await;
+    let hook = d
+        .container("proxy")
+        .and_then(|c| c.prestop.clone())
+        .expect("the proxy's preStop");
+    // The earlier entrypoint knows nothing of presence.
+    assert!(!hook.detail.contains("no exitorder agent"), "{hook:?}");
+
+    // Uninstalled while it waits: this agent answers it, as the earlier entrypoint reads
+    // only `exit`.
+    let running = bed.run_ready(&draining_two_level(20)).await;
+    let uid = running.uid().to_owned();
+    let deletion = tokio::spawn(running.delete());
+    bed.held(&uid, "proxy").await;
+    served.api.remove_daemonset("exitorder", "exitorder");
+    bed.terminate_agent().await;
+    let d = deletion.await.expect("delete task").expect("delete pod");
+    bed.show("an_earlier_entrypoint_is_let_go_at_an_uninstall", &d);
+    let hook = d
+        .container("proxy")
+        .and_then(|c| c.prestop.clone())
+        .expect("the proxy's preStop");
+    let app_exit = d.container("app").map_or(0, |c| c.finished_at_ns);
+    assert!(
+        hook.returned_ns < app_exit,
+        "the earlier entrypoint was held until the app left{}",
+        bed.context(&d)
+    );
+    bed.finish().await;
+}
+
+#[tokio::test]
+async fn this_entrypoint_waits_for_an_earlier_agent_with_presence_off() {
+    let Some(prev) = previous_or_skip() else {
+        return;
+    };
+    let Some(node) = support::node_or_skip().await else {
+        return;
+    };
+    // The earlier agent installs this entrypoint (a pod-local pod takes it from the image).
+    let mut opts = AgentOptions::new(&prev.agent, &node, support::static_entrypoint());
+    opts.grace_reserve = secs(1);
+    let bed = Bed::with_agent(node, opts).await;
+    let mut pod = draining_two_level(4);
+    // What `webhook.agentPresence: 0s` injects.
+    let proxy = container_mut(&mut pod, "proxy");
+    let command = proxy["lifecycle"]["preStop"]["exec"]["command"]
+        .as_array_mut()
+        .expect("the proxy's preStop command");
+    command.push("--presence=0ms".into());
+    let running = bed.run_ready(&pod).await;
+    let uid = running.uid().to_owned();
+    let d = running.delete().await.expect("delete pod");
+    bed.show(
+        "this_entrypoint_waits_for_an_earlier_agent_with_presence_off",
+        &d,
+    );
+    assert_exited_after(&bed, &d, "proxy", "app");
+    bed.allowed_ordered(&uid, "proxy", &bed.context(&d)).await;
+    bed.finish().await;
+}
