@@ -137,9 +137,11 @@ fn the_chart_lints_and_renders_valid_objects_for_every_runtime() {
             "{runtime}: {volumes:?}"
         );
         assert!(env_of(ds, "EXITORDER_CRI_SOCKET").ends_with(&format!("/{file}")));
-        // Every object is what the API server would accept as its kind; nothing of the
-        // webhook's by default.
-        assert_valid_objects(&docs, AGENT_KINDS);
+        // Every object is what the API server would accept as its kind; the webhook's
+        // with the agent's by default (the recommended install), the agent's alone without.
+        assert_valid_objects(&docs, WEBHOOK_KINDS);
+        let agent_only = render(&helm, &[("runtime", runtime), ("webhook.enabled", "false")]);
+        assert_valid_objects(&agent_only, AGENT_KINDS);
         // And its pod runs on a node: the runner accepts every field it has.
         let place = exitorder_testbed::kubelet::plan::Placement {
             uid: exitorder_testbed::random_uuid(),
@@ -884,7 +886,7 @@ fn the_plain_manifests_are_the_chart_rendered() {
     let docs = manifest::documents(&text).expect("valid YAML");
     let ns: Namespace = serde_json::from_value(docs[0].clone()).expect("a Namespace first");
     assert_eq!(ns.metadata.name.as_deref(), Some(NAMESPACE));
-    let rendered = render(&helm, &[]);
+    let rendered = render(&helm, &[("webhook.enabled", "false")]);
     assert_eq!(
         &docs[1..],
         &rendered[..],

@@ -142,6 +142,8 @@ fn the_arm64_entrypoint_waits_for_its_allow() {
         return;
     };
     let dir = tempfile::tempdir().expect("tempdir");
+    // The agent's presence, as it marks every directory it serves.
+    std::fs::write(dir.path().join("agent"), "version=1\nstate=serving\n").expect("presence");
     let mut child = Command::new(qemu)
         .arg(&path)
         .args(["wait", "--timeout", "60s", "--dir"])

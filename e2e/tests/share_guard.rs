@@ -206,14 +206,18 @@ fn with_the_webhook_down_a_node_exporter_is_admitted_under_every_default_install
     // A CNI DaemonSet writing its configuration and binaries on the host.
     let cni = pod_mounting("/etc/cni/net.d", false, "initContainers");
     for values in [
+        // The chart's defaults: the webhook on, pod-local.
         &[][..],
-        &[("webhook.enabled", "true")][..],
+        &[("webhook.enabled", "false")][..],
         HOSTPATH_WEBHOOK,
     ] {
         let docs = render(&helm, values);
-        if values.is_empty() {
-            assert_eq!(count(&docs, "MutatingWebhookConfiguration"), 0);
-        }
+        let webhook_on = !values.contains(&("webhook.enabled", "false"));
+        assert_eq!(
+            count(&docs, "MutatingWebhookConfiguration"),
+            usize::from(webhook_on),
+            "{values:?}"
+        );
         for pod in [&node_exporter, &cni] {
             for (kind, webhook) in webhooks(&docs) {
                 let sent = namespace_sent(&webhook, "monitoring") && conditions_hold(&webhook, pod);

@@ -434,8 +434,9 @@ impl<'a> ShareSync<'a> {
             Ok(dir) => {
                 use std::os::fd::AsFd as _;
                 // Before its watch: a sidecar that asks from now on knows an agent serves it.
+                // Not counted as a share error: what stands in the way (a directory named
+                // `agent`) is the container's own doing, and costs only its own preStop.
                 if let Err(e) = share.mark_presence(&dir, key, PresenceState::Serving) {
-                    self.count(&e);
                     debug!(container = %key, error = %e, "cannot mark the agent's presence");
                 }
                 match self
