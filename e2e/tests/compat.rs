@@ -33,6 +33,16 @@ fn previous_or_skip() -> Option<&'static Previous> {
     }
 }
 
+/// `pod` with what `webhook.agentPresence: 0s` injects into an ordered sidecar.
+fn with_presence_off(mut pod: serde_json::Value) -> serde_json::Value {
+    let proxy = container_mut(&mut pod, "proxy");
+    proxy["env"]
+        .as_array_mut()
+        .expect("the proxy's env")
+        .push(serde_json::json!({"name": "EXITORDER_PRESENCE", "value": "0ms"}));
+    pod
+}
+
 #[tokio::test]
 async fn an_earlier_entrypoint_is_ordered_and_let_go_at_an_uninstall_by_this_agent() {
     let Some(prev) = previous_or_skip() else {
@@ -55,7 +65,10 @@ async fn an_earlier_entrypoint_is_ordered_and_let_go_at_an_uninstall_by_this_age
     );
     let mut bed = Bed::with_agent(node, opts).await;
 
-    let running = bed.run_ready(&draining_two_level(3)).await;
+    // The env an upgraded webhook may add: an earlier entrypoint ignores it.
+    let running = bed
+        .run_ready(&with_presence_off(draining_two_level(3)))
+        .await;
     let uid = running.uid().to_owned();
     let d = running.delete().await.expect("delete pod");
     bed.show("an_earlier_entrypoint_is_ordered (ordered)", &d);
@@ -102,14 +115,9 @@ async fn this_entrypoint_waits_for_an_earlier_agent_with_presence_off() {
     let mut opts = AgentOptions::new(&prev.agent, &node, support::static_entrypoint());
     opts.grace_reserve = secs(1);
     let bed = Bed::with_agent(node, opts).await;
-    let mut pod = draining_two_level(4);
-    // What `webhook.agentPresence: 0s` injects.
-    let proxy = container_mut(&mut pod, "proxy");
-    let command = proxy["lifecycle"]["preStop"]["exec"]["command"]
-        .as_array_mut()
-        .expect("the proxy's preStop command");
-    command.push("--presence=0ms".into());
-    let running = bed.run_ready(&pod).await;
+    let running = bed
+        .run_ready(&with_presence_off(draining_two_level(4)))
+        .await;
     let uid = running.uid().to_owned();
     let d = running.delete().await.expect("delete pod");
     bed.show(

@@ -40,7 +40,7 @@ fn markdown_files() -> Vec<PathBuf> {
 /// links), and the code itself, span by span (what command lines are read from).
 fn split_code(text: &str) -> (String, Vec<String>) {
     let mut prose = String::new();
-    let mut code = Vec::new();
+    let mut code: Vec<String> = Vec::new();
     let mut fenced = false;
     for line in text.lines() {
         if line.trim_start().starts_with("```") {
@@ -49,7 +49,15 @@ fn split_code(text: &str) -> (String, Vec<String>) {
             continue;
         }
         if fenced {
-            code.push(line.to_owned());
+            // A command continued on the next line (`\`) is one command line.
+            match code.last_mut() {
+                Some(last) if last.ends_with('\\') => {
+                    last.pop();
+                    last.push(' ');
+                    last.push_str(line);
+                }
+                _ => code.push(line.to_owned()),
+            }
             prose.push('\n');
             continue;
         }
@@ -196,9 +204,15 @@ fn helps() -> Vec<(&'static str, String)> {
         .output()
         .expect("the entrypoint runs");
     let entrypoint = String::from_utf8_lossy(&out.stdout).into_owned();
+    // A script's own flags are those its usage (the comment at its top) names.
     let script = |name: &str| {
         std::fs::read_to_string(exitorder_e2e::repo().join("scripts").join(name))
             .expect("the script")
+            .lines()
+            .skip(1)
+            .take_while(|l| l.starts_with('#'))
+            .collect::<Vec<_>>()
+            .join("\n")
     };
     vec![
         ("exitorder agent", agent),
@@ -228,6 +242,8 @@ fn names_flag(help: &str, flag: &str) -> bool {
 /// The long flags in `args` (what follows a command on its line).
 fn flags_in(args: &str) -> Vec<String> {
     args.split(|c: char| c.is_whitespace() || c == '[' || c == ']' || c == '|' || c == '(')
+        // A JSON or YAML array's items: `"--timeout",`.
+        .map(|w| w.trim_matches(|c| c == '"' || c == '\'' || c == ','))
         .filter_map(|w| w.strip_prefix("--"))
         .map(|w| w.split(['=', ',', ')', '`', '.']).next().unwrap_or(""))
         .filter(|w| !w.is_empty() && w.chars().next().is_some_and(|c| c.is_ascii_lowercase()))
@@ -342,9 +358,12 @@ fn the_agent_flags_table_lists_every_flag_of_the_agent() {
         .expect("agent")
         .render_long_help()
         .to_string();
+    // Flag lines: `--name <VALUE>`, or `-x, --name <VALUE>`.
     let taken: BTreeSet<String> = help
         .lines()
-        .filter_map(|l| l.trim_start().strip_prefix("--"))
+        .map(str::trim_start)
+        .filter(|l| l.starts_with('-'))
+        .filter_map(|l| l.split_once("--").map(|(_, rest)| rest))
         .map(|l| format!("--{}", l.split([' ', '=', '<', ',']).next().unwrap_or("")))
         .filter(|f| f != "--help" && f != "--version")
         .collect();

@@ -574,10 +574,18 @@ async fn hostile_share_contents_are_refused_while_real_exits_are_answered() {
 
     // Every renamed wait is answered where it went, whole: no temp file left anywhere (the
     // replaced exit files are unlinked by the agent's own thread, just after each answer).
-    let only_exit = |m: &PathBuf| {
+    // Beside `exit`, only the agent's presence file (`agent`), written as it watches one.
+    let names_in = |m: &PathBuf| -> Vec<std::ffi::OsString> {
         fs::read_dir(m)
-            .is_ok_and(|d| d.flatten().map(|e| e.file_name()).collect::<Vec<_>>() == ["exit"])
+            .map(|d| {
+                d.flatten()
+                    .map(|e| e.file_name())
+                    .filter(|n| n != "agent")
+                    .collect()
+            })
+            .unwrap_or_default()
     };
+    let only_exit = |m: &PathBuf| names_in(m) == ["exit"];
     until("the renamed waits answered", secs(20), || {
         std::future::ready(moved.iter().all(|m| {
             fs::read_to_string(m.join("exit")).unwrap_or_default() == "allow\n" && only_exit(m)
@@ -585,11 +593,7 @@ async fn hostile_share_contents_are_refused_while_real_exits_are_answered() {
     })
     .await;
     for m in &moved {
-        let names: Vec<_> = fs::read_dir(m)
-            .expect("list moved dir")
-            .map(|e| e.expect("entry").file_name())
-            .collect();
-        assert_eq!(names, ["exit"], "{}", m.display());
+        assert_eq!(names_in(m), ["exit"], "{}", m.display());
     }
     assert_eq!(fs::read_dir(&from).expect("list").count(), RENAMES / 2);
 

@@ -356,6 +356,14 @@ fn parse_wait(mut args: impl Iterator<Item = CString>, env: &Env) -> Result<Comm
             // sidecar's own preStop both. Later flags come as `--name=value`, so one not
             // known here takes no separate value.
             _ if flag.dashes == 2 && flag.name != "h" && flag.name != "help" => {
+                // A misspelling of a flag known here (`--http_get`) would otherwise drop
+                // what the hook did after the wait: refused, as before.
+                if let Some(known) = misspelt(flag.name) {
+                    return Err(usage_error(format!(
+                        "unknown flag {} (did you mean --{known}?)",
+                        String::from_utf8_lossy(arg.to_bytes())
+                    )));
+                }
                 ignored.push(arg.clone())
             }
             _ => return Err(unexpected(&arg)),
@@ -382,6 +390,18 @@ fn parse_wait(mut args: impl Iterator<Item = CString>, env: &Env) -> Result<Comm
         then,
         env,
     )
+}
+
+/// The flag of `wait` that `name` spells differently (case, `_` for `-`), if any.
+fn misspelt(name: &str) -> Option<&'static str> {
+    const WAIT_FLAGS: [&str; 5] = ["dir", "timeout", "presence", "http-get", "sleep"];
+    WAIT_FLAGS.into_iter().find(|known| {
+        name.len() == known.len()
+            && name
+                .bytes()
+                .zip(known.bytes())
+                .all(|(a, b)| a.to_ascii_lowercase() == b || (a == b'_' && b == b'-'))
+    })
 }
 
 /// What `wait`'s command line said, before the environment and defaults.
@@ -868,8 +888,13 @@ mod tests {
         assert_eq!(parsed.ignored, [c("--from-the-future=2"), c("--later")]);
         assert_eq!(parsed.timeout, Duration::from_secs(3));
         assert!(matches!(parsed.then, Then::Exec(_)));
-        // A single dash is no later flag: a typo of a known one still fails.
+        // A single dash is no later flag: a typo of a known one still fails, and so does
+        // a known one spelt otherwise.
         assert!(error(&["wait", "-timeout", "3s"]).contains("unknown flag"));
+        assert!(
+            error(&["wait", "--http_get=http://127.0.0.1/"]).contains("did you mean --http-get")
+        );
+        assert!(error(&["wait", "--Sleep=5s"]).contains("did you mean --sleep"));
     }
 
     #[test]

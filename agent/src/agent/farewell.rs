@@ -49,20 +49,31 @@ impl Agent {
                 None => {}
             }
         }
+        // Pod by pod: a directory that cannot be read costs only its own marks.
         for share in self.places() {
-            let keys = match share.containers() {
-                Ok(keys) => keys,
+            let pods = match share.pods() {
+                Ok(pods) => pods,
                 Err(e) => {
                     warn!(dir = %share.pods_path().display(), error = %e, "cannot list the exit directories to mark them left");
                     continue;
                 }
             };
-            for key in keys {
-                match share.mark_presence_of(&key, PresenceState::Uninstalled) {
-                    Ok(_) => marked = marked.saturating_add(1),
+            for pod in pods {
+                let keys = match share.containers_in(&pod) {
+                    Ok(keys) => keys,
                     Err(e) => {
                         failed = failed.saturating_add(1);
-                        debug!(container = %key, error = %e, "cannot mark a directory left");
+                        debug!(pod = %pod, error = %e, "cannot list a pod's exit directories to mark them left");
+                        continue;
+                    }
+                };
+                for key in keys {
+                    match share.mark_presence_of(&key, PresenceState::Uninstalled) {
+                        Ok(_) => marked = marked.saturating_add(1),
+                        Err(e) => {
+                            failed = failed.saturating_add(1);
+                            debug!(container = %key, error = %e, "cannot mark a directory left");
+                        }
                     }
                 }
             }

@@ -317,8 +317,8 @@ pub struct WebhookArgs {
     /// grace period ends.
     #[arg(long, env = "EXITORDER_GRACE_RESERVE", default_value = "5s", value_parser = parse_duration)]
     pub grace_reserve: Duration,
-    /// The injected entrypoints' `--presence`: how long a sidecar waits for an agent to say it
-    /// serves its directory before proceeding without one. Unset: the entrypoint's default
+    /// The injected sidecars' presence wait (`EXITORDER_PRESENCE` in their env): how long a
+    /// sidecar waits for an agent to say it serves its directory before proceeding without one. Unset: the entrypoint's default
     /// (1s). `0s` waits for the timeout whatever: set it while upgrading from a release whose
     /// agents do not say so yet, until every node runs the new agent.
     #[arg(long, env = "EXITORDER_AGENT_PRESENCE", value_parser = parse_duration)]

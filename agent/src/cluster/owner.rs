@@ -11,8 +11,7 @@
 //! the deletion by then. The read at SIGTERM stays for what the watch may have missed.
 
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures_util::StreamExt;
@@ -34,9 +33,47 @@ pub struct Owner {
     api: Api<DaemonSet>,
     namespace: String,
     name: String,
-    deleted: Arc<AtomicBool>,
-    /// Seen in the watch's current list.
-    listed: Arc<AtomicBool>,
+    seen: Arc<Mutex<Seen>>,
+}
+
+impl Seen {
+    /// Takes one watch event in; at the end of a listing, whether the DaemonSet was in it.
+    fn on(&mut self, ev: watcher::Event<DaemonSet>) -> Option<bool> {
+        match ev {
+            watcher::Event::Delete(ds) => {
+                self.uid = ds.metadata.uid.or(self.uid.take());
+                self.deleted = true;
+            }
+            watcher::Event::Apply(ds) | watcher::Event::InitApply(ds) => {
+                self.listed = true;
+                self.deleted = ds.metadata.deletion_timestamp.is_some();
+                self.uid = ds.metadata.uid;
+            }
+            watcher::Event::Init => self.listed = false,
+            watcher::Event::InitDone => {
+                // Seen before and missing from a fresh listing: deleted while the watch was
+                // down (a listing says nothing of what it no longer holds).
+                if !self.listed && self.uid.is_some() {
+                    self.deleted = true;
+                }
+                return Some(self.listed);
+            }
+        }
+        None
+    }
+}
+
+/// What the watch has seen of the DaemonSet.
+#[derive(Debug, Default)]
+struct Seen {
+    /// The UID of the object last seen by that name: a 404 is an uninstall only for a
+    /// DaemonSet this agent has seen (a wrong name must not make every restart one).
+    uid: Option<String>,
+    /// Seen deleted, or with a `deletionTimestamp`; cleared when a live object of that name
+    /// is seen again (deleted with `--cascade=orphan` and created again: the agents adopted).
+    deleted: bool,
+    /// In the watch's current list.
+    listed: bool,
 }
 
 impl Owner {
@@ -45,8 +82,7 @@ impl Owner {
             api: Api::namespaced(client, namespace),
             namespace: namespace.to_owned(),
             name: name.to_owned(),
-            deleted: Arc::default(),
-            listed: Arc::default(),
+            seen: Arc::default(),
         }
     }
 
@@ -85,46 +121,51 @@ impl Owner {
         }
     }
 
+    fn seen(&self) -> std::sync::MutexGuard<'_, Seen> {
+        match self.seen.lock() {
+            Ok(g) => g,
+            Err(poisoned) => poisoned.into_inner(),
+        }
+    }
+
     fn on_event(&self, ev: watcher::Event<DaemonSet>) {
-        let deleting = |ds: &DaemonSet| ds.metadata.deletion_timestamp.is_some();
-        let gone = match ev {
-            watcher::Event::Delete(_) => true,
-            watcher::Event::Apply(ds) => deleting(&ds),
-            watcher::Event::InitApply(ds) => {
-                self.listed.store(true, Ordering::Release);
-                deleting(&ds)
+        let mut seen = self.seen();
+        let was_deleted = seen.deleted;
+        if let Some(listed) = seen.on(ev) {
+            if listed {
+                info!(daemonset = %self.shown(), "watching the agent's DaemonSet: a stop while it is deleted is an uninstall");
+            } else if seen.uid.is_none() {
+                // A wrong name (hand-written manifests, a kustomize prefix): every stop is
+                // then taken for a restart, and after an uninstall the sidecars wait out their
+                // own timeout. Said now, not found out then.
+                warn!(daemonset = %self.shown(), "the agent's DaemonSet is not found (is EXITORDER_DAEMONSET right?): an uninstall cannot be told from a restart, and leaves waits to the sidecars' own timeout");
             }
-            watcher::Event::Init => {
-                self.listed.store(false, Ordering::Release);
-                false
-            }
-            watcher::Event::InitDone => {
-                if self.listed.load(Ordering::Acquire) {
-                    info!(daemonset = %self.shown(), "watching the agent's DaemonSet: a stop while it is deleted is an uninstall");
-                } else {
-                    // A wrong name (hand-written manifests) would make every restart an
-                    // uninstall: said now, not found out at the next rolling update.
-                    warn!(daemonset = %self.shown(), "the agent's DaemonSet is not found (is EXITORDER_DAEMONSET right?): a stop will be taken for an uninstall, letting every waiting sidecar on the node go");
-                }
-                false
-            }
-        };
-        if gone && !self.deleted.swap(true, Ordering::AcqRel) {
+        }
+        if seen.deleted && !was_deleted {
             info!(daemonset = %self.shown(), "the agent's DaemonSet is being deleted: at its stop the agent lets every wait on the node go");
         }
     }
 
     /// Whether the agent leaves for good: its DaemonSet was seen deleted, or is gone or being
-    /// deleted now. Anything else, an API server that does not answer included, is a restart.
+    /// deleted now (a 404 only for one this agent has seen). Anything else, an API server that
+    /// does not answer included, is a restart.
     pub async fn farewell(&self) -> Farewell {
-        if self.deleted.load(Ordering::Acquire) {
+        let (deleted, known) = {
+            let seen = self.seen();
+            (seen.deleted, seen.uid.clone())
+        };
+        if deleted {
             return Farewell::Uninstall;
         }
         let ds = self.shown();
         match tokio::time::timeout(CHECK_TIMEOUT, self.api.get_opt(&self.name)).await {
-            Ok(Ok(None)) => {
+            Ok(Ok(None)) if known.is_some() => {
                 info!(daemonset = %ds, "the agent's DaemonSet is gone: exitorder is being uninstalled from this node");
                 Farewell::Uninstall
+            }
+            Ok(Ok(None)) => {
+                warn!(daemonset = %ds, "the agent's DaemonSet was never seen and is not found: stopping as for a restart (waits stay for the next agent)");
+                Farewell::Restart
             }
             Ok(Ok(Some(ds_obj))) if ds_obj.metadata.deletion_timestamp.is_some() => {
                 info!(daemonset = %ds, "the agent's DaemonSet is being deleted: exitorder is being uninstalled from this node");
@@ -140,5 +181,58 @@ impl Owner {
                 Farewell::Restart
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+
+    fn ds(uid: &str, deleting: bool) -> DaemonSet {
+        DaemonSet {
+            metadata: ObjectMeta {
+                name: Some("exitorder".into()),
+                uid: Some(uid.into()),
+                deletion_timestamp: deleting
+                    .then_some(Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH)),
+                ..ObjectMeta::default()
+            },
+            ..DaemonSet::default()
+        }
+    }
+
+    fn listed(seen: &mut Seen, objects: Vec<DaemonSet>) -> Option<bool> {
+        seen.on(watcher::Event::Init);
+        for o in objects {
+            seen.on(watcher::Event::InitApply(o));
+        }
+        seen.on(watcher::Event::InitDone)
+    }
+
+    #[test]
+    fn a_deletion_is_remembered_until_a_live_one_is_seen_again() {
+        let mut seen = Seen::default();
+        assert_eq!(listed(&mut seen, vec![ds("a", false)]), Some(true));
+        assert!(!seen.deleted);
+        // Foreground deletion: the object stays, marked.
+        seen.on(watcher::Event::Apply(ds("a", true)));
+        assert!(seen.deleted);
+        // Deleted with --cascade=orphan and created again: the agents are adopted.
+        seen.on(watcher::Event::Delete(ds("a", false)));
+        assert!(seen.deleted);
+        seen.on(watcher::Event::Apply(ds("b", false)));
+        assert!(!seen.deleted);
+        assert_eq!(seen.uid.as_deref(), Some("b"));
+    }
+
+    #[test]
+    fn one_gone_while_the_watch_was_down_is_deleted_and_one_never_seen_is_not() {
+        let mut seen = Seen::default();
+        assert_eq!(listed(&mut seen, vec![]), Some(false));
+        assert!(!seen.deleted && seen.uid.is_none());
+        assert_eq!(listed(&mut seen, vec![ds("a", false)]), Some(true));
+        assert_eq!(listed(&mut seen, vec![]), Some(false));
+        assert!(seen.deleted);
     }
 }

@@ -433,22 +433,27 @@ impl<'a> ShareSync<'a> {
         match share.prepare_container_dir(key) {
             Ok(dir) => {
                 use std::os::fd::AsFd as _;
-                // Before its watch: a sidecar that asks from now on knows an agent serves it.
-                // Not counted as a share error: what stands in the way (a directory named
-                // `agent`) is the container's own doing, and costs only its own preStop.
-                if let Err(e) = share.mark_presence(&dir, key, PresenceState::Serving) {
-                    debug!(container = %key, error = %e, "cannot mark the agent's presence");
-                }
-                match self
+                let watched = match self
                     .watcher
                     .watch_at(&share.container_path(key), dir.as_fd())
                 {
-                    Ok(()) => {}
+                    Ok(()) => true,
                     // Past its share of watches: the pod is polled (the watcher tells the loop).
-                    Err(WatchError::Budget { .. }) => {}
+                    Err(WatchError::Budget { .. }) => false,
                     Err(e) => {
                         self.stats.share_error();
                         warn!(container = %key, error = %e, "cannot watch container directory");
+                        false
+                    }
+                };
+                // Marked as watched, so within the pod's share of watches: a pod that makes
+                // thousands of directories gets no more marks than watches (its real
+                // sidecars' are marked when they ask, in `sync_exit`). Not counted as a share
+                // error: what stands in the way (a directory named `agent`) is the
+                // container's own doing, and costs only its own preStop.
+                if watched || self.watcher.polling().is_some() {
+                    if let Err(e) = share.mark_presence(&dir, key, PresenceState::Serving) {
+                        debug!(container = %key, error = %e, "cannot mark the agent's presence");
                     }
                 }
             }

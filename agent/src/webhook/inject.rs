@@ -121,6 +121,9 @@ impl Sidecar {
             }
             HandshakeVolume::EmptyDir => super::podlocal::mounts(c)?,
         }
+        if let Some(presence) = self.presence {
+            presence_env(c, presence);
+        }
         self.pre_stop(c, warnings);
         Ok(())
     }
@@ -136,11 +139,6 @@ impl Sidecar {
             "--timeout".to_owned(),
             format!("{}s", self.timeout.as_secs()),
         ];
-        // In one argument: an entrypoint that does not know the flag skips it whole.
-        argv.extend(
-            self.presence
-                .map(|p| format!("--presence={}ms", p.as_millis())),
-        );
         let then = match then(&hook, c.ports.as_deref().unwrap_or_default()) {
             Then::Wrapped => {
                 lifecycle.pre_stop = Some(hook);
@@ -421,6 +419,26 @@ fn ready_url(c: &Container) -> Result<String, String> {
 }
 
 /// `POD_UID` from the downward API: what the mount's `subPathExpr` expands.
+/// The entrypoint's presence wait, as `EXITORDER_PRESENCE` in the sidecar's env rather than a
+/// flag: in the hostPath layout the sidecar runs the entrypoint its node's agent installed,
+/// which on a node the upgrade has not reached yet knows no `--presence` and would refuse it
+/// (skipping the wait and the sidecar's own preStop); it ignores an env it does not know. A
+/// value the pod sets itself is kept.
+fn presence_env(c: &mut Container, presence: Duration) {
+    let envs = c.env.get_or_insert_with(Vec::new);
+    if envs.iter().any(|e| e.name == ENV_PRESENCE) {
+        return;
+    }
+    envs.push(EnvVar {
+        name: ENV_PRESENCE.to_owned(),
+        value: Some(format!("{}ms", presence.as_millis())),
+        ..EnvVar::default()
+    });
+}
+
+/// The entrypoint's env for its presence wait (`entrypoint/src/cli.rs`).
+pub const ENV_PRESENCE: &str = "EXITORDER_PRESENCE";
+
 fn pod_uid_env(c: &mut Container) -> Result<(), String> {
     let envs = c.env.get_or_insert_with(Vec::new);
     if let Some(e) = envs.iter().find(|e| e.name == env::POD_UID) {
@@ -615,6 +633,49 @@ mod tests {
             .and_then(|e| e.command)
             .unwrap_or_default();
         (argv, warnings)
+    }
+
+    #[test]
+    fn a_presence_wait_goes_in_the_env_and_a_pods_own_is_kept() {
+        let s = Sidecar {
+            timeout: Duration::from_secs(25),
+            handshake: super::HandshakeVolume::EmptyDir,
+            presence: Some(Duration::ZERO),
+        };
+        let env_of = |c: &Container| {
+            c.env
+                .iter()
+                .flatten()
+                .filter(|e| e.name == ENV_PRESENCE)
+                .map(|e| e.value.clone().unwrap_or_default())
+                .collect::<Vec<_>>()
+        };
+        let mut c = Container {
+            name: "proxy".into(),
+            ..Container::default()
+        };
+        s.inject(&mut c, &mut Vec::new()).unwrap();
+        assert_eq!(env_of(&c), ["0ms"]);
+        // Nothing in the command line: an entrypoint of an earlier release would refuse it.
+        let argv = c
+            .lifecycle
+            .as_ref()
+            .and_then(|l| l.pre_stop.as_ref())
+            .and_then(|h| h.exec.as_ref())
+            .and_then(|e| e.command.clone())
+            .unwrap_or_default();
+        assert!(!argv.iter().any(|a| a.contains("presence")), "{argv:?}");
+        let mut own = Container {
+            name: "proxy".into(),
+            env: Some(vec![EnvVar {
+                name: ENV_PRESENCE.into(),
+                value: Some("3s".into()),
+                ..EnvVar::default()
+            }]),
+            ..Container::default()
+        };
+        s.inject(&mut own, &mut Vec::new()).unwrap();
+        assert_eq!(env_of(&own), ["3s"]);
     }
 
     #[test]

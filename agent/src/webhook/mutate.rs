@@ -36,8 +36,8 @@ pub struct Settings {
     pub handshake_volume: HandshakeVolume,
     /// The image the init container `exitorder-install` copies the entrypoint from.
     pub install_image: String,
-    /// The entrypoint's `--presence`, when set: how long a sidecar waits for an agent to say
-    /// it serves the directory (0: for the timeout whatever, as entrypoints before presence
+    /// The entrypoint's presence wait (`EXITORDER_PRESENCE` in each ordered sidecar's env),
+    /// when set: how long a sidecar waits for an agent to say it serves the directory (0: for the timeout whatever, as entrypoints before presence
     /// did; what an upgrade from such a release sets while agents roll out). Unset: the
     /// entrypoint's own default.
     pub agent_presence: Option<Duration>,
