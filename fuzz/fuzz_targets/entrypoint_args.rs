@@ -3,8 +3,9 @@
 //! its two environment variables, and what the init container that installs it passes.
 //!
 //! Input: a selector byte, then NUL-separated arguments. Selector bit 0 takes the first
-//! argument as `EXITORDER_DIR`, bit 1 the next one as `EXITORDER_WAIT_TIMEOUT` (an empty
-//! value counts as unset, as the process environment is read).
+//! argument as `EXITORDER_DIR`, bit 1 the next one as `EXITORDER_WAIT_TIMEOUT`, bit 2 the
+//! next one as `EXITORDER_PRESENCE` (an empty value counts as unset, as the process
+//! environment is read).
 //!
 //! Oracle: no panic; a usage error says something; a parsed command has a directory, a
 //! duration that shows as it parses (`duration::show`, the form log lines use), a checked
@@ -33,6 +34,9 @@ fuzz_target!(|data: &[u8]| {
     }
     if selector & 2 != 0 {
         env.timeout = parts.next().filter(|v| !v.is_empty());
+    }
+    if selector & 4 != 0 {
+        env.presence = parts.next().filter(|v| !v.is_empty());
     }
     let args: Vec<CString> = if rest.is_empty() {
         Vec::new()
@@ -69,6 +73,13 @@ fuzz_target!(|data: &[u8]| {
 fn check_wait(wait: &WaitArgs) {
     assert!(!wait.dir.is_empty(), "{wait:?}");
     check_duration(wait.timeout);
+    if let Some(p) = wait.presence {
+        assert!(!p.is_zero(), "a zero presence wait is none: {wait:?}");
+        check_duration(p);
+    }
+    for ignored in &wait.ignored {
+        assert!(ignored.as_bytes().starts_with(b"--"), "{wait:?}");
+    }
     match &wait.then {
         Then::Nothing | Then::Exec(_) => {}
         Then::HttpGet(url) => check_url(url),
@@ -108,11 +119,15 @@ fn render(command: &Command) -> Vec<CString> {
         Command::Help => vec![arg("--help")],
         Command::Version => vec![arg("--version")],
         Command::Wait(wait) => {
+            let presence = wait.presence.map_or_else(|| "0".to_owned(), duration::show);
             let mut out = vec![
                 arg("wait"),
                 flag("dir", wait.dir.as_bytes()),
                 flag("timeout", duration::show(wait.timeout).as_bytes()),
+                flag("presence", presence.as_bytes()),
             ];
+            // A later release's flags, skipped again where they stood (before the command).
+            out.extend(wait.ignored.iter().cloned());
             match &wait.then {
                 Then::Nothing => {}
                 Then::Exec(exec) => {
