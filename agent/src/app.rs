@@ -87,10 +87,12 @@ pub async fn run(cfg: AppConfig, cancel: CancellationToken) -> Result<(), AppErr
         info!(addr = %addr, "metrics listening");
     }
     let http_stop = CancellationToken::new();
-    let mut http = tokio::spawn(
-        crate::serve::metrics::serve(listener, stats.clone(), http_stop.clone())
-            .instrument(tracing::info_span!("metrics")),
-    );
+    let http = crate::serve::metrics::spawn(listener, stats.clone(), http_stop.clone()).map_err(
+        |source| AppError::Listen {
+            addr: cfg.metrics_addr,
+            source,
+        },
+    )?;
     let mut agent = Agent::start(cfg.agent.clone(), stats.clone()).map_err(AppError::Start)?;
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut cluster_task: Option<JoinHandle<()>> = None;
@@ -151,7 +153,7 @@ pub async fn run(cfg: AppConfig, cancel: CancellationToken) -> Result<(), AppErr
                     if let Some(t) = &owner_task {
                         t.abort();
                     }
-                    http.abort();
+                    http_stop.cancel();
                     return Err(AppError::ShutdownTimeout(cfg.shutdown_timeout));
                 }
             }
@@ -160,11 +162,10 @@ pub async fn run(cfg: AppConfig, cancel: CancellationToken) -> Result<(), AppErr
     // The endpoint answers until the end, so probes see the shutdown through; then its
     // connections get their short drain.
     http_stop.cancel();
-    if tokio::time::timeout(Limits::METRICS.drain.saturating_mul(2), &mut http)
+    if !http
+        .ended_within(Limits::METRICS.drain.saturating_mul(2))
         .await
-        .is_err()
     {
-        http.abort();
         warn!("metrics connections still open at the end of the shutdown; dropped");
     }
     if let Some(t) = &cluster_task {

@@ -45,6 +45,10 @@ async fn a_wedged_decision_loop_fails_healthz_while_http_still_answers() {
     let (status, body) = http_get(&addr, "/healthz").await;
     assert_eq!(status, 503);
     assert!(body.contains("decision loop has not gone round"), "{body}");
+    // The endpoint is served apart from the loop's runtime: the metrics still tell.
+    let (status, body) = http_get(&addr, "/metrics").await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("exitorder_ready"), "{body}");
     std::fs::remove_file(&wedge).expect("unwedge");
     until("/healthz passing again", Duration::from_secs(20), || {
         let addr = addr.clone();

@@ -287,6 +287,55 @@ pub fn readiness(stats: &Stats) -> Result<(), String> {
     ))
 }
 
+/// The endpoint served on a thread of its own (see [`spawn`]); it says when it has ended.
+#[derive(Debug)]
+pub struct Endpoint {
+    done: tokio::sync::oneshot::Receiver<()>,
+}
+
+impl Endpoint {
+    /// Whether the endpoint ended (after its `stop`) within `bound`.
+    pub async fn ended_within(self, bound: std::time::Duration) -> bool {
+        // A dropped sender is an end too: the thread is gone.
+        tokio::time::timeout(bound, self.done).await.is_ok()
+    }
+}
+
+/// Serves the endpoint on `listener` until `stop`, on a thread and a runtime of its own.
+///
+/// The decision loop runs on the agent's runtime, and what wedges it (a system call on a
+/// hung file system, work that never yields) holds the worker thread it runs on: tokio
+/// cannot move the tasks queued on that worker, and the endpoint's accept task is often
+/// among them. Served apart, `/healthz` still answers and says why it fails, `/metrics`
+/// still shows what the agent was doing, rather than the kubelet's probe timing out on a
+/// silent port.
+pub fn spawn(
+    listener: TcpListener,
+    stats: Arc<Stats>,
+    stop: CancellationToken,
+) -> std::io::Result<Endpoint> {
+    // Taken off the agent's runtime here, registered with the endpoint's own below.
+    let listener = listener.into_std()?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let (tx, done) = tokio::sync::oneshot::channel();
+    let span = tracing::info_span!("metrics");
+    std::thread::Builder::new()
+        .name("metrics".to_owned())
+        .spawn(move || {
+            let _in = span.enter();
+            runtime.block_on(async move {
+                match TcpListener::from_std(listener) {
+                    Ok(listener) => serve(listener, stats, stop).await,
+                    Err(e) => tracing::error!(error = %e, "the metrics listener cannot be served"),
+                }
+            });
+            let _ = tx.send(());
+        })?;
+    Ok(Endpoint { done })
+}
+
 /// Serves the endpoint on `listener` until `stop`, within [`Limits::METRICS`]: it is on the
 /// node's network, where any pod can reach it.
 pub async fn serve(listener: TcpListener, stats: Arc<Stats>, stop: CancellationToken) {
