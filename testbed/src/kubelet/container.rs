@@ -84,20 +84,28 @@ pub(crate) async fn supervise(ctx: Arc<PodCtx>, c: ContainerPlan, cancel: Cancel
             c.spec.image = Some(image.clone());
             c.image = image;
         }
-        let id = tokio::select! {
-            () = cancel.cancelled() => return,
-            res = create_and_start(&ctx, &c, attempt) => match res {
-                Ok(id) => id,
-                Err(e) => {
-                    ctx.record(Some(name), What::Error { detail: e.clone() });
-                    ctx.container(name, |s| s.finished = true);
-                    ctx.update(|s| {
-                        s.message.get_or_insert(format!("container {name}: {e}"));
-                    });
-                    return;
-                }
+        // A start in flight is let finish, never dropped: containerd goes on starting a
+        // container whose call was dropped, and the deletion's listing, taken meanwhile,
+        // would see it created and leave it running. The kubelet's pod worker likewise
+        // runs a pod's termination only once its sync returned (pod_workers.go
+        // podWorkerLoop), and SyncTerminatingPod checks that nothing runs after the kill.
+        if cancel.is_cancelled() {
+            return;
+        }
+        let id = match create_and_start(&ctx, &c, attempt).await {
+            Ok(id) => id,
+            Err(e) => {
+                ctx.record(Some(name), What::Error { detail: e.clone() });
+                ctx.container(name, |s| s.finished = true);
+                ctx.update(|s| {
+                    s.message.get_or_insert(format!("container {name}: {e}"));
+                });
+                return;
             }
         };
+        if cancel.is_cancelled() {
+            return;
+        }
         let exited = ctx.node.exits.watch(&id);
         tokio::pin!(exited);
         let (news_tx, mut news) = mpsc::unbounded_channel();
