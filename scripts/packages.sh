@@ -1,6 +1,6 @@
 # Sourced by scripts/demo and scripts/test: installs, with apt-get, what a test node needs —
-# containerd, runc, the CNI plugins and a static busybox for the images, and the C toolchain
-# with libc.a that the static entrypoint links against.
+# containerd, runc, the CNI plugins, a static busybox for the images, haproxy and rsyslog for the
+# traffic image, and the C toolchain with libc.a that the static entrypoint links against.
 
 # apt-get, retried while another dpkg/apt holds its lock (unattended upgrades on a fresh VM).
 apt_get() {
@@ -26,6 +26,10 @@ missing_node_packages() {
     dpkg -s libc6-dev >/dev/null 2>&1 || missing+=(libc6-dev)
     # The pod network of user-namespaced pods (ptp, host-local).
     [ -x /usr/lib/cni/ptp ] || [ -x /opt/cni/bin/ptp ] || missing+=(containernetworking-plugins)
+    # The traffic benchmark's and the demo's real proxy and log shipper (their image is built
+    # from these binaries and their libraries).
+    [ -x /usr/sbin/haproxy ] || missing+=(haproxy)
+    [ -x /usr/sbin/rsyslogd ] || missing+=(rsyslog)
     echo "${missing[*]}"
 }
 

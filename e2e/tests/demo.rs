@@ -37,6 +37,7 @@ fn args_without_binaries(pod: Option<&str>, without_agent: bool) -> DemoArgs {
         ready_timeout: Duration::from_secs(60),
         complete_timeout: Duration::from_secs(120),
         without_agent,
+        traffic: false,
         json: true,
         binaries: Default::default(),
         chart: None,

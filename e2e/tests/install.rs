@@ -1033,6 +1033,7 @@ async fn the_demo_installs_the_agent_from_the_chart() {
         ready_timeout: Duration::from_secs(60),
         complete_timeout: Duration::from_secs(120),
         without_agent: false,
+        traffic: false,
         json: true,
         binaries: Default::default(),
         chart: Some(chart()),

@@ -29,6 +29,7 @@ pub mod report;
 mod resources;
 pub mod returns;
 pub mod summary;
+pub mod traffic;
 pub mod webhook;
 
 use std::path::{Path, PathBuf};
@@ -89,6 +90,9 @@ pub enum Part {
     Webhook,
     /// The agent's memory while thousands of pods are created and deleted; only when named.
     Churn,
+    /// Requests and log lines kept through pod deletion with a real proxy (haproxy) and log
+    /// shipper (rsyslog), per way of ordering exits; only when named.
+    Traffic,
 }
 
 #[derive(Debug, Clone, clap::Args)]
@@ -151,12 +155,18 @@ pub struct BenchArgs {
     /// The agent's memory is read every this many pods of the churn.
     #[arg(long, default_value_t = 100, value_parser = positive)]
     pub churn_sample_every: usize,
+    /// Pod deletions per strategy in the traffic part.
+    #[arg(long, default_value_t = 5, value_parser = positive)]
+    pub traffic_deletions: usize,
+    /// Requests a second sent through each pod's proxy while it is deleted.
+    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub traffic_rate: u32,
 }
 
 impl BenchArgs {
     fn runs(&self, part: Part) -> bool {
         match part {
-            Part::Churn => self.only.contains(&part),
+            Part::Churn | Part::Traffic => self.only.contains(&part),
             _ => self.only.is_empty() || self.only.contains(&part),
         }
     }
@@ -198,9 +208,15 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
 pub async fn measure(args: &BenchArgs) -> anyhow::Result<Report> {
     let started = Instant::now();
     let agent = crate::demo::agent_binary(args.binaries.agent_binary.clone())?;
-    let mut report = if [Part::Detect, Part::Return, Part::Resources, Part::Churn]
-        .iter()
-        .any(|p| args.runs(*p))
+    let mut report = if [
+        Part::Detect,
+        Part::Return,
+        Part::Resources,
+        Part::Churn,
+        Part::Traffic,
+    ]
+    .iter()
+    .any(|p| args.runs(*p))
     {
         let bin = Binaries {
             agent: agent.clone(),
@@ -234,9 +250,10 @@ pub async fn measure(args: &BenchArgs) -> anyhow::Result<Report> {
     Ok(report)
 }
 
-struct Binaries {
-    agent: PathBuf,
-    entrypoint: PathBuf,
+/// The agent and the static entrypoint the benchmark runs.
+pub struct Binaries {
+    pub agent: PathBuf,
+    pub entrypoint: PathBuf,
 }
 
 /// The node on containerd `runtime` (`None` or `1.6`: the machine's own).
@@ -309,6 +326,15 @@ async fn measure_all(node: &Node, args: &BenchArgs, bin: &Binaries) -> anyhow::R
             )
             .await?,
         );
+    }
+    if args.runs(Part::Traffic) {
+        let settings = traffic::TrafficSettings {
+            deletions: args.traffic_deletions,
+            rate: args.traffic_rate,
+            ..traffic::TrafficSettings::default()
+        };
+        report.traffic =
+            Some(traffic::measure(node, bin, &traffic::Strategy::ALL, &settings).await?);
     }
     Ok(report)
 }

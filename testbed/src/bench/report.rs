@@ -259,6 +259,7 @@ pub struct Report {
     pub agent_burst: Option<BurstRow>,
     pub webhook: Option<super::webhook::WebhookRow>,
     pub agent_churn: Option<super::churn::ChurnRow>,
+    pub traffic: Option<super::traffic::TrafficSection>,
 }
 
 impl Report {
@@ -276,6 +277,7 @@ impl Report {
             agent_burst: None,
             webhook: None,
             agent_churn: None,
+            traffic: None,
         }
     }
 }
@@ -531,6 +533,9 @@ impl Report {
                 w.cpu_seconds
             );
         }
+        if let Some(tr) = &self.traffic {
+            t.push_str(&tr.table());
+        }
         if let Some(c) = &self.agent_churn {
             let _ = writeln!(
                 t,
@@ -716,6 +721,7 @@ mod tests {
                     },
                 ],
             }),
+            traffic: None,
         }
     }
 

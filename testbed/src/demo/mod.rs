@@ -85,6 +85,12 @@ pub struct DemoArgs {
     /// node without exitorder does.
     #[arg(long)]
     pub without_agent: bool,
+    /// Before the pod's timeline, an app behind a real proxy (haproxy) and log shipper
+    /// (rsyslog) deleted under load, once without the agent and once with: how many requests
+    /// failed and log lines were lost each time (needs the agent; `scripts/demo` without
+    /// arguments turns it on).
+    #[arg(long, conflicts_with_all = ["without_agent", "chart"])]
+    pub traffic: bool,
     /// Print one JSON object as the last line: each container's exit code, exit time and
     /// verdict.
     #[arg(long)]
@@ -226,8 +232,18 @@ pub async fn demo(args: &DemoArgs, out: &mut dyn FnMut(&str)) -> anyhow::Result<
         v.runtime_version,
         node.socket().display()
     ));
+    let run = async {
+        if let (true, Some((agent, entrypoint))) = (args.traffic, &binaries) {
+            let bin = crate::bench::Binaries {
+                agent: agent.clone(),
+                entrypoint: entrypoint.clone(),
+            };
+            traffic(&node, &bin, out).await?;
+        }
+        scenario(&node, args, &pod, force_host_network, binaries, out).await
+    };
     let outcome = tokio::select! {
-        res = scenario(&node, args, &pod, force_host_network, binaries, out) => res,
+        res = run => res,
         () = exitorder::telemetry::shutdown_signal() => Err(anyhow!("interrupted")),
     };
     out("Tearing the test bed down...");
@@ -235,6 +251,32 @@ pub async fn demo(args: &DemoArgs, out: &mut dyn FnMut(&str)) -> anyhow::Result<
     let report = outcome?;
     teardown.context("teardown")?;
     Ok(report)
+}
+
+/// `--traffic`: the traffic benchmark's pod deleted once without the agent and once with.
+async fn traffic(
+    node: &Node,
+    bin: &crate::bench::Binaries,
+    out: &mut dyn FnMut(&str),
+) -> anyhow::Result<()> {
+    use crate::bench::traffic::{self, Strategy, TrafficSettings};
+    out(
+        "An app behind a real proxy (haproxy) and log shipper (rsyslog), deleted while \
+         clients send it 50 requests/s:",
+    );
+    let settings = TrafficSettings {
+        deletions: 1,
+        ..TrafficSettings::default()
+    };
+    traffic::prepare(node)?;
+    for (strategy, label) in [
+        (Strategy::None, "without exitorder"),
+        (Strategy::Exitorder, "with exitorder"),
+    ] {
+        let row = traffic::run_strategy(node, bin, strategy, &settings).await?;
+        out(&format!("  {label:<18} {}", row.counts.sentence()));
+    }
+    Ok(())
 }
 
 /// The pod to run (`--pod`, or the built-in example: injected.yaml with `--inject`), and

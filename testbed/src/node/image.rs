@@ -93,10 +93,9 @@ fn write(path: &Path, bytes: &[u8]) -> Result<(), TestbedError> {
     std::fs::write(path, bytes).map_err(|e| TestbedError::io("write", path, e))
 }
 
-fn build() -> Result<Vec<u8>, TestbedError> {
+/// A root file system holding the static busybox and its applets, in `root`.
+pub(crate) fn busybox_rootfs(root: &Path) -> Result<(), TestbedError> {
     let busybox = find_busybox()?;
-    let work = DirGuard::new(make_temp_dir("eo-img")?);
-    let root = work.path().join("rootfs");
     for (dir, mode) in [
         ("bin", 0o755),
         ("etc", 0o755),
@@ -127,69 +126,98 @@ fn build() -> Result<Vec<u8>, TestbedError> {
         &root.join("etc/passwd"),
         b"root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/false\n",
     )?;
-    write(&root.join("etc/group"), b"root:x:0:\nnogroup:x:65534:\n")?;
+    write(&root.join("etc/group"), b"root:x:0:\nnogroup:x:65534:\n")
+}
 
-    let layer = work.path().join("layer.tar");
+/// One image of a docker archive: its config's file name, entrypoint and command, and tags.
+pub(crate) struct ArchiveImage<'a> {
+    pub config: &'a str,
+    pub entrypoint: serde_json::Value,
+    pub cmd: serde_json::Value,
+    pub tags: &'a [&'a str],
+}
+
+/// A docker archive of `images`, each the single layer made of `root`, built in `work`.
+pub(crate) fn pack(
+    work: &Path,
+    root: &Path,
+    images: &[ArchiveImage<'_>],
+) -> Result<Vec<u8>, TestbedError> {
+    let layer = work.join("layer.tar");
     run_command(
         Command::new("tar")
             .args(["--numeric-owner", "--owner=0", "--group=0", "-C"])
-            .arg(&root)
+            .arg(root)
             .arg("-cf")
             .arg(&layer)
             .arg("."),
     )?;
     let digest = sha256_hex(&layer)?;
-    let layer_dir = work.path().join(&digest);
+    let layer_dir = work.join(&digest);
     mkdir(&layer_dir, 0o755)?;
     std::fs::rename(&layer, layer_dir.join("layer.tar"))
         .map_err(|e| TestbedError::io("rename", &layer, e))?;
-
-    let config = |entrypoint: serde_json::Value, cmd: serde_json::Value| {
-        serde_json::json!({
+    let layer_name = format!("{digest}/layer.tar");
+    let mut manifest = Vec::new();
+    let mut members = vec!["manifest.json".to_owned()];
+    for image in images {
+        let config = serde_json::json!({
             "architecture": docker_arch(),
             "os": "linux",
             "config": {
                 "Env": ["PATH=/bin:/usr/bin:/sbin:/usr/sbin"],
-                "Entrypoint": entrypoint,
-                "Cmd": cmd,
+                "Entrypoint": image.entrypoint,
+                "Cmd": image.cmd,
                 "WorkingDir": "/",
             },
             "rootfs": {"type": "layers", "diff_ids": [format!("sha256:{digest}")]},
             "history": [{"created_by": "exitorder testbed"}],
-        })
-        .to_string()
-    };
+        });
+        write(&work.join(image.config), config.to_string().as_bytes())?;
+        manifest.push(serde_json::json!(
+            {"Config": image.config, "RepoTags": image.tags, "Layers": [layer_name]}
+        ));
+        members.push(image.config.to_owned());
+    }
+    members.push(digest);
     write(
-        &work.path().join("busybox.json"),
-        config(serde_json::Value::Null, serde_json::json!(["sh"])).as_bytes(),
+        &work.join("manifest.json"),
+        serde_json::Value::Array(manifest).to_string().as_bytes(),
     )?;
-    write(
-        &work.path().join("pause.json"),
-        config(
-            serde_json::json!(["/bin/sleep", "infinity"]),
-            serde_json::Value::Null,
-        )
-        .as_bytes(),
-    )?;
-    let layer_name = format!("{digest}/layer.tar");
-    let manifest = serde_json::json!([
-        {"Config": "busybox.json", "RepoTags": [BUSYBOX_IMAGE, BUSYBOX_USER_IMAGE, PRESET_STAND_IN_IMAGE], "Layers": [layer_name]},
-        {"Config": "pause.json", "RepoTags": [PAUSE_IMAGE], "Layers": [layer_name]},
-    ]);
-    write(
-        &work.path().join("manifest.json"),
-        manifest.to_string().as_bytes(),
-    )?;
-    let archive = work.path().join("images.tar");
+    let archive = work.join("images.tar");
     run_command(
         Command::new("tar")
             .arg("-C")
-            .arg(work.path())
+            .arg(work)
             .arg("-cf")
             .arg(&archive)
-            .args(["manifest.json", "busybox.json", "pause.json", &digest]),
+            .args(&members),
     )?;
     std::fs::read(&archive).map_err(|e| TestbedError::io("read", &archive, e))
+}
+
+fn build() -> Result<Vec<u8>, TestbedError> {
+    let work = DirGuard::new(make_temp_dir("eo-img")?);
+    let root = work.path().join("rootfs");
+    busybox_rootfs(&root)?;
+    pack(
+        work.path(),
+        &root,
+        &[
+            ArchiveImage {
+                config: "busybox.json",
+                entrypoint: serde_json::Value::Null,
+                cmd: serde_json::json!(["sh"]),
+                tags: &[BUSYBOX_IMAGE, BUSYBOX_USER_IMAGE, PRESET_STAND_IN_IMAGE],
+            },
+            ArchiveImage {
+                config: "pause.json",
+                entrypoint: serde_json::json!(["/bin/sleep", "infinity"]),
+                cmd: serde_json::Value::Null,
+                tags: &[PAUSE_IMAGE],
+            },
+        ],
+    )
 }
 
 fn sha256_hex(path: &Path) -> Result<String, TestbedError> {

@@ -14,6 +14,7 @@ mod cpu;
 pub mod exitfiles;
 pub mod exits;
 mod image;
+mod traffic_image;
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -33,6 +34,7 @@ pub(crate) use cpu::CpuLayout;
 pub use cpu::{Tier, AGENT_CPU_REQUEST_MILLI};
 pub use exitfiles::{ExitFileEvents, ExitFileProbe};
 pub use image::{find_busybox, BUSYBOX_IMAGE, PRESET_STAND_IN_IMAGE};
+pub use traffic_image::{available as traffic_image_available, TRAFFIC_IMAGE};
 
 /// Where the chart and the webhook put the share on a node; a pod's hostPath there is the
 /// test bed's share.
@@ -388,6 +390,18 @@ impl Node {
     /// The last `lines` lines of containerd's log, for failure messages.
     pub fn containerd_log_tail(&self, lines: usize) -> String {
         containerd::log_tail(&self.shared.dir.join(containerd::LOG_FILE), lines)
+    }
+
+    /// Imports the traffic benchmark's image ([`TRAFFIC_IMAGE`]: haproxy and rsyslog from
+    /// the host's Debian packages), built on first use.
+    pub fn import_traffic_image(&self) -> Result<(), TestbedError> {
+        let archive = traffic_image::archive()?;
+        let path = self.shared.dir.join("traffic-image.tar");
+        std::fs::write(&path, archive.as_slice())
+            .map_err(|e| TestbedError::io("write", &path, e))?;
+        let res = self.import_image(&path);
+        let _ = std::fs::remove_file(&path);
+        res
     }
 
     /// Imports an image archive (docker-archive or OCI) into the node's store.

@@ -1,0 +1,61 @@
+//! The traffic benchmark's harness, on the real containerd with a real proxy (haproxy) and log
+//! shipper (rsyslog): with the proxy and the shipper stopped first (the kubelet's default, no
+//! exitorder) it counts failed requests both ways and lost log lines, so the zero it counts
+//! with exitorder is never a broken counter.
+//!
+//! Needs root and `containerd runc busybox-static haproxy rsyslog`; without them the test
+//! prints "SKIPPED: <reason>" and passes, except in CI (`CI` set), where it is mandatory.
+
+use exitorder_e2e::support::{self, agent_bin, skip_or_fail};
+use exitorder_testbed::bench::traffic::{self, Strategy, TrafficSettings};
+use exitorder_testbed::bench::Binaries;
+
+#[tokio::test]
+async fn requests_and_lines_are_lost_without_exitorder_and_kept_with_it() {
+    if let Err(e) = exitorder_testbed::node::traffic_image_available() {
+        skip_or_fail(&format!("the traffic image cannot be built here: {e}"));
+        return;
+    }
+    let Some(node) = support::node_or_skip().await else {
+        return;
+    };
+    let bin = Binaries {
+        agent: agent_bin().to_owned(),
+        entrypoint: support::static_entrypoint().to_owned(),
+    };
+    traffic::prepare(&node).expect("the traffic image");
+    let settings = TrafficSettings {
+        deletions: 1,
+        ..TrafficSettings::default()
+    };
+
+    // The proxy and the shipper get TERM with the app: the counters must see it.
+    let none = traffic::run_strategy(&node, &bin, Strategy::None, &settings)
+        .await
+        .expect("a deletion without exitorder");
+    let c = none.counts;
+    assert!(c.inbound > 0 && c.outbound > 0 && c.lines > 0, "{c:?}");
+    assert!(c.inbound_failed > 0, "inbound failures not counted: {c:?}");
+    assert!(
+        c.outbound_failed > 0,
+        "outbound failures not counted: {c:?}"
+    );
+    assert!(c.lines_lost > 0, "lost lines not counted: {c:?}");
+    assert_eq!(none.deletions_with_loss, 1);
+
+    // The same pod and load, ordered: nothing lost.
+    let ordered = traffic::run_strategy(&node, &bin, Strategy::Exitorder, &settings)
+        .await
+        .expect("a deletion with exitorder");
+    let c = ordered.counts;
+    assert!(c.inbound > 0 && c.outbound > 0 && c.lines > 0, "{c:?}");
+    assert_eq!(
+        (c.inbound_failed, c.outbound_failed, c.lines_lost),
+        (0, 0, 0),
+        "{}",
+        c.sentence()
+    );
+    // The app drains for at least its 20 calls' pauses (2 s): the pod cannot be gone sooner.
+    assert!(ordered.pod_gone_p50_ms >= 2000.0, "{ordered:?}");
+    node.shutdown().await.expect("teardown");
+}
