@@ -633,3 +633,77 @@ pub async fn measure(
         rows,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(strategy: Strategy) -> serde_json::Value {
+        let mut pod = crate::kubelet::pod_from_yaml(TRAFFIC_POD).expect("traffic.yaml");
+        apply(&mut pod, strategy, &TrafficSettings::default()).expect("apply");
+        pod
+    }
+
+    fn names(v: &serde_json::Value) -> Vec<&str> {
+        v.as_array()
+            .map(|a| a.iter().filter_map(|c| c["name"].as_str()).collect())
+            .unwrap_or_default()
+    }
+
+    #[test]
+    fn each_strategy_shapes_the_same_pod() {
+        let none = pod(Strategy::None);
+        assert_eq!(names(&none["spec"]["containers"]), [APP, PROXY, SHIPPER]);
+        assert!(none["spec"]["containers"][1]["lifecycle"].is_null());
+
+        let ordered = pod(Strategy::Exitorder);
+        let proxy = &ordered["spec"]["containers"][1];
+        assert_eq!(
+            proxy["lifecycle"]["preStop"]["exec"]["command"][3], "25s",
+            "{proxy}"
+        );
+        assert!(
+            ordered["metadata"]["annotations"]["exitorder.io/container-exit-priority"]
+                .as_str()
+                .is_some_and(|a| a.contains("shipper"))
+        );
+        assert!(!ordered.to_string().contains("EXITORDER_PRESENCE"));
+        assert!(pod(Strategy::Kruise)
+            .to_string()
+            .contains("EXITORDER_PRESENCE"));
+
+        let linkerd = pod(Strategy::LinkerdWait(5));
+        assert_eq!(
+            linkerd["spec"]["containers"][2]["lifecycle"]["preStop"]["exec"]["command"],
+            serde_json::json!(["sleep", "5"])
+        );
+
+        let native = pod(Strategy::Native);
+        assert_eq!(names(&native["spec"]["containers"]), [APP]);
+        assert_eq!(names(&native["spec"]["initContainers"]), [PROXY, SHIPPER]);
+        assert_eq!(
+            native["spec"]["initContainers"][0]["restartPolicy"],
+            "Always"
+        );
+        assert_eq!(
+            native["spec"]["initContainers"][0]["lifecycle"]["preStop"]["exec"]["command"],
+            serde_json::json!(["kill", "-USR1", "1"])
+        );
+    }
+
+    #[test]
+    fn the_sentence_counts_both_ways() {
+        let c = Counts {
+            inbound: 50,
+            inbound_failed: 49,
+            outbound: 20,
+            outbound_failed: 20,
+            lines: 23,
+            lines_lost: 20,
+        };
+        assert_eq!(
+            c.sentence(),
+            "69 of 70 requests failed (49 of 50 inbound, 20 of 20 outbound), 20 of 23 log lines lost"
+        );
+    }
+}
