@@ -13,6 +13,7 @@ pub mod owner;
 pub mod podevents;
 pub mod podwatch;
 pub mod recorder;
+pub mod watchloop;
 
 use std::sync::Arc;
 

@@ -5,8 +5,10 @@
 //! next agent answers the waits the last one left.
 //!
 //! Watched, not only read at SIGTERM: `helm uninstall` deletes the DaemonSet and then, at
-//! once, the agent's RBAC and ServiceAccount, while the DaemonSet's pods are stopped later by
-//! the garbage collector; a read at SIGTERM then meets a 401 or 403. The watch of this one
+//! once, the agent's RBAC and ServiceAccount (helm `pkg/releaseutil/kind_sorter.go`
+//! `UninstallOrder`: DaemonSet before RoleBinding, Role and ServiceAccount), while the
+//! DaemonSet's pods are stopped later by the garbage collector; a read at SIGTERM then meets a
+//! 401 or 403. The watch of this one
 //! object (field selector `metadata.name`, allowed by the Role's `resourceNames`) has seen
 //! the deletion by then. The read at SIGTERM stays for what the watch may have missed.
 
@@ -14,7 +16,6 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures_util::StreamExt;
 use k8s_openapi::api::apps::v1::DaemonSet;
 use kube::runtime::watcher;
 use kube::{Api, Client};
@@ -22,6 +23,22 @@ use tracing::{info, warn};
 
 use crate::agent::Farewell;
 use crate::backoff::Backoff;
+use crate::cluster::watchloop;
+
+/// The watch's consumer: what it sees goes into the owner's [`Seen`].
+struct Watching<'a>(&'a Owner);
+
+impl watchloop::Consumer<DaemonSet> for Watching<'_> {
+    fn on_event(&mut self, ev: watcher::Event<DaemonSet>) -> bool {
+        let running = matches!(ev, watcher::Event::Apply(_) | watcher::Event::Delete(_));
+        self.0.on_event(ev);
+        running
+    }
+
+    fn on_error(&mut self, e: &watcher::Error) {
+        warn!(daemonset = %self.0.shown(), error = %e, "the watch of the agent's DaemonSet failed (an uninstall is then told by a read at SIGTERM); retrying");
+    }
+}
 
 /// How long the read at SIGTERM may take: part of the agent's bounded shutdown, and a read
 /// that does not come back is taken for a restart (waits kept), as is any failure.
@@ -92,33 +109,11 @@ impl Owner {
 
     /// Watches the DaemonSet until `shutdown`, remembering a deletion.
     pub async fn watch(self, shutdown: impl Future<Output = ()>) {
-        tokio::pin!(shutdown);
         let config = watcher::Config::default().fields(&format!("metadata.name={}", self.name));
-        let mut backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(60));
-        loop {
-            let stream = watcher(self.api.clone(), config.clone());
-            tokio::pin!(stream);
-            let failed = loop {
-                tokio::select! {
-                    () = &mut shutdown => return,
-                    item = stream.next() => match item {
-                        Some(Ok(ev)) => {
-                            backoff.reset();
-                            self.on_event(ev);
-                        }
-                        Some(Err(e)) => break Some(e),
-                        None => break None,
-                    }
-                }
-            };
-            if let Some(e) = failed {
-                warn!(daemonset = %self.shown(), error = %e, "the watch of the agent's DaemonSet failed (an uninstall is then told by a read at SIGTERM); retrying");
-            }
-            tokio::select! {
-                () = &mut shutdown => return,
-                () = tokio::time::sleep(backoff.next_delay()) => {}
-            }
-        }
+        let api = self.api.clone();
+        let start = move || watcher(api.clone(), config.clone());
+        let backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(60));
+        watchloop::run(start, &mut Watching(&self), backoff, shutdown).await;
     }
 
     fn seen(&self) -> std::sync::MutexGuard<'_, Seen> {

@@ -12,7 +12,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;
 use kube::runtime::reflector::{self, ObjectRef, Store};
@@ -23,6 +22,7 @@ use tracing::{debug, info, warn};
 
 use crate::backoff::Backoff;
 use crate::cluster::podevents::{ConfirmRequest, Confirmer};
+use crate::cluster::watchloop;
 use crate::decide::restart::{Policy, RecordError, Restart, RestartError, RestartRecord};
 use crate::decide::stoporder::StopOrder;
 use crate::kubelet::grace;
@@ -48,8 +48,6 @@ const MAX_TOMBSTONES: usize = 1_024;
 
 const BACKOFF_MIN: Duration = Duration::from_millis(500);
 const BACKOFF_MAX: Duration = Duration::from_secs(30);
-/// A stream that stayed up this long was healthy: the next failure starts the backoff over.
-const STABLE: Duration = Duration::from_secs(30);
 
 /// What the agent reads of one pod.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -339,8 +337,6 @@ pub struct PodWatch {
     stats: Arc<Stats>,
     /// Whether the current outage was already logged at warn level.
     outage_logged: bool,
-    /// When the running stream completed its list.
-    listed_at: Option<Instant>,
 }
 
 /// A watch of the pods on `node`, its view, its confirming reader, and the signals both send.
@@ -376,7 +372,6 @@ pub fn pod_watch(
         tx,
         stats,
         outage_logged: false,
-        listed_at: None,
     };
     (view, watch, confirmer, rx)
 }
@@ -419,49 +414,22 @@ impl PodWatch {
     /// a fresh list after a backoff, so the view is only called current again once a complete
     /// list has been applied (a resumed watch says nothing until something changes).
     pub async fn run(mut self, shutdown: impl Future<Output = ()>) {
-        tokio::pin!(shutdown);
         let config = watcher::Config::default()
             .fields(&format!("spec.nodeName={}", self.node))
             .timeout(WATCH_TIMEOUT_SECS);
-        let mut backoff = Backoff::new(BACKOFF_MIN, BACKOFF_MAX);
-        loop {
-            let stream = watcher(self.api.clone(), config.clone()).modify(|p| {
+        let api = self.api.clone();
+        let start = move || {
+            watcher(api.clone(), config.clone()).modify(|p| {
                 // Nothing here reads managedFields; they are most of a pod's size.
                 p.metadata.managed_fields = None;
-            });
-            tokio::pin!(stream);
-            let failed = loop {
-                tokio::select! {
-                    () = &mut shutdown => return,
-                    item = stream.next() => match item {
-                        Some(Ok(ev)) => {
-                            // Only a watch that delivers proves the API server healthy; a
-                            // list that succeeds before a watch that fails (RBAC without
-                            // `watch`, a proxy that breaks streaming) must not reset the
-                            // backoff, or every node would re-list twice a second.
-                            if self.on_event(ev) {
-                                backoff.reset();
-                            }
-                        }
-                        Some(Err(e)) => break Some(e),
-                        None => break None,
-                    }
-                }
-            };
-            if self.listed_at.take().is_some_and(|t| t.elapsed() >= STABLE) {
-                backoff.reset();
-            }
-            if let Some(e) = failed {
-                self.on_error(&e);
-            }
-            tokio::select! {
-                () = &mut shutdown => return,
-                () = tokio::time::sleep(backoff.next_delay()) => {}
-            }
-        }
+            })
+        };
+        let backoff = Backoff::new(BACKOFF_MIN, BACKOFF_MAX);
+        watchloop::run(start, &mut self, backoff, shutdown).await;
     }
+}
 
-    /// Applies one event; true when it came from a running watch.
+impl watchloop::Consumer<Pod> for PodWatch {
     fn on_event(&mut self, ev: watcher::Event<Pod>) -> bool {
         self.writer.apply_watcher_event(&ev);
         match ev {
@@ -473,7 +441,6 @@ impl PodWatch {
                     info!(node = %self.node, pods = self.writer.as_reader().len(), "pod watch current");
                 }
                 self.outage_logged = false;
-                self.listed_at = Some(Instant::now());
                 let _ = self.tx.send(PodSignal::Resync);
                 false
             }

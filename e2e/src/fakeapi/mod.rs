@@ -7,6 +7,7 @@
 //! `sink`): the kubelet's core/v1 Events (`events`, through client-go's recorder pipeline),
 //! its pod status writes and its Node's Ready condition (`node`).
 
+mod daemonsets;
 mod events;
 mod node;
 mod requests;
@@ -263,19 +264,10 @@ impl FakeApi {
                 return r;
             }
         }
-        if method == Method::GET
-            && path.starts_with("/apis/apps/v1/namespaces/")
-            && path.ends_with("/daemonsets")
-            && q.get("watch") == Some("true")
-        {
-            if self.lock().forbid_daemonsets {
-                return status(StatusCode::FORBIDDEN, "daemonsets.apps is forbidden");
+        if method == Method::GET {
+            if let Some(r) = self.daemonsets(&path, &q) {
+                return r;
             }
-            let from = q
-                .get("resourceVersion")
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(0);
-            return self.watch_daemonsets(from);
         }
         if method == Method::GET && path == "/api/v1/pods" {
             return if query.split('&').any(|kv| kv == "watch=true") {
@@ -322,54 +314,8 @@ impl FakeApi {
         status(StatusCode::NOT_FOUND, "not in the fake")
     }
 
-    /// The reads besides pods: Event lists, the Node and DaemonSets.
+    /// The reads besides pods and DaemonSets: Event lists and the Node.
     fn get_more(&self, path: &str, q: &Query) -> Option<Response<Body>> {
-        if let Some(ns) = path
-            .strip_prefix("/apis/apps/v1/namespaces/")
-            .and_then(|r| r.strip_suffix("/daemonsets"))
-        {
-            let s = self.lock();
-            if s.forbid_daemonsets {
-                return Some(status(
-                    StatusCode::FORBIDDEN,
-                    "daemonsets.apps is forbidden",
-                ));
-            }
-            let wanted = q
-                .get("fieldSelector")
-                .and_then(|f| f.strip_prefix("metadata.name="));
-            let items: Vec<Value> = s
-                .daemonsets
-                .iter()
-                .filter(|((n, name), _)| n == ns && wanted.is_none_or(|w| w == name))
-                .map(|(_, ds)| ds.clone())
-                .collect();
-            let body = json!({
-                "apiVersion": "apps/v1", "kind": "DaemonSetList",
-                "metadata": {"resourceVersion": s.rv.to_string()},
-                "items": items,
-            });
-            return Some(json_response(StatusCode::OK, &body));
-        }
-        if let Some((ns, name)) = path
-            .strip_prefix("/apis/apps/v1/namespaces/")
-            .and_then(|r| r.split_once("/daemonsets/"))
-        {
-            let s = self.lock();
-            if s.forbid_daemonsets {
-                return Some(status(
-                    StatusCode::FORBIDDEN,
-                    "daemonsets.apps is forbidden",
-                ));
-            }
-            return Some(match s.daemonsets.get(&(ns.to_owned(), name.to_owned())) {
-                Some(ds) => json_response(StatusCode::OK, ds),
-                None => status(
-                    StatusCode::NOT_FOUND,
-                    &format!("daemonsets.apps \"{name}\" not found"),
-                ),
-            });
-        }
         let (group, ns) = if path == "/api/v1/events" {
             (events::Group::Core, None)
         } else if path == "/apis/events.k8s.io/v1/events" {
@@ -452,11 +398,6 @@ impl FakeApi {
         self.watch_of(from, |s| (&s.history, &mut s.watchers))
     }
 
-    /// A watch of the DaemonSets from resourceVersion `from`.
-    fn watch_daemonsets(&self, from: u64) -> Response<Body> {
-        self.watch_of(from, |s| (&s.ds_history, &mut s.ds_watchers))
-    }
-
     /// A watch stream: the events of `history` after `from`, then each one sent to the
     /// watchers `of` picks.
     fn watch_of(&self, from: u64, of: impl FnOnce(&mut State) -> Watched<'_>) -> Response<Body> {
@@ -492,15 +433,6 @@ impl FakeApi {
         f(&mut pod);
         publish_in(&mut s, "MODIFIED", pod);
     }
-}
-
-/// Sends a DaemonSet's change to the DaemonSet watches.
-fn publish_daemonset(s: &mut State, kind: &str, mut ds: Value) {
-    s.rv += 1;
-    ds["metadata"]["resourceVersion"] = json!(s.rv.to_string());
-    let line = Bytes::from(format!("{}\n", json!({"type": kind, "object": ds})));
-    s.ds_history.push((s.rv, line.clone()));
-    s.ds_watchers.retain(|w| w.send(line.clone()).is_ok());
 }
 
 /// Stores `pod` as written now and sends it to the watches (or holds it for them).
@@ -601,44 +533,6 @@ impl FakeApi {
     /// filter beyond what is played already): none reaches the API.
     pub fn drop_kubelet_events(&self, drop: bool) {
         self.lock().drop_kubelet_events = drop;
-    }
-
-    /// Creates the DaemonSet `namespace/name` (`deleting`: with a `deletionTimestamp`, as a
-    /// foreground deletion leaves it while its pods go).
-    pub fn put_daemonset(&self, namespace: &str, name: &str, deleting: bool) {
-        let mut ds = json!({
-            "apiVersion": "apps/v1", "kind": "DaemonSet",
-            "metadata": {"name": name, "namespace": namespace, "uid": "ds-uid", "resourceVersion": "1"},
-            "spec": {"selector": {"matchLabels": {"app": name}}, "template": {"metadata": {"labels": {"app": name}}, "spec": {"containers": []}}},
-        });
-        if deleting {
-            ds["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z".into();
-        }
-        let mut s = self.lock();
-        let key = (namespace.to_owned(), name.to_owned());
-        let kind = if s.daemonsets.contains_key(&key) {
-            "MODIFIED"
-        } else {
-            "ADDED"
-        };
-        s.daemonsets.insert(key, ds.clone());
-        publish_daemonset(&mut s, kind, ds);
-    }
-
-    /// Removes the DaemonSet `namespace/name`, as a background deletion does at once.
-    pub fn remove_daemonset(&self, namespace: &str, name: &str) {
-        let mut s = self.lock();
-        if let Some(ds) = s
-            .daemonsets
-            .remove(&(namespace.to_owned(), name.to_owned()))
-        {
-            publish_daemonset(&mut s, "DELETED", ds);
-        }
-    }
-
-    /// DaemonSet reads and watches answer 403 while on: the agent's RBAC deleted.
-    pub fn forbid_daemonsets(&self, forbid: bool) {
-        self.lock().forbid_daemonsets = forbid;
     }
 
     /// The Node as a GET returns it.

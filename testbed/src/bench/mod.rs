@@ -155,7 +155,7 @@ pub struct BenchArgs {
     /// The agent's memory is read every this many pods of the churn.
     #[arg(long, default_value_t = 100, value_parser = positive)]
     pub churn_sample_every: usize,
-    /// Pod deletions per strategy in the traffic part.
+    /// Pods per case in the traffic part (each deleted, or killed by the kubelet).
     #[arg(long, default_value_t = 5, value_parser = positive)]
     pub traffic_deletions: usize,
     /// Requests a second sent through each pod's proxy while it is deleted.
@@ -333,8 +333,7 @@ async fn measure_all(node: &Node, args: &BenchArgs, bin: &Binaries) -> anyhow::R
             rate: args.traffic_rate,
             ..traffic::TrafficSettings::default()
         };
-        report.traffic =
-            Some(traffic::measure(node, bin, &traffic::Strategy::ALL, &settings).await?);
+        report.traffic = Some(traffic::measure(node, bin, &traffic::Case::ALL, &settings).await?);
     }
     Ok(report)
 }

@@ -8,8 +8,8 @@
 //! app's log lines the sink never got, and the time from the deletion to the pod gone.
 
 mod net;
+mod pod;
 
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, Context};
@@ -19,67 +19,87 @@ use tracing::Instrument;
 
 use super::baseline::{KruiseDaemon, KRUISE_SCAN};
 use super::{start_agent, Binaries};
-use crate::kubelet::{DeleteOptions, Deletion, RunOptions, RunningPod};
+use crate::kubelet::{DeleteOptions, Deletion, Kill, RunOptions, RunningPod};
 use crate::node::Node;
 
 pub use net::Load;
 
-const TRAFFIC_POD: &str = include_str!("../../../pods/traffic.yaml");
-const APP: &str = "app";
-const PROXY: &str = "proxy";
-const SHIPPER: &str = "shipper";
+pub use pod::Strategy;
+use pod::{traffic_pod, Ports, APP, PROXY, SHIPPER};
 /// How long a pod's containers and its proxy's and shipper's paths may take to come up.
 const UP_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long the sink may lag behind the pod's end for the lines it will get at all.
 const SINK_LAG: Duration = Duration::from_secs(2);
 
-/// How a strategy orders the sidecars' exits.
+/// A strategy, and how the pod goes: a deletion through the API, or one of the kubelet's own
+/// kills, which keep the pod `Running` in the API until its end.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Strategy {
-    /// The kubelet's default: every container is sent TERM at once.
-    None,
-    /// exitorder: the sidecars' preStop waits, the agent answers when the app has exited.
-    Exitorder,
-    /// The OpenKruise proposal: the same waits, answered by a daemon that looks once a second.
-    Kruise,
-    /// Linkerd's `config.alpha.linkerd.io/proxy-wait-before-exit-seconds`: a fixed preStop
-    /// sleep of this many seconds (on the shipper too, to be fair to it).
-    LinkerdWait(u64),
-    /// Native sidecars (KEP-753): the proxy and the shipper as restartable init containers,
-    /// stopped after the app; the proxy's preStop drains it at t = 0 (haproxy's soft stop,
-    /// as Istio's native mode drains Envoy in its preStop).
-    Native,
+pub struct Case {
+    pub strategy: Strategy,
+    pub kill: Kill,
 }
 
-impl Strategy {
-    /// Every strategy the benchmark compares, in the table's order.
-    pub const ALL: [Strategy; 6] = [
-        Strategy::None,
-        Strategy::Exitorder,
-        Strategy::Kruise,
-        Strategy::LinkerdWait(1),
-        Strategy::LinkerdWait(5),
-        Strategy::Native,
+/// A soft eviction (`eviction_manager.go` evictPod) with the kubelet's
+/// `evictionMaxPodGracePeriod` at 30 s, the pod's own grace then.
+pub const SOFT_EVICTION: Kill = Kill::Eviction {
+    hard: false,
+    max_pod_grace_seconds: 30,
+};
+/// A graceful node shutdown (`nodeshutdown_manager_linux.go`) with 20 s for regular pods
+/// (`shutdownGracePeriod` 30 s less `shutdownGracePeriodCriticalPods` 10 s).
+pub const NODE_SHUTDOWN: Kill = Kill::NodeShutdown { grace_seconds: 20 };
+
+impl Case {
+    /// Every case the benchmark runs, in the table's order: each strategy through a
+    /// deletion, then the kubelet's own kills without and with exitorder.
+    pub const ALL: [Case; 10] = [
+        Case::deletion(Strategy::None),
+        Case::deletion(Strategy::Exitorder),
+        Case::deletion(Strategy::Kruise),
+        Case::deletion(Strategy::LinkerdWait(1)),
+        Case::deletion(Strategy::LinkerdWait(5)),
+        Case::deletion(Strategy::Native),
+        Case {
+            strategy: Strategy::None,
+            kill: SOFT_EVICTION,
+        },
+        Case {
+            strategy: Strategy::Exitorder,
+            kill: SOFT_EVICTION,
+        },
+        Case {
+            strategy: Strategy::None,
+            kill: NODE_SHUTDOWN,
+        },
+        Case {
+            strategy: Strategy::Exitorder,
+            kill: NODE_SHUTDOWN,
+        },
     ];
 
-    pub fn name(self) -> String {
-        match self {
-            Strategy::None => "none (kubelet default)".to_owned(),
-            Strategy::Exitorder => "exitorder".to_owned(),
-            Strategy::Kruise => "Kruise-style 1 s daemon".to_owned(),
-            Strategy::LinkerdWait(s) => format!("Linkerd wait-before-exit {s} s"),
-            Strategy::Native => "native sidecars, proxy drained in preStop".to_owned(),
+    pub const fn deletion(strategy: Strategy) -> Case {
+        Case {
+            strategy,
+            kill: Kill::Deletion,
         }
     }
 
-    fn tag(self) -> String {
-        match self {
-            Strategy::None => "none".to_owned(),
-            Strategy::Exitorder => "exitorder".to_owned(),
-            Strategy::Kruise => "kruise".to_owned(),
-            Strategy::LinkerdWait(s) => format!("linkerd{s}"),
-            Strategy::Native => "native".to_owned(),
+    /// The strategy's name, and the kill's when it is not a deletion.
+    pub fn label(&self) -> String {
+        match self.kill {
+            Kill::Deletion => self.strategy.name(),
+            kill => format!("{}, {}", self.strategy.name(), kill.name()),
         }
+    }
+
+    fn tag(&self) -> String {
+        let kill = match self.kill {
+            Kill::Deletion => "",
+            Kill::Eviction { .. } => "-evicted",
+            Kill::NodeShutdown { .. } => "-shutdown",
+            _ => "-killed",
+        };
+        format!("{}{kill}", self.strategy.tag())
     }
 }
 
@@ -149,6 +169,8 @@ impl Counts {
 #[derive(Debug, Clone, Serialize)]
 pub struct TrafficRow {
     pub strategy: String,
+    /// How the pods went: `deletion`, `soft eviction`, `node shutdown`.
+    pub kill: &'static str,
     pub deletions: usize,
     #[serde(flatten)]
     pub counts: Counts,
@@ -172,9 +194,9 @@ impl TrafficSection {
         let mut t = String::new();
         let _ = writeln!(
             t,
-            "\nTraffic through pod deletion: {} deletions per strategy; each pod: an app that drains on TERM \
+            "\nTraffic through pod deletion: {} pods per case, each deleted (or killed by the kubelet); each pod: an app that drains on TERM \
              (serves, and makes {} outbound calls through the proxy), haproxy, rsyslog shipping the app's log; \
-             {} requests/s through the proxy for {} ms after each deletion began; grace {} s.",
+             {} requests/s through the proxy for {} ms after each kill began; grace {} s.",
             s.deletions, s.app_calls, s.rate, s.endpoint_lag_ms, s.grace_seconds
         );
         let _ = writeln!(
@@ -277,166 +299,6 @@ impl Drop for World {
     }
 }
 
-fn set_env(container: &mut serde_json::Value, name: &str, value: String) {
-    if let Some(env) = container["env"].as_array_mut() {
-        for e in env.iter_mut() {
-            if e["name"] == name {
-                e["value"] = serde_json::Value::String(value);
-                return;
-            }
-        }
-        env.push(serde_json::json!({ "name": name, "value": value }));
-    }
-}
-
-/// The ports one pod listens on.
-struct Ports {
-    app: u16,
-    inbound: u16,
-    outbound: u16,
-}
-
-/// The pod named `name` under `strategy`, its app logging into `log_dir`.
-fn traffic_pod(
-    name: &str,
-    strategy: Strategy,
-    settings: &TrafficSettings,
-    ports: &Ports,
-    world: &World,
-    log_dir: &Path,
-) -> anyhow::Result<serde_json::Value> {
-    let mut pod = crate::kubelet::pod_from_yaml(TRAFFIC_POD)?;
-    pod["metadata"]["name"] = serde_json::Value::String(name.to_owned());
-    pod["spec"]["terminationGracePeriodSeconds"] = serde_json::json!(settings.grace_seconds);
-    pod["spec"]["volumes"][0]["hostPath"]["path"] =
-        serde_json::Value::String(log_dir.display().to_string());
-    {
-        let containers = pod["spec"]["containers"]
-            .as_array_mut()
-            .ok_or_else(|| anyhow!("traffic.yaml has no containers"))?;
-        for c in containers.iter_mut() {
-            let port = |p: u16| p.to_string();
-            match c["name"].as_str() {
-                Some(APP) => {
-                    set_env(c, "POD", name.to_owned());
-                    set_env(c, "APP_PORT", port(ports.app));
-                    set_env(c, "OUT_PORT", port(ports.outbound));
-                    set_env(c, "CALLS", settings.app_calls.to_string());
-                }
-                Some(PROXY) => {
-                    set_env(c, "APP_PORT", port(ports.app));
-                    set_env(c, "IN_PORT", port(ports.inbound));
-                    set_env(c, "OUT_PORT", port(ports.outbound));
-                    set_env(c, "UP_PORT", port(world.upstream));
-                }
-                Some(SHIPPER) => set_env(c, "SINK_PORT", port(world.sink_port)),
-                _ => {}
-            }
-        }
-    }
-    apply(&mut pod, strategy, settings)?;
-    Ok(pod)
-}
-
-/// `pod` as `strategy` has it.
-fn apply(
-    pod: &mut serde_json::Value,
-    strategy: Strategy,
-    settings: &TrafficSettings,
-) -> anyhow::Result<()> {
-    let sidecars = [PROXY, SHIPPER];
-    let containers = pod["spec"]["containers"]
-        .as_array_mut()
-        .ok_or_else(|| anyhow!("traffic.yaml has no containers"))?;
-    match strategy {
-        Strategy::None => {}
-        Strategy::Exitorder | Strategy::Kruise => {
-            // As the exitorder webhook leaves a pod in hostPath mode (testbed/pods/bench.yaml).
-            let timeout = format!("{}s", settings.grace_seconds.saturating_sub(5).max(1));
-            for c in containers.iter_mut() {
-                let Some(name) = c["name"].as_str().map(str::to_owned) else {
-                    continue;
-                };
-                if !sidecars.contains(&name.as_str()) {
-                    continue;
-                }
-                if let Some(env) = c["env"].as_array_mut() {
-                    env.push(serde_json::json!({
-                        "name": "POD_UID",
-                        "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}},
-                    }));
-                    if strategy == Strategy::Kruise {
-                        // The proposal's daemon writes no presence file: wait for its answer.
-                        env.push(serde_json::json!({"name": "EXITORDER_PRESENCE", "value": "0"}));
-                    }
-                }
-                let mounts = c["volumeMounts"].as_array_mut();
-                let share = serde_json::json!({
-                    "name": "exitorder",
-                    "mountPath": "/var/run/exitorder",
-                    "subPathExpr": format!("pods/$(POD_UID)/{name}"),
-                });
-                let bin = serde_json::json!({
-                    "name": "exitorder-bin",
-                    "mountPath": "/var/run/exitorder-bin",
-                    "readOnly": true,
-                });
-                match mounts {
-                    Some(m) => m.extend([share, bin]),
-                    None => c["volumeMounts"] = serde_json::json!([share, bin]),
-                }
-                c["lifecycle"] = serde_json::json!({"preStop": {"exec": {"command": [
-                    "/var/run/exitorder-bin/exitorder-entrypoint", "wait", "--timeout", timeout,
-                ]}}});
-            }
-            pod["metadata"]["annotations"] = serde_json::json!({
-                "exitorder.io/container-exit-priority": r#"{"proxy": 1, "shipper": 1}"#,
-            });
-            if let Some(volumes) = pod["spec"]["volumes"].as_array_mut() {
-                volumes.push(serde_json::json!({
-                    "name": "exitorder",
-                    "hostPath": {"path": "/var/lib/exitorder", "type": "Directory"},
-                }));
-                volumes.push(serde_json::json!({
-                    "name": "exitorder-bin",
-                    "hostPath": {"path": "/var/lib/exitorder-bin", "type": "Directory"},
-                }));
-            }
-        }
-        Strategy::LinkerdWait(seconds) => {
-            for c in containers.iter_mut() {
-                if c["name"].as_str().is_some_and(|n| sidecars.contains(&n)) {
-                    c["lifecycle"] = serde_json::json!({"preStop": {"exec": {"command": [
-                        "sleep", seconds.to_string(),
-                    ]}}});
-                }
-            }
-        }
-        Strategy::Native => {
-            let mut init = Vec::new();
-            containers.retain(|c| {
-                let sidecar = c["name"].as_str().is_some_and(|n| sidecars.contains(&n));
-                if sidecar {
-                    init.push(c.clone());
-                }
-                !sidecar
-            });
-            for c in &mut init {
-                c["restartPolicy"] = serde_json::json!("Always");
-                if c["name"] == PROXY {
-                    // haproxy's soft stop: it closes its listeners and leaves once its
-                    // connections are done, as Envoy's drain does.
-                    c["lifecycle"] = serde_json::json!({"preStop": {"exec": {"command": [
-                        "kill", "-USR1", "1",
-                    ]}}});
-                }
-            }
-            pod["spec"]["initContainers"] = serde_json::Value::Array(init);
-        }
-    }
-    Ok(())
-}
-
 /// Waits until `check` holds, up to `within`.
 async fn until<F, Fut>(what: &str, within: Duration, mut check: F) -> anyhow::Result<()>
 where
@@ -504,12 +366,13 @@ async fn bring_up(
 /// One pod deleted under load: its counts and how long it took to go.
 async fn one_deletion(
     node: &Node,
-    strategy: Strategy,
+    case: Case,
     settings: &TrafficSettings,
     world: &World,
     n: usize,
 ) -> anyhow::Result<(Counts, f64)> {
-    let name = format!("traffic-{}-{n}", strategy.tag());
+    let strategy = case.strategy;
+    let name = format!("traffic-{}-{n}", case.tag());
     let log_dir = world.logs.path().join(&name);
     std::fs::create_dir_all(&log_dir).with_context(|| format!("{}", log_dir.display()))?;
     let ports = Ports {
@@ -524,6 +387,7 @@ async fn one_deletion(
         net::load(ports.inbound, settings.rate, lag),
         running.delete_with(DeleteOptions {
             probe_exit_files: false,
+            kill: case.kill,
             ..Default::default()
         })
     );
@@ -568,6 +432,17 @@ pub async fn run_strategy(
     strategy: Strategy,
     settings: &TrafficSettings,
 ) -> anyhow::Result<TrafficRow> {
+    run_case(node, bin, Case::deletion(strategy), settings).await
+}
+
+/// Every kill of one case, with its strategy's waits' server running.
+pub async fn run_case(
+    node: &Node,
+    bin: &Binaries,
+    case: Case,
+    settings: &TrafficSettings,
+) -> anyhow::Result<TrafficRow> {
+    let strategy = case.strategy;
     let world = World::start().await?;
     let server = Server::start(node, bin, strategy).await?;
     let mut counts = Counts::default();
@@ -575,7 +450,7 @@ pub async fn run_strategy(
     let mut with_loss = 0;
     let mut failure = None;
     for n in 0..settings.deletions {
-        match one_deletion(node, strategy, settings, &world, n).await {
+        match one_deletion(node, case, settings, &world, n).await {
             Ok((c, ms)) => {
                 if c.inbound_failed + c.outbound_failed + c.lines_lost > 0 {
                     with_loss += 1;
@@ -591,11 +466,12 @@ pub async fn run_strategy(
     }
     server.stop().await;
     if let Some(e) = failure {
-        return Err(e.context(strategy.name()));
+        return Err(e.context(case.label()));
     }
     let summary = super::summary::summarize(&gone);
     Ok(TrafficRow {
-        strategy: strategy.name(),
+        strategy: case.label(),
+        kill: case.kill.name(),
         deletions: gone.len(),
         counts,
         deletions_with_loss: with_loss,
@@ -611,22 +487,22 @@ pub fn prepare(node: &Node) -> anyhow::Result<()> {
         .context("importing the traffic image (haproxy, rsyslog)")
 }
 
-/// Every strategy, one after the other on `node`.
+/// Every case, one after the other on `node`.
 pub async fn measure(
     node: &Node,
     bin: &Binaries,
-    strategies: &[Strategy],
+    cases: &[Case],
     settings: &TrafficSettings,
 ) -> anyhow::Result<TrafficSection> {
     prepare(node)?;
     let mut rows = Vec::new();
-    for s in strategies {
+    for case in cases {
         progress!(
-            "traffic: {} deletions under load, {}",
+            "traffic: {} pods under load, {}",
             settings.deletions,
-            s.name()
+            case.label()
         );
-        rows.push(run_strategy(node, bin, *s, settings).await?);
+        rows.push(run_case(node, bin, *case, settings).await?);
     }
     Ok(TrafficSection {
         settings: *settings,
@@ -637,59 +513,6 @@ pub async fn measure(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn pod(strategy: Strategy) -> serde_json::Value {
-        let mut pod = crate::kubelet::pod_from_yaml(TRAFFIC_POD).expect("traffic.yaml");
-        apply(&mut pod, strategy, &TrafficSettings::default()).expect("apply");
-        pod
-    }
-
-    fn names(v: &serde_json::Value) -> Vec<&str> {
-        v.as_array()
-            .map(|a| a.iter().filter_map(|c| c["name"].as_str()).collect())
-            .unwrap_or_default()
-    }
-
-    #[test]
-    fn each_strategy_shapes_the_same_pod() {
-        let none = pod(Strategy::None);
-        assert_eq!(names(&none["spec"]["containers"]), [APP, PROXY, SHIPPER]);
-        assert!(none["spec"]["containers"][1]["lifecycle"].is_null());
-
-        let ordered = pod(Strategy::Exitorder);
-        let proxy = &ordered["spec"]["containers"][1];
-        assert_eq!(
-            proxy["lifecycle"]["preStop"]["exec"]["command"][3], "25s",
-            "{proxy}"
-        );
-        assert!(
-            ordered["metadata"]["annotations"]["exitorder.io/container-exit-priority"]
-                .as_str()
-                .is_some_and(|a| a.contains("shipper"))
-        );
-        assert!(!ordered.to_string().contains("EXITORDER_PRESENCE"));
-        assert!(pod(Strategy::Kruise)
-            .to_string()
-            .contains("EXITORDER_PRESENCE"));
-
-        let linkerd = pod(Strategy::LinkerdWait(5));
-        assert_eq!(
-            linkerd["spec"]["containers"][2]["lifecycle"]["preStop"]["exec"]["command"],
-            serde_json::json!(["sleep", "5"])
-        );
-
-        let native = pod(Strategy::Native);
-        assert_eq!(names(&native["spec"]["containers"]), [APP]);
-        assert_eq!(names(&native["spec"]["initContainers"]), [PROXY, SHIPPER]);
-        assert_eq!(
-            native["spec"]["initContainers"][0]["restartPolicy"],
-            "Always"
-        );
-        assert_eq!(
-            native["spec"]["initContainers"][0]["lifecycle"]["preStop"]["exec"]["command"],
-            serde_json::json!(["kill", "-USR1", "1"])
-        );
-    }
 
     #[test]
     fn the_sentence_counts_both_ways() {

@@ -381,3 +381,28 @@ fn refusals_say_what_they_are() {
             == Some(Rejection::BadName)
     );
 }
+
+#[test]
+fn the_presence_file_is_the_contracts_and_its_states_differ_in_size() {
+    use exitorder_contract::handshake::{
+        presence, Presence, AGENT_VERSION, STATE_SERVING, STATE_UNINSTALLED,
+    };
+    for (state, name) in [
+        (PresenceState::Serving, STATE_SERVING),
+        (PresenceState::Uninstalled, STATE_UNINSTALLED),
+    ] {
+        assert_eq!(
+            state.content(),
+            format!("version={AGENT_VERSION}\nstate={name}\n")
+        );
+    }
+    assert_eq!(
+        presence(PresenceState::Uninstalled.content().as_bytes()),
+        Presence::Uninstalled
+    );
+    // A mark checks the size only: a change of state must change it.
+    assert_ne!(
+        PresenceState::Serving.content().len(),
+        PresenceState::Uninstalled.content().len()
+    );
+}
