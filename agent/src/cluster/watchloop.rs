@@ -67,3 +67,72 @@ pub async fn run<K, S>(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+    use tokio::sync::Notify;
+    use tokio::time::Instant as Clock;
+
+    /// When each failure came; after `rounds` of them, the run is told to stop.
+    struct Tally {
+        failures: Vec<Clock>,
+        rounds: usize,
+        done: Arc<Notify>,
+    }
+
+    impl Consumer<u32> for Tally {
+        fn on_event(&mut self, ev: watcher::Event<u32>) -> bool {
+            matches!(ev, watcher::Event::Apply(_))
+        }
+        fn on_error(&mut self, _: &watcher::Error) {
+            self.failures.push(Clock::now());
+            if self.failures.len() >= self.rounds {
+                self.done.notify_one();
+            }
+        }
+    }
+
+    /// The gaps between failures when every watch yields `events` at once and then fails
+    /// (time paused: the backoff's sleeps pass exactly).
+    async fn gaps(events: Vec<watcher::Event<u32>>, rounds: usize) -> Vec<Duration> {
+        let done = Arc::new(Notify::new());
+        let mut tally = Tally {
+            failures: Vec::new(),
+            rounds,
+            done: Arc::clone(&done),
+        };
+        let start = move || {
+            let mut items: Vec<Result<watcher::Event<u32>, watcher::Error>> =
+                events.iter().cloned().map(Ok).collect();
+            items.push(Err(watcher::Error::NoResourceVersion));
+            futures_util::stream::iter(items)
+        };
+        let backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(8));
+        run(start, &mut tally, backoff, done.notified()).await;
+        tally.failures.windows(2).map(|w| w[1] - w[0]).collect()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_listing_alone_does_not_reset_the_backoff() {
+        let listing = vec![
+            watcher::Event::Init,
+            watcher::Event::InitApply(1),
+            watcher::Event::InitDone,
+        ];
+        let s = Duration::from_secs;
+        assert_eq!(gaps(listing, 6).await, [s(1), s(2), s(4), s(8), s(8)]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_event_of_a_running_watch_resets_it() {
+        let watching = vec![
+            watcher::Event::Init,
+            watcher::Event::InitDone,
+            watcher::Event::Apply(2),
+        ];
+        let s = Duration::from_secs;
+        assert_eq!(gaps(watching, 4).await, [s(1), s(1), s(1)]);
+    }
+}
