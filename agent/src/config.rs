@@ -43,6 +43,8 @@ pub struct Config {
     pub api_settle: Duration,
     /// What the agent is told of the kubelet's configuration: the grace of its own kills.
     pub kubelet: crate::kubelet::grace::KubeletConfig,
+    /// How a pod kill is told from one container's (see [`crate::kubelet::evidence`]).
+    pub evidence: crate::kubelet::evidence::Rule,
     /// How long the node view remembers a removed container's id, so that a late event does
     /// not bring it back.
     pub tombstone_ttl: Duration,
@@ -66,6 +68,7 @@ impl Config {
             kernel_exit_source: true,
             api_settle: Duration::from_millis(250),
             kubelet: crate::kubelet::grace::KubeletConfig::default(),
+            evidence: crate::kubelet::evidence::Rule::default(),
             tombstone_ttl: crate::view::TOMBSTONE_TTL,
         }
     }

@@ -67,13 +67,37 @@ async fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
 }
 
 async fn run_webhook(args: WebhookArgs) -> anyhow::Result<()> {
-    let webhook = exitorder::webhook::Webhook::bind(args.config())
+    let mut cfg = args.config();
+    let cancel = on_signal();
+    let mut rollout = None;
+    if let Some((namespace, name)) = &args.agent_daemonset {
+        let source = exitorder::cluster::source(
+            std::env::var("KUBECONFIG").ok().as_deref(),
+            std::env::var("KUBERNETES_SERVICE_HOST").ok().as_deref(),
+        );
+        // Without a client the rollout stays unknown: sidecars wait for an agent's answer.
+        let client = exitorder::cluster::client(&source)
+            .await
+            .context("the API client for --agent-daemonset")?
+            .context("--agent-daemonset needs an API server (in-cluster or KUBECONFIG)")?;
+        let (view, watch) = exitorder::webhook::rollout::rollout_watch(client, namespace, name);
+        cfg.agents = Some(view);
+        let stop = cancel.clone();
+        rollout = Some(tokio::spawn(
+            async move { watch.run(stop.cancelled_owned()).await }
+                .instrument(tracing::info_span!("agents_rollout")),
+        ));
+    }
+    let webhook = exitorder::webhook::Webhook::bind(cfg)
         .await
         .context("webhook start-up")?;
     webhook
-        .run(on_signal())
+        .run(cancel)
         .instrument(tracing::info_span!("webhook"))
         .await;
+    if let Some(r) = rollout {
+        r.abort();
+    }
     Ok(())
 }
 

@@ -230,6 +230,12 @@ impl Stats {
         bump(&self.api_reads, kind);
     }
 
+    /// A read of the kubelet's word that the budget did not allow (see `agent::hints`):
+    /// counted as an API error of kind `events_budget`, the wait staying ordered.
+    pub fn api_read_skipped(&self) {
+        bump(&self.api_errors, "events_budget");
+    }
+
     pub fn api_reads(&self) -> BTreeMap<&'static str, u64> {
         read_counts(&self.api_reads)
     }

@@ -38,6 +38,12 @@ pub mod bin {
 pub mod handshake {
     /// The file a waiting preStop creates.
     pub const EXIT_FILE: &str = "exit";
+    /// The file a container's preStop creates, without waiting, as the kubelet starts to stop
+    /// it (`exitorder-entrypoint mark`, which every container of an injected pod runs before
+    /// its own hook): the agent takes it (removes it) as the node's own word that this
+    /// container is being stopped now. A pod kill runs every container's preStop at once, a
+    /// restart only the restarted one's, so the marks of the others tell the two apart.
+    pub const MARK_FILE: &str = "stopping";
     /// Its content while it waits.
     pub const WAIT: &str = "wait";
     /// Its content once the agent allows the exit.

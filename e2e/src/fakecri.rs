@@ -146,6 +146,24 @@ impl FakeCri {
         id
     }
 
+    /// Container `id` (which must exist) was created `ago` before now: one that has been
+    /// running a while, as a container is by the time a probe fails.
+    pub fn backdate(&self, id: &str, ago: std::time::Duration) {
+        let ago = i64::try_from(ago.as_nanos()).unwrap_or(i64::MAX);
+        self.change(id, |c| c.created_at = c.created_at.saturating_sub(ago));
+    }
+
+    /// Container `id` (which must exist) has this preStop, as the kubelet records it on the
+    /// container (`io.kubernetes.container.preStopHandler`, the handler's JSON).
+    pub fn set_prestop(&self, id: &str, handler: &str) {
+        self.change(id, |c| {
+            c.annotations.insert(
+                exitorder_contract::kubelet::ANNOTATION_PRESTOP.to_owned(),
+                handler.to_owned(),
+            );
+        });
+    }
+
     /// Changes container `id` (which must exist).
     fn change(&self, id: &str, f: impl FnOnce(&mut FakeContainer)) {
         let mut s = self.state.lock().unwrap();

@@ -114,6 +114,23 @@ impl Rig {
     }
 }
 
+impl Rig {
+    /// What `exitorder-entrypoint mark` does when a preStop starts: `stopping` made anew.
+    pub fn mark(&self, uid: &str, name: &str) {
+        let dir = self.dir(uid, name);
+        std::fs::create_dir_all(&dir).unwrap();
+        let f = dir.join(exitorder_contract::handshake::MARK_FILE);
+        let _ = std::fs::remove_file(&f);
+        std::fs::write(&f, "").unwrap();
+    }
+}
+
+/// A preStop handler as the kubelet records it, running exitorder's entrypoint with `verb`.
+pub fn entrypoint_prestop(verb: &str) -> String {
+    serde_json::json!({"exec": {"command": [exitorder_contract::mount::ENTRYPOINT, verb]}})
+        .to_string()
+}
+
 pub fn content(f: &Path) -> String {
     std::fs::read_to_string(f).unwrap_or_default()
 }

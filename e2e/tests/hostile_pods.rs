@@ -1210,6 +1210,7 @@ fn change() -> BoxedStrategy<(u8, String, PodUid, ContainerInfo, i64)> {
                         created_at,
                         state,
                         grace: grace.map(Duration::from_secs),
+                        marks: false,
                     },
                     asked,
                 )

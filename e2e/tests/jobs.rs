@@ -125,14 +125,8 @@ fn without_url(pod: &mut Value) {
         .remove("exitorder.io/sidecar-shutdown");
 }
 
-fn inject(mut pod: Value) -> Value {
-    match exitorder::webhook::mutate(&pod, &exitorder::webhook::Settings::default()) {
-        exitorder::webhook::Admission::Allow { patch, .. } => {
-            json_patch::patch(&mut pod, &patch).expect("the patch applies");
-            pod
-        }
-        exitorder::webhook::Admission::Deny(m) => panic!("denied: {m}"),
-    }
+fn inject(pod: Value) -> Value {
+    exitorder_e2e::support::inject_with(&pod, &exitorder::webhook::Settings::default())
 }
 
 fn show(t: &exitorder_testbed::Timeline) -> String {

@@ -255,6 +255,7 @@ proptest! {
                         created_at: 1,
                         state,
                         grace: None,
+                        marks: false,
                     },
                     env: Ok(None),
                 }
@@ -391,6 +392,7 @@ impl Told {
                     created_at: 0,
                     state: RunState::Running,
                     grace: None,
+                    marks: false,
                 });
                 Change::Listed(Listing {
                     asked_at_ns: ns(ms),
@@ -438,6 +440,7 @@ impl Restarts {
                 RunState::Running
             },
             grace: None,
+            marks: false,
         }
     }
 

@@ -70,14 +70,7 @@ async fn a_pod_in_its_own_user_namespace_is_ordered_on_containerd_2_1() {
     let mut pod = example("injected");
     pod["spec"]["hostUsers"] = false.into();
     support::edit_script(&mut pod, "app", "trap ", "cat /proc/self/uid_map; trap ");
-    let pod = match exitorder::webhook::mutate(&pod, &exitorder::webhook::Settings::default()) {
-        exitorder::webhook::Admission::Allow { patch, .. } => {
-            let mut p = pod.clone();
-            json_patch::patch(&mut p, &patch).expect("the patch applies");
-            p
-        }
-        exitorder::webhook::Admission::Deny(m) => panic!("denied: {m}"),
-    };
+    let pod = support::inject_with(&pod, &exitorder::webhook::Settings::default());
     let running = bed.run_ready(&pod).await;
     let uid = running.uid().to_owned();
     // "0 <host id> 65536": root in the container is a host uid above the node's own.

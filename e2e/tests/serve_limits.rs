@@ -424,6 +424,7 @@ async fn webhook_under_flood() {
         reload_interval: Duration::from_secs(60),
         shutdown_timeout: Duration::from_secs(10),
         drain_delay: Duration::ZERO,
+        agents: None,
     })
     .await
     .expect("bind");

@@ -153,6 +153,15 @@ impl Served {
     }
 
     async fn start_with(settings: Settings, drain_delay: Duration) -> Served {
+        Served::start_following(settings, drain_delay, None).await
+    }
+
+    /// Following the agents' rollout through `agents`.
+    async fn start_following(
+        settings: Settings,
+        drain_delay: Duration,
+        agents: Option<exitorder::webhook::rollout::AgentsView>,
+    ) -> Served {
         let pki = Pki::new();
         pki.issue();
         let cfg = WebhookConfig {
@@ -162,6 +171,7 @@ impl Served {
             reload_interval: Duration::from_millis(50),
             shutdown_timeout: Duration::from_secs(5),
             drain_delay,
+            agents,
         };
         let webhook = Webhook::bind(cfg).await.expect("bind");
         let addr = webhook.local_addr().expect("bound");
@@ -968,6 +978,7 @@ async fn a_missing_certificate_stops_the_start() {
         reload_interval: Duration::from_secs(1),
         shutdown_timeout: Duration::from_secs(1),
         drain_delay: Duration::ZERO,
+        agents: None,
     };
     let Err(e) = Webhook::bind(cfg).await else {
         panic!("started without a certificate");
@@ -1234,4 +1245,94 @@ async fn the_agent_keeps_the_kubelets_order_for_native_sidecars_on_the_bed() {
         bed.agent.log_tail(30)
     );
     bed.finish().await;
+}
+
+/// The webhook following the agents' DaemonSet through its real watch of the fake API server:
+/// mid-rollout (and before it knows) every injected sidecar gets `EXITORDER_PRESENCE=0ms`
+/// (it waits for its agent, whatever its release); once the DaemonSet is rolled out, none
+/// (the entrypoint's 1 s); an operator's `--agent-presence` wins either way. App containers,
+/// which only mark, never get it.
+#[tokio::test]
+async fn the_presence_wait_follows_the_agents_rollout() {
+    use exitorder::webhook::rollout::{self, Agents};
+    let api = exitorder_e2e::fakeapi::FakeApi::default();
+    let served = api.clone().serve();
+    // Not known yet (the watch has not listed): no presence wait.
+    let unknown = Served::start_following(
+        Settings::default(),
+        Duration::ZERO,
+        Some(rollout::AgentsView::fixed(Agents::Unknown)),
+    )
+    .await;
+    let (out, _) = inject(&unknown, &example("injected")).await;
+    assert_eq!(
+        container(&out, "proxy")
+            .env
+            .unwrap_or_default()
+            .iter()
+            .find(|e| e.name == "EXITORDER_PRESENCE")
+            .and_then(|e| e.value.as_deref()),
+        Some("0ms")
+    );
+    unknown.stop().await;
+    api.roll_daemonset("exitorder", "exitorder", 5, 4, 3, 0, 0);
+    let (view, watch) = rollout::rollout_watch(served.client(), "exitorder", "exitorder");
+    let watching = tokio::spawn(watch.run(std::future::pending()));
+    let w = Served::start_following(Settings::default(), Duration::ZERO, Some(view.clone())).await;
+    let presence = |pod: &Value, name: &str| -> Option<String> {
+        container(pod, name)
+            .env
+            .unwrap_or_default()
+            .into_iter()
+            .find(|e| e.name == "EXITORDER_PRESENCE")
+            .and_then(|e| e.value)
+    };
+    let pod = example("injected");
+    exitorder_e2e::support::until("the webhook's view", Duration::from_secs(10), || {
+        let v = view.clone();
+        async move { v.get() == Agents::RollingOut }
+    })
+    .await;
+    let (out, _) = inject(&w, &pod).await;
+    assert_eq!(presence(&out, "proxy").as_deref(), Some("0ms"));
+    assert_eq!(presence(&out, "app"), None);
+    for (updated, want, expected) in [
+        (1, Agents::RollingOut, Some("0ms")),
+        (3, Agents::Settled, None),
+        (2, Agents::RollingOut, Some("0ms")),
+    ] {
+        api.roll_daemonset("exitorder", "exitorder", 5, 5, 3, updated, updated);
+        exitorder_e2e::support::until("the webhook's view", Duration::from_secs(10), || {
+            let v = view.clone();
+            async move { v.get() == want }
+        })
+        .await;
+        let (out, _) = inject(&w, &pod).await;
+        assert_eq!(presence(&out, "proxy").as_deref(), expected, "{want:?}");
+    }
+    // The DaemonSet gone: no agent anywhere, nothing to wait for.
+    api.remove_daemonset("exitorder", "exitorder");
+    exitorder_e2e::support::until("the webhook sees it gone", Duration::from_secs(10), || {
+        let v = view.clone();
+        async move { v.get() == Agents::Settled }
+    })
+    .await;
+    let (out, _) = inject(&w, &pod).await;
+    assert_eq!(presence(&out, "proxy"), None);
+    w.stop().await;
+    // Told a value: it applies whatever the rollout.
+    let told = Settings {
+        agent_presence: Some(Duration::from_secs(2)),
+        ..Settings::default()
+    };
+    let w = Served::start_following(
+        told,
+        Duration::ZERO,
+        Some(rollout::AgentsView::fixed(Agents::RollingOut)),
+    )
+    .await;
+    let (out, _) = inject(&w, &pod).await;
+    assert_eq!(presence(&out, "proxy").as_deref(), Some("2000ms"));
+    w.stop().await;
+    watching.abort();
 }

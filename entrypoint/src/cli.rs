@@ -59,6 +59,8 @@ pub const EX_USAGE: u8 = 64;
 pub const USAGE: &str = "\
 usage: exitorder-entrypoint wait [--dir DIR] [--timeout DURATION] [--presence DURATION]
                                  [-- CMD [ARGS...] | --http-get URL | --sleep DURATION]
+       exitorder-entrypoint mark [--dir DIR]
+                                 [-- CMD [ARGS...] | --http-get URL | --sleep DURATION]
        exitorder-entrypoint -wait-container-exit [-entrypoint CMD] [-- ARGS...]
        exitorder-entrypoint shutdown --post URL [--timeout DURATION]
        exitorder-entrypoint await --http-get URL [--timeout DURATION]
@@ -68,6 +70,10 @@ wait: waits until the exitorder agent on this node allows this container to
 exit, then runs CMD with ARGS in its place, or GETs URL (exit 0 on any
 answer), or sleeps, or exits 0. Meant for a sidecar's preStop hook. If the
 agent does not answer, it proceeds anyway.
+mark: says in DIR that this container is being stopped (the file `stopping`),
+then does what wait does after its wait, without waiting: what every container
+of an injected pod runs as its preStop, so the agent can tell a kill of the
+whole pod (every container marks at once) from one container's restart.
 shutdown: POSTs an empty body to URL (a mesh proxy's shutdown endpoint),
 retrying refused connections; exit 0 on a 2xx answer.
 await: GETs URL until it answers 2xx (a postStart hook that holds the next
@@ -116,6 +122,9 @@ pub enum Command {
     Version,
     /// Wait for exit permission, then do what the hook did before.
     Wait(WaitArgs),
+    /// Say that this container is being stopped (without waiting), then do what the hook did
+    /// before. Takes `wait`'s arguments; only `--dir` and what follows matter.
+    Mark(WaitArgs),
     /// POST to a shutdown endpoint.
     Shutdown(HttpArgs),
     /// Poll a readiness endpoint until it answers 2xx.
@@ -224,6 +233,12 @@ where
     };
     match first.as_bytes() {
         b"wait" => return parse_wait(args, env),
+        b"mark" => {
+            return parse_wait(args, env).map(|c| match c {
+                Command::Wait(args) => Command::Mark(args),
+                other => other,
+            })
+        }
         b"shutdown" => return parse_http(args, "post", Command::Shutdown),
         b"await" => return parse_http(args, "http-get", Command::Await),
         b"install" => return parse_install(args),

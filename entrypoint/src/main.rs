@@ -38,6 +38,7 @@ extern "C" fn main(argc: c_int, argv: *const *const c_char) -> c_int {
             0
         }
         Ok(Command::Wait(args)) => prestop::run(&args),
+        Ok(Command::Mark(args)) => prestop::run_marked(&args),
         Ok(Command::Shutdown(args)) => endpoint::shutdown(&args),
         Ok(Command::Await(args)) => endpoint::await_ready(&args),
         Ok(Command::Install(args)) => install::run(&args),

@@ -38,6 +38,22 @@ pub fn run(args: &WaitArgs) -> u8 {
     if let Some(signal) = wait_for_permission(args) {
         return signal_status(signal);
     }
+    then(args)
+}
+
+/// `mark`: says the container is being stopped, then runs what follows at once. A mark that
+/// cannot be made is said and passed over: the hook the container had must run whatever
+/// happens (the agent then errs toward the order for the pod's sidecars, never against it,
+/// as long as the kubelet's own kill of the whole pod is told by the others' marks).
+pub fn run_marked(args: &WaitArgs) -> u8 {
+    if let Err(err) = crate::wait::mark(&args.dir) {
+        log!("{err}; the agent will not know this container is being stopped");
+    }
+    then(args)
+}
+
+/// What the hook did before exitorder wrapped it.
+fn then(args: &WaitArgs) -> u8 {
     match &args.then {
         Then::Nothing => 0,
         Then::Exec(command) => exec::replace_process(command),

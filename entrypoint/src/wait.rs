@@ -58,6 +58,30 @@ const EVENT_BUFFER: usize = 4096;
 /// How often `exit` is read when no inotify instance or watch can be had.
 pub const POLL_FALLBACK: Duration = Duration::from_millis(50);
 
+/// Name of the file by which a container says it is being stopped.
+pub const MARK_FILE: &str = exitorder_contract::handshake::MARK_FILE;
+
+/// Says in `dir` that this container is being stopped: `stopping` made anew (a file made
+/// before, which the agent had not taken yet, is replaced, so the agent sees this one
+/// appear). Nothing is waited for.
+pub fn mark(dir: &CStr) -> Result<(), SetupError> {
+    let fail = |action| {
+        move |source: OsError| SetupError {
+            action,
+            dir: CString::from(dir),
+            source,
+        }
+    };
+    let path = file_in(dir, MARK_FILE).map_err(fail("mark"))?;
+    remove_file(&path).map_err(fail("remove an earlier mark in"))?;
+    match create_exit_file(&path) {
+        // The agent may not have taken an earlier one, and another run of the same hook may
+        // have made it between the removal and the creation: it is a mark all the same.
+        Ok(_) | Err(OsError(libc::EEXIST)) => Ok(()),
+        Err(err) => Err(fail("mark")(err)),
+    }
+}
+
 /// How a wait ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {

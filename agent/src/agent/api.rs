@@ -3,6 +3,7 @@
 
 use tokio::sync::mpsc;
 
+use crate::cluster::nodewatch::NodeView;
 use crate::cluster::podwatch::{PodSignal, PodView};
 use crate::cluster::recorder::EventSink;
 use crate::cluster::Cluster;
@@ -12,6 +13,8 @@ pub(super) struct ApiLink {
     /// The API server's view of this node's pods; `None` without an API server, or once its
     /// watch ended (the runtime's rules decide then).
     pub(super) pods: Option<PodView>,
+    /// This node's Node as the API server holds it.
+    pub(super) node: Option<NodeView>,
     signals: Option<mpsc::UnboundedReceiver<PodSignal>>,
     pub(super) events: Option<EventSink>,
 }
@@ -19,6 +22,7 @@ pub(super) struct ApiLink {
 impl ApiLink {
     pub(super) fn attach(&mut self, cluster: Cluster) {
         self.pods = Some(cluster.view);
+        self.node = Some(cluster.node);
         self.signals = Some(cluster.signals);
         self.events = Some(cluster.events);
     }
@@ -41,5 +45,14 @@ impl ApiLink {
     pub(super) fn watch_ended(&mut self) {
         self.signals = None;
         self.pods = None;
+        self.node = None;
+    }
+
+    /// What is known of this node's Node (nothing without an API server).
+    pub(super) fn node(&self) -> crate::cluster::nodewatch::NodeFacts {
+        self.node
+            .as_ref()
+            .map(|n| n.borrow().clone())
+            .unwrap_or_default()
     }
 }

@@ -8,7 +8,6 @@ use tracing::{debug, info, warn};
 
 use crate::agent::Agent;
 use crate::backoff::Backoff;
-use crate::cluster::podevents::ConfirmRequest;
 use crate::cluster::podwatch::{ApiPod, PodSignal};
 use crate::cluster::recorder::{ExitNotice, PodRef};
 use crate::decide::bounds::{unix_of_instant, Later as _};
@@ -23,19 +22,6 @@ use crate::view::reader::Read;
 
 /// How far behind the clock a file's timestamp may be (a kernel tick is 1 to 10 ms).
 const FILE_CLOCK_SLACK: Duration = Duration::from_millis(50);
-
-/// How long after a failed read of the kubelet's word the next may be asked.
-const CONFIRM_RETRY: Duration = Duration::from_secs(1);
-
-/// A read of a pod's Events that found no word of a waiting container's kill is asked again
-/// after this, doubling: the kubelet records its `Killing` Event just before the preStop
-/// hook starts and sends it a little later (much later when its recorder is rate-limited).
-const WORD_RETRY_START: Duration = Duration::from_millis(100);
-const WORD_RETRY_MAX: Duration = Duration::from_millis(1_600);
-/// At most this many reads per pod (about 3 s of asking): past them a wait the kubelet said
-/// nothing of stays ordered (a lost word costs a restart its deadline, never a pod its order),
-/// and a mass kill costs the API server a bounded number of requests per pod.
-const MAX_WORD_READS: u32 = 6;
 
 /// A failed write of `allow` is tried again after this, doubling up to the cap: soon enough
 /// that freed space answers the preStop at once, rare enough not to spin on a full disk.
@@ -65,7 +51,7 @@ impl Agent {
     }
 
     /// The pod's namespace and name: from its sandbox, else from the API server.
-    fn names(&self, pod: &PodUid) -> Option<(String, String)> {
+    pub(super) fn names(&self, pod: &PodUid) -> Option<(String, String)> {
         match self.sandbox(pod) {
             Some(sb) => Some((sb.namespace.clone(), sb.name.clone())),
             None => self
@@ -125,8 +111,17 @@ impl Agent {
         let api_kill = api
             .as_ref()
             .and_then(|a| a.pod_kill(unix_of_instant(now, now)));
+        // A graceful node shutdown is every kill's while it lasts (its budget is the
+        // shortest the kubelet gives); then what the API object says.
+        let node_kill = self
+            .api
+            .node()
+            .shutting_down
+            .then_some(PodKill::NodeShutdown);
+        let api_kill = node_kill.or(api_kill);
         if let (Some(kill), Some(p)) = (api_kill, self.waits.pending.get_mut(pod)) {
-            p.confirm.pod_kill.get_or_insert(kill);
+            let by = if node_kill.is_some() { "node" } else { "api" };
+            p.confirm.pod_kill_is(kill, by);
         }
         let (deletion, clock) = self.deletion_and_clock(pod, api.as_ref(), api_kill)?;
         let p = self.waits.pending.get(pod)?;
@@ -146,7 +141,21 @@ impl Agent {
                 .iter()
                 .all(|w| v.containers.values().any(|c| c.info.name == *w))
         });
-        if !complete {
+        // A waiting container the view holds as exited: its exit file was made by an attempt
+        // that runs (the kubelet runs a preStop only in a running container), which the view
+        // may not know yet (a start whose event is late, or none while polling). The runtime
+        // is asked before such a wait fails open.
+        let stale = known.is_some_and(|v| {
+            let newest = facts::newest(v);
+            waiting.iter().any(|w| {
+                newest
+                    .get(w)
+                    .is_some_and(|c| c.info.state == RunState::Exited)
+            }) && v
+                .listed_at
+                .is_none_or(|at| latest_wait.is_some_and(|t| at < t))
+        });
+        if !complete || stale {
             // A pod (or a container) the view does not know yet: read it once, off the
             // decision path, and decide with its answer. Only a runtime that, asked, does
             // not know the pod makes the wait fail open.
@@ -220,8 +229,12 @@ impl Agent {
                 p.checking = true;
             }
         }
-        let facts = facts::assemble(ordered, deletion, &clock, stop_order);
+        let mut facts = facts::assemble(ordered, deletion, &clock, stop_order);
         self.explain_stop_order(pod, &facts, &waiting);
+        let next = self.judge(pod, &mut facts, now);
+        if let Some(p) = self.waits.pending.get_mut(pod) {
+            p.confirm.next = next;
+        }
         Some(facts)
     }
 
@@ -238,25 +251,18 @@ impl Agent {
         api_kill: Option<PodKill>,
     ) -> Option<(Deletion, Clock)> {
         let p = self.waits.pending.get(pod)?;
-        // What the API object says now wins over what was recognised before (a deletion's
-        // grace over an eviction's).
+        // What the Node and the API object say now wins over what was recognised before (a
+        // deletion's grace over an eviction's).
         let pod_kill = api_kill.or(p.confirm.pod_kill);
-        let deletion = match api {
-            // Not shown going away: which alone proves nothing (the kubelet keeps a pod
-            // `Running` through its own kills); only the kubelet's word for one container
-            // releases that container's wait early.
-            Some(_) if pod_kill.is_none() => Deletion::NotDeleting {
+        let deletion = match pod_kill {
+            // Nothing shows the pod going away, which alone proves nothing (the kubelet keeps
+            // a pod `Running` through its own kills): each wait is judged from the node's
+            // evidence (`why`), and only a container shown stopped alone is let go early.
+            None => Deletion::NotDeleting {
                 settle: self.cfg.api_settle,
-                restarting: p
-                    .confirm
-                    .restarting
-                    .iter()
-                    .map(|(name, (at, _))| (name.clone(), *at))
-                    .collect(),
+                restarting: std::collections::BTreeMap::new(),
             },
-            // Going away, or not known to the API server's view: ordered, as in runtime-only
-            // mode.
-            _ => Deletion::Deleting,
+            Some(_) => Deletion::Deleting,
         };
         let mut first_seen = p.first_seen;
         if p.found_at_start {
@@ -280,8 +286,13 @@ impl Agent {
             first_seen,
             api_grace: grace::of_kill(
                 pod_kill.map(Kill::Pod),
-                api.and_then(ApiPod::grace),
+                grace::PodGrace {
+                    own: api.and_then(ApiPod::grace),
+                    priority: api.and_then(|a| a.priority),
+                },
+                api.and_then(|a| a.deletion_grace),
                 &self.cfg.kubelet,
+                self.api.node().kubelet,
             ),
             runtime_grace: self.view.pod(pod).and_then(|v| v.grace()),
             reserve: self.cfg.grace_reserve,
@@ -333,45 +344,15 @@ impl Agent {
                 self.job_check_all();
                 dirty.extend(self.waits.pending.keys().cloned());
             }
+            PodSignal::Node => dirty.extend(self.waits.pending.keys().cloned()),
             PodSignal::Confirmed {
                 uid: pod,
                 asked_at,
                 word,
             } => {
-                let Some(p) = self.waits.pending.get_mut(&pod) else {
-                    return;
-                };
-                p.confirm.asked = false;
-                p.confirm.reads = p.confirm.reads.saturating_add(1);
-                let Some(word) = word else {
-                    p.confirm.retry_at = Some(Instant::now().later(CONFIRM_RETRY));
+                if self.on_word(&pod, asked_at, word) {
                     dirty.insert(pod);
-                    return;
-                };
-                if let (Some(kill), None) = (word.pod_kill, p.confirm.pod_kill) {
-                    info!(pod = %pod, kill = %Kill::Pod(kill), "the kubelet kills the whole pod; exits stay ordered");
-                    p.confirm.pod_kill = Some(kill);
                 }
-                for (name, kind) in word.containers {
-                    debug!(pod = %pod, container = %name, kill = %Kill::Container(kind), "the kubelet kills this container alone");
-                    let at = p
-                        .confirm
-                        .restarting
-                        .get(&name)
-                        .map_or(asked_at, |(t, _)| asked_at.max(*t));
-                    p.confirm.restarting.insert(name, (at, kind));
-                }
-                // Nothing said yet of some waiting container's kill: its Event may still be
-                // on its way (the kubelet records it just before the hook, and sends it later).
-                let silent = p.confirm.pod_kill.is_none()
-                    && p.waiting
-                        .iter()
-                        .any(|(c, w)| !p.confirm.names(c.as_str(), w.since));
-                if silent {
-                    let delay = Backoff::after(WORD_RETRY_START, WORD_RETRY_MAX, p.confirm.reads);
-                    p.confirm.retry_at = Some(Instant::now().later(delay));
-                }
-                dirty.insert(pod);
             }
         }
     }
@@ -384,10 +365,8 @@ impl Agent {
         let staying = facts
             .as_ref()
             .is_some_and(|f| matches!(f.deletion, Deletion::NotDeleting { .. }));
-        let mut wake: Option<Instant> = None;
+        let mut wake: Option<Instant> = p.confirm.next;
         let mut allowed = Vec::new();
-        let mut unconfirmed = false;
-        let mut earliest: Option<Instant> = None;
         for (name, waiter) in p.waiting.iter_mut() {
             match decide::decide(facts.as_ref(), name.as_str(), waiter.since, now) {
                 Verdict::Allow(_) if waiter.retry_at.is_some_and(|t| now < t) => {
@@ -398,14 +377,9 @@ impl Agent {
                 }
                 Verdict::Wait { blocked_by, until } => {
                     wake = [wake, until].into_iter().flatten().min();
-                    let asking = staying
-                        && !p.confirm.names(name.as_str(), waiter.since)
-                        && p.confirm.reads < MAX_WORD_READS;
-                    if asking {
-                        // The kubelet's word on this kill is not known yet: asked for. A
+                    if staying && p.confirm.judging.contains(name.as_str()) {
+                        // Not known yet whether the kubelet stops this container alone: a
                         // restart's short pause is not a hold worth telling.
-                        unconfirmed = true;
-                        earliest = [earliest, Some(waiter.since)].into_iter().flatten().min();
                     } else if waiter.held_for.is_none() {
                         info!(event = "held", pod = %pod, container = %name, waiting_for = ?blocked_by, "exit held");
                         waiter.held_for = Some(blocked_by);
@@ -416,30 +390,7 @@ impl Agent {
                 }
             }
         }
-        let retry_at = p.confirm.retry_at;
-        if unconfirmed {
-            // Decided again when the next read may be asked, if nothing comes sooner.
-            wake = [wake, retry_at.filter(|t| *t > now)]
-                .into_iter()
-                .flatten()
-                .min();
-        }
         p.wake = wake;
-        let ask = unconfirmed && !p.confirm.asked && retry_at.is_none_or(|t| now >= t);
-        if ask {
-            if let (Some(api), Some((namespace, name)), Some(since)) =
-                (&self.api.pods, &names, earliest)
-            {
-                p.confirm.asked = true;
-                api.confirm(ConfirmRequest {
-                    uid: pod.clone(),
-                    namespace: namespace.clone(),
-                    name: name.clone(),
-                    asked_at: now,
-                    since_unix: unix_of_instant(since, now),
-                });
-            }
-        }
         for (container, reason, held) in allowed {
             // A deadline allow always tells; any other only when the exit was held.
             let still_running = match (&facts, reason) {
@@ -508,13 +459,16 @@ impl Agent {
         match written {
             Ok(()) => {
                 self.stats.allowed(reason, waited);
-                let kill = self
-                    .waits
-                    .pending
-                    .get(&key.pod)
-                    .map_or(Kill::Pod(PodKill::Unknown), |p| {
-                        p.confirm.kill_of(key.container.as_str(), reason)
-                    });
+                let (kill, evidence) = self.waits.pending.get(&key.pod).map_or(
+                    (Kill::Pod(PodKill::Unknown), "none"),
+                    |p| {
+                        let c = key.container.as_str();
+                        (
+                            p.confirm.kill_of(c, reason),
+                            p.confirm.evidence_of(c, reason),
+                        )
+                    },
+                );
                 self.stats.allowed_in(kill);
                 info!(
                     event = "allow",
@@ -522,6 +476,7 @@ impl Agent {
                     container = %key.container,
                     reason = %reason,
                     kill = %kill,
+                    evidence,
                     waited_ms = waited.as_millis() as u64,
                     waited_us = waited.as_micros() as u64,
                     decided_us = decided.as_micros() as u64,
@@ -530,7 +485,7 @@ impl Agent {
                     "exit allowed"
                 );
                 if let (Some(still_running), Some(names)) = (tell, names) {
-                    self.tell(key, reason, waited, still_running, names);
+                    self.tell(key, reason, waited, still_running, (kill, evidence), names);
                 }
             }
             Err(e) if e.is_not_found() => debug!(container = %key, "container directory gone"),
@@ -580,6 +535,7 @@ impl Agent {
         reason: Reason,
         waited: Duration,
         still_running: Vec<String>,
+        (kill, evidence): (Kill, &'static str),
         (namespace, name): (String, String),
     ) {
         let Some(sink) = &self.api.events else {
@@ -595,6 +551,8 @@ impl Agent {
             reason,
             waited,
             still_running,
+            kill,
+            evidence,
             at: SystemTime::now(),
         });
     }

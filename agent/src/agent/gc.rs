@@ -53,6 +53,7 @@ impl Agent {
         self.sync().rescan(&mut dirty);
         self.evaluate(dirty);
         self.waits.prune(Instant::now());
+        self.hints.prune(Instant::now());
         // The budgets of pods whose directories are gone.
         self.budgets
             .retain(|dir| std::fs::symlink_metadata(dir).is_ok());

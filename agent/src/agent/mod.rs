@@ -8,6 +8,9 @@
 //! Parts:
 //! - `api`: the API server's pods, their changes, and the Events sink, when there is one;
 //! - `decisions`: deciding the pending waits and carrying the answers out;
+//! - `why`: why each waiting container stops (the whole pod, or it alone), from the node's
+//!   evidence and, as a hint, the kubelet's word;
+//! - `hints`: the budget of reads of the kubelet's word, per attempt, pod and node;
 //! - `gc`: directories of pods that are gone removed, the share rescanned;
 //! - `jobs`: a completing pod's state handed to the Job task;
 //! - `share`: the share and the kubelet's pod directories: opened, the entrypoint installed,
@@ -20,10 +23,12 @@ mod decisions;
 mod farewell;
 mod files;
 mod gc;
+mod hints;
 mod jobs;
 mod link;
 mod share;
 mod warned;
+mod why;
 
 use std::collections::BTreeSet;
 use std::future::Future;
@@ -110,6 +115,8 @@ pub struct Agent {
     audit: crate::handshake::breach::Audit,
     /// Running containers' exits, awaited from the kernel.
     kernel: crate::runtime::kernel::KernelExits,
+    /// The budget of the kubelet's word (its Events), per attempt, pod and node.
+    hints: hints::Hints,
 }
 
 impl Agent {
@@ -167,6 +174,7 @@ impl Agent {
             link,
             warned: Warned::default(),
             removals: gc::Removals::default(),
+            hints: hints::Hints::new(Instant::now()),
             stats,
             api: ApiLink::default(),
             jobs,

@@ -65,14 +65,86 @@ pub struct ExplainArgs {
     /// The agents' `--grace-reserve`, as the chart's `agent.graceReserve`.
     #[arg(long, default_value = "5s", value_parser = parse_duration)]
     pub grace_reserve: Duration,
-    /// The agents' `--kubelet-eviction-max-pod-grace`, as the chart's
-    /// `agent.kubelet.evictionMaxPodGracePeriod`.
-    #[arg(long, value_parser = parse_duration)]
+    /// What the agents are told of the kubelets' configuration, as the chart's
+    /// `agent.kubelet` gives it.
+    #[command(flatten)]
+    pub kubelet: KubeletArgs,
+    /// The kubelet's version (`1.33`), for the grace of its own kills; an agent reads it from
+    /// its Node. Unset: the longest any version gives.
+    #[arg(long, value_parser = parse_kubelet_version)]
+    pub kubelet_version: Option<crate::kubelet::grace::Version>,
+}
+
+/// The kubelets' configuration, which no API shows, as the agents are told it (the chart's
+/// `agent.kubelet` values): the grace the kubelet gives its own kills.
+#[derive(Debug, Clone, Default, Args)]
+pub struct KubeletArgs {
+    /// The kubelet's `evictionMaxPodGracePeriod`: the grace of a soft node-pressure eviction,
+    /// which the agent's deadline follows once it recognised an eviction, by the kubelet's
+    /// version's rule (unset: the pod's own grace bounds it).
+    #[arg(long, env = "EXITORDER_KUBELET_EVICTION_MAX_POD_GRACE", value_parser = parse_duration)]
     pub kubelet_eviction_max_pod_grace: Option<Duration>,
-    /// The agents' `--kubelet-shutdown-grace-regular`, as the chart's
-    /// `agent.kubelet.shutdownGracePeriodRegularPods`.
-    #[arg(long, value_parser = parse_duration)]
+    /// The kubelet's feature gate `AllowOverwriteTerminationGracePeriodSeconds` is on (1.32 to
+    /// 1.34): a soft eviction's grace is then `evictionMaxPodGracePeriod` even above the pod's.
+    #[arg(long, env = "EXITORDER_KUBELET_EVICTION_OVERWRITES_POD_GRACE")]
+    pub kubelet_eviction_overwrites_pod_grace: bool,
+    /// The kubelet's `shutdownGracePeriod` less `shutdownGracePeriodCriticalPods`: what regular
+    /// pods get in a graceful node shutdown (unset: the pod's own grace bounds it).
+    #[arg(long, env = "EXITORDER_KUBELET_SHUTDOWN_GRACE_REGULAR", value_parser = parse_duration)]
     pub kubelet_shutdown_grace_regular: Option<Duration>,
+    /// The kubelet's `shutdownGracePeriodCriticalPods`: what pods of priority 2000000000 and
+    /// above get in a graceful node shutdown.
+    #[arg(long, env = "EXITORDER_KUBELET_SHUTDOWN_GRACE_CRITICAL", value_parser = parse_duration)]
+    pub kubelet_shutdown_grace_critical: Option<Duration>,
+    /// The kubelet's `shutdownGracePeriodByPodPriority`, as `PRIORITY=DURATION` bands separated
+    /// by commas (`0=10s,100000=30s`); replaces the two above when given.
+    #[arg(long, env = "EXITORDER_KUBELET_SHUTDOWN_GRACE_BY_PRIORITY", value_parser = parse_bands)]
+    pub kubelet_shutdown_grace_by_priority: Option<Bands>,
+}
+
+/// `shutdownGracePeriodByPodPriority` bands, (priority, grace).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Bands(pub Vec<(i32, Duration)>);
+
+impl KubeletArgs {
+    pub fn config(&self) -> crate::kubelet::grace::KubeletConfig {
+        crate::kubelet::grace::KubeletConfig {
+            eviction_max_pod_grace: self.kubelet_eviction_max_pod_grace,
+            eviction_overwrites_pod_grace: self.kubelet_eviction_overwrites_pod_grace,
+            shutdown_regular_pods: self.kubelet_shutdown_grace_regular,
+            shutdown_critical_pods: self.kubelet_shutdown_grace_critical,
+            shutdown_by_priority: self
+                .kubelet_shutdown_grace_by_priority
+                .clone()
+                .unwrap_or_default()
+                .0,
+        }
+    }
+}
+
+/// `0=10s,100000=30s`: at most 32 bands, each a priority (an int32) and a duration.
+fn parse_bands(s: &str) -> Result<Bands, String> {
+    let mut bands = Vec::new();
+    for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (p, d) = part
+            .split_once('=')
+            .ok_or_else(|| format!("{part:?}: expected PRIORITY=DURATION"))?;
+        let priority: i32 = p
+            .trim()
+            .parse()
+            .map_err(|_| format!("{p:?}: a priority is a 32-bit integer"))?;
+        bands.push((priority, parse_duration(d.trim())?));
+    }
+    if bands.is_empty() || bands.len() > 32 {
+        return Err(format!("{s:?}: between 1 and 32 PRIORITY=DURATION bands"));
+    }
+    Ok(Bands(bands))
+}
+
+/// `1.33` or `v1.33.2`: (major, minor).
+fn parse_kubelet_version(s: &str) -> Result<crate::kubelet::grace::Version, String> {
+    crate::cluster::nodewatch::kubelet_version(s)
+        .ok_or_else(|| format!("{s:?}: expected a version such as 1.33 or v1.33.2"))
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -89,10 +161,8 @@ impl ExplainArgs {
                 handshake_volume: self.handshake_volume,
                 ..crate::webhook::Settings::default()
             },
-            kubelet: crate::kubelet::grace::KubeletConfig {
-                eviction_max_pod_grace: self.kubelet_eviction_max_pod_grace,
-                shutdown_regular_pods: self.kubelet_shutdown_grace_regular,
-            },
+            kubelet: self.kubelet.config(),
+            kubelet_version: self.kubelet_version,
         }
     }
 }
@@ -197,15 +267,14 @@ pub struct AgentArgs {
     /// to reach the agent's own watch, so a slow watch cannot release a sidecar out of order.
     #[arg(long, env = "EXITORDER_API_SETTLE", default_value = "250ms", value_parser = parse_duration)]
     pub api_settle: Duration,
-    /// The kubelet's `evictionMaxPodGracePeriod`: the grace of a soft node-pressure eviction,
-    /// which the agent's deadline follows once it recognised an eviction (unset: the pod's
-    /// own grace bounds it).
-    #[arg(long, env = "EXITORDER_KUBELET_EVICTION_MAX_POD_GRACE", value_parser = parse_duration)]
-    pub kubelet_eviction_max_pod_grace: Option<Duration>,
-    /// The kubelet's `shutdownGracePeriod` less `shutdownGracePeriodCriticalPods`: what regular
-    /// pods get in a graceful node shutdown (unset: the pod's own grace bounds it).
-    #[arg(long, env = "EXITORDER_KUBELET_SHUTDOWN_GRACE_REGULAR", value_parser = parse_duration)]
-    pub kubelet_shutdown_grace_regular: Option<Duration>,
+    /// How long after a sidecar's wait began the silence of the containers it waits for
+    /// shows that the kubelet stops it alone (a restart), when every one of them marks: longer
+    /// than the kubelet's preStop execs of one pod kill ever start apart on this node.
+    #[arg(long, env = "EXITORDER_KILL_EVIDENCE_WINDOW", default_value = "4s", value_parser = parse_duration)]
+    pub kill_evidence_window: Duration,
+    /// What the agent is told of the kubelet's configuration.
+    #[command(flatten)]
+    pub kubelet: KubeletArgs,
     /// How long a graceful shutdown may take after SIGTERM.
     #[arg(long, env = "EXITORDER_SHUTDOWN_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
     pub shutdown_timeout: Duration,
@@ -262,10 +331,10 @@ impl AgentArgs {
         cfg.exit_source = self.exit_source;
         cfg.poll_interval = self.poll_interval.max(Duration::from_millis(1));
         cfg.api_settle = self.api_settle;
-        cfg.kubelet = crate::kubelet::grace::KubeletConfig {
-            eviction_max_pod_grace: self.kubelet_eviction_max_pod_grace,
-            shutdown_regular_pods: self.kubelet_shutdown_grace_regular,
+        cfg.evidence = crate::kubelet::evidence::Rule {
+            window: self.kill_evidence_window,
         };
+        cfg.kubelet = self.kubelet.config();
         // A timer period of zero is refused by tokio.
         cfg.gc_interval = self.gc_interval.max(Duration::from_millis(10));
         cfg.gc_min_age = self.gc_min_age;
@@ -318,11 +387,17 @@ pub struct WebhookArgs {
     #[arg(long, env = "EXITORDER_GRACE_RESERVE", default_value = "5s", value_parser = parse_duration)]
     pub grace_reserve: Duration,
     /// The injected sidecars' presence wait (`EXITORDER_PRESENCE` in their env): how long a
-    /// sidecar waits for an agent to say it serves its directory before proceeding without one. Unset: the entrypoint's default
-    /// (1s). `0s` waits for the timeout whatever: set it while upgrading from a release whose
-    /// agents do not say so yet, until every node runs the new agent.
+    /// sidecar waits for an agent to say it serves its directory before proceeding without
+    /// one; `0s` waits for the agent's answer until the entrypoint's timeout. Unset: it follows
+    /// the agents' rollout (`--agent-daemonset`), else the entrypoint's default (1s).
     #[arg(long, env = "EXITORDER_AGENT_PRESENCE", value_parser = parse_duration)]
     pub agent_presence: Option<Duration>,
+    /// The agents' DaemonSet, `NAMESPACE/NAME` (the chart passes its own), watched: while its
+    /// rollout is not complete, or its state not known, injected sidecars wait for an agent's
+    /// answer (no presence wait), so none leaves early on a node whose agent is a release
+    /// behind; once every node runs the current agent, the entrypoint's 1 s applies again.
+    #[arg(long, env = "EXITORDER_AGENT_DAEMONSET", value_parser = parse_daemonset)]
+    pub agent_daemonset: Option<(String, String)>,
     /// How often the certificate files are checked for a change.
     #[arg(long, env = "EXITORDER_WEBHOOK_RELOAD_INTERVAL", default_value = "5s", value_parser = parse_duration)]
     pub reload_interval: Duration,
@@ -354,6 +429,7 @@ impl WebhookArgs {
             reload_interval: self.reload_interval.max(Duration::from_millis(10)),
             shutdown_timeout: self.shutdown_timeout,
             drain_delay: self.drain_delay,
+            agents: None,
         }
     }
 }

@@ -1,14 +1,18 @@
-//! The agent's link to the API server: where its credentials come from, and the two tasks that
-//! use them (the pod watch and the Events recorder).
+//! The agent's link to the API server: where its credentials come from, and the tasks that use
+//! them (the pod watch, the node watch, the read of a pod's Events and the Events recorder).
 //!
 //! Optional by design: with no API server configured the agent decides from the runtime alone,
 //! and an API server that is down or slow never delays a decision.
 //!
 //! Parts:
 //! - [`podwatch`]: this node's pods as the API server sees them;
-//! - [`podevents`]: the kubelet's word on one pod's kill, from its Events;
-//! - [`recorder`]: Kubernetes Events about held exits.
+//! - [`nodewatch`]: this node's own Node: a graceful shutdown, the kubelet's version;
+//! - [`podevents`]: the kubelet's word on one pod's kill, from its Events (a hint);
+//! - [`recorder`]: Kubernetes Events about held exits;
+//! - [`owner`]: the agent's own DaemonSet, which tells an uninstall from a restart;
+//! - [`watchloop`]: one way to keep each of these watches running.
 
+pub mod nodewatch;
 pub mod owner;
 pub mod podevents;
 pub mod podwatch;
@@ -22,6 +26,7 @@ use kube::{Client, Config};
 use tokio::sync::{mpsc, watch};
 use tracing::Instrument;
 
+use crate::cluster::nodewatch::{NodeView, NodeWatch};
 use crate::cluster::podevents::Confirmer;
 use crate::cluster::podwatch::{PodSignal, PodView, PodWatch};
 use crate::cluster::recorder::{EventSink, Recorder};
@@ -84,6 +89,7 @@ pub fn client_for(mut config: Config) -> Result<Client, ClusterError> {
 /// What the decision loop gets from the cluster side.
 pub struct Cluster {
     pub view: PodView,
+    pub node: NodeView,
     pub signals: mpsc::UnboundedReceiver<PodSignal>,
     pub events: EventSink,
 }
@@ -91,18 +97,22 @@ pub struct Cluster {
 /// The cluster side's tasks, to be spawned by the caller.
 pub struct Tasks {
     pub watch: PodWatch,
+    pub node: NodeWatch,
     pub confirmer: Confirmer,
     pub recorder: Recorder,
 }
 
 impl Tasks {
-    /// Runs both until `stop` says true (or its sender is gone); queued Events are still
+    /// Runs them all until `stop` says true (or its sender is gone); queued Events are still
     /// posted after that.
     pub async fn run(self, stop: watch::Receiver<bool>) {
         tokio::join!(
             self.watch
                 .run(stopped(stop.clone()))
                 .instrument(tracing::info_span!("pod_watch")),
+            self.node
+                .run(stopped(stop.clone()))
+                .instrument(tracing::info_span!("node_watch")),
             self.confirmer
                 .run(stopped(stop.clone()))
                 .instrument(tracing::info_span!("pod_confirm")),
@@ -118,19 +128,22 @@ pub async fn stopped(mut stop: watch::Receiver<bool>) {
     let _ = stop.wait_for(|s| *s).await;
 }
 
-/// The pod watch of `node` and the Events recorder, on `client`.
+/// The pod and node watches of `node`, the Events read and the Events recorder, on `client`.
 pub fn start(client: Client, node: &str, stats: Arc<Stats>) -> (Cluster, Tasks) {
-    let (view, watch, confirmer, signals) =
+    let (view, watch, confirmer, signals, tx) =
         podwatch::pod_watch(client.clone(), node, stats.clone());
+    let (node_view, node_watch) = nodewatch::node_watch(client.clone(), node, tx);
     let (events, recorder) = recorder::recorder(client, node, stats);
     (
         Cluster {
             view,
+            node: node_view,
             signals,
             events,
         },
         Tasks {
             watch,
+            node: node_watch,
             confirmer,
             recorder,
         },

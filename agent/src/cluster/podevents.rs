@@ -1,7 +1,8 @@
-//! The read of the kubelet's word on one pod: its Events, listed by the pod's UID when a
-//! wait of a pod that the API server does not show going away may be released early (see
-//! [`crate::kubelet::kills`]). One task answers the decision loop's requests, one at a time,
-//! off the decision path.
+//! The read of the kubelet's word on one pod: its Events, listed by the pod's UID, as a hint
+//! for a wait the node's own evidence has not decided yet (see [`crate::kubelet::evidence`]
+//! and [`crate::kubelet::kills`]), within a budget per attempt, per pod and per node (see
+//! `agent::hints`). One task answers the decision loop's requests, one at a time, off the
+//! decision path.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -33,6 +34,9 @@ pub struct ConfirmRequest {
     /// The earliest wait of the pod began at this Unix second (the agent's clock: the
     /// kubelet's Events carry the same node's).
     pub since_unix: i64,
+    /// The attempts the read is for: each waiting container's current one, by when it was
+    /// created (Unix seconds). The kubelet's word on a container counts only for that attempt.
+    pub attempts: std::collections::BTreeMap<String, i64>,
 }
 
 /// At most this many Events of one pod are read; a pod's Events are few (the kubelet's
@@ -102,7 +106,12 @@ impl Confirmer {
                     .filter(|e| e.involved_object.uid.as_deref() == Some(req.uid.as_str()))
                     .map(seen)
                     .collect();
-                Some(kills::read_word(&seen, &self.node, req.since_unix))
+                Some(kills::read_word(
+                    &seen,
+                    &self.node,
+                    req.since_unix,
+                    &req.attempts,
+                ))
             }
             Ok(Err(e)) => {
                 self.stats.api_error("events_list");

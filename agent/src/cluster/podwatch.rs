@@ -72,6 +72,8 @@ pub struct ApiPod {
     pub active_deadline: Option<i64>,
     /// spec.terminationGracePeriodSeconds.
     pub grace: Option<Duration>,
+    /// spec.priority: a graceful node shutdown's band.
+    pub priority: Option<i32>,
     pub restart_policy: Option<String>,
     pub annotations: BTreeMap<String, String>,
     /// Init containers with `restartPolicy: Always` (native sidecars), in declaration order.
@@ -121,6 +123,7 @@ impl ApiPod {
             status_reason: pod.status.as_ref().and_then(|s| s.reason.clone()),
             active_deadline: active_deadline(pod),
             grace: seconds(spec.and_then(|s| s.termination_grace_period_seconds)),
+            priority: spec.and_then(|s| s.priority),
             restart_policy: spec.and_then(|s| s.restart_policy.clone()),
             annotations: meta.annotations.clone().unwrap_or_default(),
             native_sidecars: spec
@@ -171,6 +174,7 @@ impl ApiPod {
             status_reason: None,
             active_deadline: None,
             grace,
+            priority: None,
             restart_policy: record.restart_policy.clone(),
             annotations: sandbox
                 .annotations
@@ -198,8 +202,9 @@ impl ApiPod {
                 Some("Evicted") => PodKill::Eviction,
                 Some("DeadlineExceeded") => PodKill::ActiveDeadline,
                 Some("Preempting") => PodKill::Preemption,
-                // nodeshutdown: `nodeShutdownReason = "Terminated"`.
-                Some("Terminated" | "Shutdown") => PodKill::NodeShutdown,
+                // nodeshutdown: `nodeShutdownReason = "Terminated"` (`Shutdown` is only the
+                // Node's Event reason).
+                Some("Terminated") => PodKill::NodeShutdown,
                 _ => PodKill::Unrecognised,
             });
         }
@@ -244,6 +249,9 @@ pub enum PodSignal {
     Changed(PodUid),
     /// The view became current or stopped being so: decide every wait again.
     Resync,
+    /// The node's own Node changed (see [`crate::cluster::nodewatch`]): decide every wait
+    /// again.
+    Node,
     /// The answer to a [`ConfirmRequest`]: what the kubelet of this node said about the pod
     /// since the wait began, as read at or after `asked_at`; `None` when the read failed.
     Confirmed {
@@ -349,6 +357,7 @@ pub fn pod_watch(
     PodWatch,
     Confirmer,
     mpsc::UnboundedReceiver<PodSignal>,
+    mpsc::UnboundedSender<PodSignal>,
 ) {
     let (store, writer) = reflector::store();
     let shared = Arc::new(Shared {
@@ -369,11 +378,11 @@ pub fn pod_watch(
         node: node.to_owned(),
         writer,
         shared,
-        tx,
+        tx: tx.clone(),
         stats,
         outage_logged: false,
     };
-    (view, watch, confirmer, rx)
+    (view, watch, confirmer, rx, tx)
 }
 
 /// Remembers a deleted pod, within [`TOMBSTONE_TTL`] and [`MAX_TOMBSTONES`]; the UID of the

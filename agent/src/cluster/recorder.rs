@@ -65,6 +65,9 @@ pub struct ExitNotice {
     pub waited: Duration,
     /// Lower-priority containers still running when the allow was written (deadline allows).
     pub still_running: Vec<String>,
+    /// The kill the exit belonged to, and what showed it (see `kubelet::evidence`).
+    pub kill: crate::kubelet::kills::Kill,
+    pub evidence: &'static str,
     pub at: SystemTime,
 }
 
@@ -189,8 +192,10 @@ fn exit_event(n: &ExitNotice, reporting_instance: &str) -> Event {
             "Warning",
             REASON_DEADLINE,
             format!(
-                "container {} released by the grace deadline after waiting {waited}; still running: {}",
+                "container {} released by the grace deadline of the {} (told by {}) after waiting {waited}; still running: {}",
                 n.container,
+                n.kill,
+                n.evidence,
                 if n.still_running.is_empty() {
                     "unknown (runtime not answering)".to_owned()
                 } else {
@@ -203,8 +208,8 @@ fn exit_event(n: &ExitNotice, reporting_instance: &str) -> Event {
             "Normal",
             REASON_ALLOWED,
             format!(
-                "container {} allowed to exit after waiting {waited} (reason {})",
-                n.container, n.reason
+                "container {} allowed to exit after waiting {waited} (reason {}; {} told by {})",
+                n.container, n.reason, n.kill, n.evidence
             ),
         )
     };
@@ -377,6 +382,8 @@ mod tests {
             reason,
             waited: Duration::from_millis(1234),
             still_running: still_running.iter().map(|s| s.to_string()).collect(),
+            kill: crate::kubelet::kills::Kill::Pod(crate::kubelet::kills::PodKill::NodeShutdown),
+            evidence: "node",
             at: SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000),
         }
     }
@@ -390,6 +397,7 @@ mod tests {
         assert!(note.contains("linkerd-proxy"), "{note}");
         assert!(note.contains("1.234s"), "{note}");
         assert!(note.contains("reason ordered"), "{note}");
+        assert!(note.contains("node_shutdown told by node"), "{note}");
         let r = ev.regarding.expect("regarding");
         assert_eq!(r.kind.as_deref(), Some("Pod"));
         assert_eq!(r.uid.as_deref(), Some("4f2c0000"));

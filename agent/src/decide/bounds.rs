@@ -99,6 +99,46 @@ pub fn unix_of_instant(at: Instant, now: Instant) -> i64 {
     now_unix.saturating_sub(ago)
 }
 
+/// This process's monotonic clock against the wall clock, both read once: instants as Unix
+/// nanoseconds and back, for comparing the agent's sightings with the runtime's times (the
+/// same node's clock) within one decision.
+#[derive(Debug, Clone, Copy)]
+pub struct WallClock {
+    now: Instant,
+    unix_ns: i64,
+}
+
+impl WallClock {
+    /// The clocks as they are at `now` (an instant just taken).
+    pub fn at(now: Instant) -> WallClock {
+        let unix_ns = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX));
+        WallClock { now, unix_ns }
+    }
+
+    /// The Unix time (ns) of `at`.
+    pub fn ns(&self, at: Instant) -> i64 {
+        let after =
+            i64::try_from(at.saturating_duration_since(self.now).as_nanos()).unwrap_or(i64::MAX);
+        let before =
+            i64::try_from(self.now.saturating_duration_since(at).as_nanos()).unwrap_or(i64::MAX);
+        self.unix_ns.saturating_add(after).saturating_sub(before)
+    }
+
+    /// The instant of Unix time `ns`, on the monotonic clock (as near as it reaches).
+    pub fn instant(&self, ns: i64) -> Instant {
+        let d = |x: i64| Duration::from_nanos(u64::try_from(x).unwrap_or(0));
+        if ns >= self.unix_ns {
+            self.now.later(d(ns.saturating_sub(self.unix_ns)))
+        } else {
+            self.now
+                .checked_sub(d(self.unix_ns.saturating_sub(ns)))
+                .unwrap_or(self.now)
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -171,5 +211,17 @@ mod tests {
         let t = tokio::time::Instant::now();
         assert_eq!(t.later(Duration::MAX), t + MAX_SPAN);
         assert_eq!(sum(Duration::MAX, Duration::from_secs(1)), MAX_SPAN);
+    }
+
+    #[test]
+    fn instants_and_unix_nanoseconds_convert_both_ways() {
+        let now = Instant::now();
+        let c = WallClock::at(now);
+        let ago = now.checked_sub(Duration::from_millis(1500)).unwrap_or(now);
+        let ahead = now + Duration::from_millis(2500);
+        assert_eq!(c.ns(ago) + 1_500_000_000, c.ns(now));
+        assert_eq!(c.ns(ahead) - 2_500_000_000, c.ns(now));
+        assert_eq!(c.instant(c.ns(ahead)), ahead);
+        assert_eq!(c.instant(c.ns(ago)), ago);
     }
 }

@@ -195,13 +195,22 @@ pub struct Clock {
 }
 
 impl Clock {
-    /// The grace deadline minus the reserve the sidecar needs to drain before SIGKILL.
+    /// The grace deadline minus the reserve the sidecar needs to drain before SIGKILL. A
+    /// grace no longer than the reserve leaves no time to drain before the kubelet cuts the
+    /// hook: the wait is then held to the cut itself (the order kept while the kubelet lets
+    /// anything run), and the sidecar drains within the 2 s the kubelet always gives a
+    /// container after its preStop (`killContainer`, `minimumGracePeriodInSeconds`).
     pub fn deadline(&self) -> Instant {
         let grace = self
             .api_grace
             .or(self.runtime_grace)
             .unwrap_or(DEFAULT_GRACE);
-        self.first_seen.later(grace.saturating_sub(self.reserve))
+        let held = if grace > self.reserve {
+            grace.saturating_sub(self.reserve)
+        } else {
+            grace
+        };
+        self.first_seen.later(held)
     }
 }
 
@@ -278,6 +287,7 @@ pub(crate) mod tests {
                 created_at: i64::from(attempt),
                 state,
                 grace: None,
+                marks: false,
             },
             env,
         }
@@ -447,8 +457,13 @@ pub(crate) mod tests {
         assert_eq!(c.deadline(), t + Duration::from_secs(55));
         c.api_grace = Some(Duration::from_secs(10));
         assert_eq!(c.deadline(), t + Duration::from_secs(5));
+        // Within the reserve: held to the kubelet's cut.
         c.api_grace = Some(Duration::from_secs(2));
-        assert_eq!(c.deadline(), t);
+        assert_eq!(c.deadline(), t + Duration::from_secs(2));
+        c.api_grace = Some(Duration::from_secs(5));
+        assert_eq!(c.deadline(), t + Duration::from_secs(5));
+        c.api_grace = Some(Duration::from_secs(6));
+        assert_eq!(c.deadline(), t + Duration::from_secs(1));
     }
 
     #[test]

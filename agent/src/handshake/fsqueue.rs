@@ -154,6 +154,17 @@ impl FsQueue {
         self.ready.notify_one();
     }
 
+    /// Whether changes of the pod named `uid` (a pod directory of that name, in any place)
+    /// are queued, or a rescan is: what the loop has not read of that pod yet.
+    pub fn holds_pod(&self, uid: &str) -> bool {
+        let q = self.lock();
+        q.rescan
+            || q.buckets.keys().any(|dir| {
+                dir.file_name()
+                    .is_some_and(|n| n == std::ffi::OsStr::new(uid))
+            })
+    }
+
     /// Waits until something is queued (returns at once if something is).
     pub async fn ready(&self) {
         if !self.is_empty() {

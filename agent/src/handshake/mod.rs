@@ -4,6 +4,7 @@
 //! Parts:
 //! - [`share`]: the share's layout, read and written without following a link;
 //! - [`waits`]: the pending waits, found through inotify and rescans;
+//! - [`marks`]: when each container last said it is being stopped;
 //! - [`watch`]: inotify on the share, one directory level at a time, each watch on the
 //!   directory opened and checked;
 //! - [`fsqueue`]: the file events between the watcher and the loop, coalesced per pod;
@@ -19,6 +20,7 @@ pub mod budget;
 pub mod elf;
 pub mod fsqueue;
 pub mod hostpath;
+pub mod marks;
 pub mod share;
 pub mod waits;
 pub mod watch;

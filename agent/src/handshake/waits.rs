@@ -13,11 +13,13 @@ use tracing::{debug, warn};
 
 use crate::decide::bounds::Later as _;
 use crate::decide::Reason;
+use crate::handshake::marks::Marks;
 use crate::handshake::share::{
     ContainerName, ExitKey, ExitState, FileId, Place, PresenceState, Rejection, Share, ShareEntry,
     ShareError,
 };
 use crate::handshake::watch::{FsEvent, ShareWatcher, WatchError};
+use crate::kubelet::evidence::Alone;
 use crate::kubelet::kills::{ContainerKill, Kill, PodKill};
 use crate::pod::PodUid;
 use crate::stats::Stats;
@@ -68,39 +70,64 @@ impl Waiter {
     }
 }
 
-/// What the kubelet (through the API server) said about a pending pod: whether the whole
-/// pod is killed, or which of its containers are killed alone (see [`crate::kubelet`]).
+/// Why a pending pod's containers stop: what the node shows and the kubelet said (see
+/// [`crate::kubelet::evidence`]), whether the whole pod is killed or some of its containers
+/// alone.
 #[derive(Default)]
 pub struct Confirmation {
-    /// The containers the kubelet said it kills alone while the pod stays: when the read that
-    /// found its word was asked, and why.
+    /// The kubelet's word that it kills these containers alone, each for the attempt the read
+    /// was for: when the read was asked, and why.
     pub restarting: BTreeMap<String, (Instant, ContainerKill)>,
-    /// The whole pod is killed, and why (the kubelet's Events, or the API object): ordered
-    /// from now on, whatever a later read says.
+    /// The whole pod is killed, and why (the API object, the Node, the containers' marks or
+    /// the kubelet's Events): ordered from now on, whatever a later read says.
     pub pod_kill: Option<PodKill>,
+    /// What showed the pod kill (`api`, `node`, `others_marked`, `kubelet_event`).
+    pub pod_kill_by: &'static str,
+    /// The other containers seen being stopped with the waits, when their marks showed it.
+    pub stopping: Vec<String>,
+    /// The containers the evidence shows stopped alone, and by what.
+    pub alone: BTreeMap<String, Alone>,
+    /// The waits the evidence has not decided yet (a hold of theirs is not worth telling yet).
+    pub judging: BTreeSet<String>,
+    /// When the waits must be judged again (the others' marks may still come until then).
+    pub next: Option<Instant>,
     /// A read is in flight.
     pub asked: bool,
-    /// Not before this (after a failed read, or one that found no word yet).
-    pub retry_at: Option<Instant>,
+    /// The read of what kind of pod kill this is was asked.
+    pub kind_read: bool,
     /// Reads made for this pod.
     pub reads: u32,
 }
 
 impl Confirmation {
-    /// Whether the kubelet's word that it kills `container` alone was read for a wait that
-    /// began at `since` (by a read asked at or after it: an older word was about an earlier
-    /// kill).
-    pub fn names(&self, container: &str, since: Instant) -> bool {
-        self.restarting
-            .get(container)
-            .is_some_and(|(asked, _)| *asked >= since)
-    }
-
     /// The kind of kill a wait of `container` answered for `reason` belongs to.
     pub fn kill_of(&self, container: &str, reason: Reason) -> Kill {
-        match (reason, self.restarting.get(container)) {
-            (Reason::NotTerminating, Some((_, k))) => Kill::Container(*k),
+        match reason {
+            Reason::NotTerminating => match self.restarting.get(container) {
+                Some((_, k)) => Kill::Container(*k),
+                None => Kill::Container(ContainerKill::Unsaid),
+            },
             _ => Kill::Pod(self.pod_kill.unwrap_or(PodKill::Unknown)),
+        }
+    }
+
+    /// The whole pod is killed, of kind `kill`, as `by` showed: a kind the marks could not name
+    /// (`Unrecognised`) gives way to one that names it.
+    pub fn pod_kill_is(&mut self, kill: PodKill, by: &'static str) {
+        if matches!(self.pod_kill, None | Some(PodKill::Unrecognised))
+            && self.pod_kill != Some(kill)
+        {
+            self.pod_kill = Some(kill);
+            self.pod_kill_by = by;
+        }
+    }
+
+    /// What showed why `container` stops, for logs and Events.
+    pub fn evidence_of(&self, container: &str, reason: Reason) -> &'static str {
+        match (reason, self.alone.get(container)) {
+            (Reason::NotTerminating, Some(by)) => by.as_str(),
+            _ if self.pod_kill.is_some() && !self.pod_kill_by.is_empty() => self.pod_kill_by,
+            _ => "none",
         }
     }
 }
@@ -137,6 +164,8 @@ pub struct PendingPod {
 #[derive(Default)]
 pub struct Waits {
     pub pending: BTreeMap<PodUid, PendingPod>,
+    /// When each container last said it is being stopped (a wait says so too).
+    pub marks: Marks,
     /// When each container's wait last appeared, to coalesce churn.
     last_seen: HashMap<ExitKey, Instant>,
     /// The agent's start-up scan is running.
@@ -193,10 +222,11 @@ impl Waits {
         }
     }
 
-    /// Forgets churn history older than the window.
+    /// Forgets churn history older than the window, and old marks.
     pub fn prune(&mut self, now: Instant) {
         self.last_seen
             .retain(|_, at| now.saturating_duration_since(*at) < CHURN_WINDOW.saturating_mul(10));
+        self.marks.prune(now);
     }
 
     /// Waits whose last appearance is remembered.
@@ -256,6 +286,7 @@ impl<'a> ShareSync<'a> {
                                 self.sync_container(&key, dirty)
                             }
                             Ok(Some(ShareEntry::ExitFile(key))) => self.sync_exit(&key, dirty),
+                            Ok(Some(ShareEntry::MarkFile(key))) => self.take_mark(&key, dirty),
                             Ok(None) => continue,
                             Err(e) => {
                                 self.count(&e);
@@ -457,7 +488,10 @@ impl<'a> ShareSync<'a> {
                     }
                 }
             }
-            Err(e) if e.is_not_found() => self.watcher.forget(&share.container_path(key)),
+            Err(e) if e.is_not_found() => {
+                self.watcher.forget(&share.container_path(key));
+                return self.sync_exit(key, dirty);
+            }
             Err(e) => {
                 self.count(&e);
                 warn!(container = %key, error = %e, "skipping container directory");
@@ -471,7 +505,34 @@ impl<'a> ShareSync<'a> {
                 }
             }
         }
+        // A mark made before the directory was watched (or whose event was lost) is taken
+        // now: it is one the agent has not taken yet, so it is new.
+        self.take_mark(key, dirty);
         self.sync_exit(key, dirty);
+    }
+
+    /// Takes the container's mark, if it made one: noted on the agent's clock, and the pod's
+    /// waits decided again with it.
+    fn take_mark(&mut self, key: &ExitKey, dirty: &mut BTreeSet<PodUid>) {
+        let Some(share) = self.at(key.place) else {
+            return;
+        };
+        match share.take_mark(key) {
+            Ok(true) => {
+                debug!(event = "marked", pod = %key.pod, container = %key.container, "the container is being stopped");
+                self.waits
+                    .marks
+                    .note(&key.pod, &key.container, Instant::now());
+                if self.waits.pending.contains_key(&key.pod) {
+                    dirty.insert(key.pod.clone());
+                }
+            }
+            Ok(false) => {}
+            Err(e) => {
+                self.count(&e);
+                debug!(container = %key, error = %e, "cannot take the container's mark");
+            }
+        }
     }
 
     fn sync_exit(&mut self, key: &ExitKey, dirty: &mut BTreeSet<PodUid>) {
@@ -506,6 +567,8 @@ impl<'a> ShareSync<'a> {
                 // The agent's own sight of the file starts the wait: the file's times are the
                 // pod's to set (see `Decisions::deletion_and_clock` for a file found at start).
                 let since = now;
+                // A wait says its container is being stopped, as a mark does.
+                waits.marks.note(&key.pod, &key.container, now);
                 let found_at_start = waits.starting;
                 let churning = waits.seen(key, now);
                 let pod = waits
@@ -535,12 +598,12 @@ impl<'a> ShareSync<'a> {
                 if rerun {
                     debug!(container = %key, "exit file made again: the kubelet started the pod's kill over");
                     pod.rerun_at = Some(now);
-                    // Its kill is new: what the kubelet said of the last one is not its word
-                    // for this one.
+                    // Its kill is new: what was known of the last one is not known of this one.
                     pod.confirm.restarting.remove(key.container.as_str());
+                    pod.confirm.alone.remove(key.container.as_str());
                     dirty.insert(key.pod.clone());
                 }
-                debug!(container = %key, "exit file waiting");
+                debug!(event = "waiting", pod = %key.pod, container = %key.container, "exit file waiting");
                 if churning {
                     // Decided at the end of the window, with whatever came meanwhile.
                     self.stats.exit_churn();

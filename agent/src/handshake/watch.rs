@@ -34,7 +34,7 @@ use rustix::io::Errno;
 use tracing::warn;
 
 use crate::handshake::fsqueue::FsQueue;
-use crate::handshake::share::EXIT_FILE;
+use crate::handshake::share::{EXIT_FILE, MARK_FILE};
 
 /// Watches one pod may have: the kubelet's levels down to its exit directories (at most 4)
 /// and one per container's exit directory; a pod with more containers than this is rare, and
@@ -147,15 +147,17 @@ fn pod_dir_of<'r>(roots: &'r [Root], path: &Path) -> Option<(&'r Root, PathBuf)>
     None
 }
 
-/// Whether a changed path can matter: a directory down to a container's exit directory, or
-/// an exit file. Whatever else a container makes in its directory is its own business;
+/// Whether a changed path can matter: a directory down to a container's exit directory, an
+/// exit file or a mark. Whatever else a container makes in its directory is its own business;
 /// dropping it on the watcher's thread keeps it off the loop.
 fn worth_telling(roots: &[Root], path: &Path) -> bool {
     for root in roots {
         if let Some(depth) = root.depth(path) {
+            let name = path.file_name();
             return depth <= root.container_depth
                 || (depth == root.container_depth.saturating_add(1)
-                    && path.file_name() == Some(std::ffi::OsStr::new(EXIT_FILE)));
+                    && (name == Some(std::ffi::OsStr::new(EXIT_FILE))
+                        || name == Some(std::ffi::OsStr::new(MARK_FILE))));
         }
     }
     // Not below any: a root itself, moved or removed.

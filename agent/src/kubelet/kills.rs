@@ -34,6 +34,9 @@ use std::fmt;
 /// starts the hook that makes the exit file.
 pub const EVENT_SLACK_SECS: i64 = 2;
 
+/// The prefix of an Event the recorder aggregated.
+const COMBINED: &str = "(combined from similar events): ";
+
 /// Why the kubelet kills one container while the pod stays.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum ContainerKill {
@@ -45,6 +48,11 @@ pub enum ContainerKill {
     DefinitionChanged,
     /// "Container NAME resize requires restart": an in-place resize whose policy restarts.
     Resize,
+    /// Its postStart hook failed (`startContainer` kills it with the message
+    /// "FailedPostStartHook").
+    PostStart,
+    /// Killed alone, as the node shows (the others' silence), for a reason not said.
+    Unsaid,
 }
 
 /// Why the kubelet kills a whole pod.
@@ -75,7 +83,7 @@ pub enum Kill {
 
 impl Kill {
     /// Every kind, for metrics.
-    pub const ALL: [Kill; 11] = [
+    pub const ALL: [Kill; 13] = [
         Kill::Pod(PodKill::Deletion),
         Kill::Pod(PodKill::Eviction),
         Kill::Pod(PodKill::NodeShutdown),
@@ -87,6 +95,8 @@ impl Kill {
         Kill::Container(ContainerKill::Startup),
         Kill::Container(ContainerKill::DefinitionChanged),
         Kill::Container(ContainerKill::Resize),
+        Kill::Container(ContainerKill::PostStart),
+        Kill::Container(ContainerKill::Unsaid),
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -102,6 +112,8 @@ impl Kill {
             Kill::Container(ContainerKill::Startup) => "startup_restart",
             Kill::Container(ContainerKill::DefinitionChanged) => "definition_changed",
             Kill::Container(ContainerKill::Resize) => "resize_restart",
+            Kill::Container(ContainerKill::PostStart) => "post_start_failed",
+            Kill::Container(ContainerKill::Unsaid) => "container_alone",
         }
     }
 }
@@ -147,11 +159,6 @@ impl Word {
         }
         self.containers.get(name).map(|c| Kill::Container(*c))
     }
-
-    /// Whether the kubelet said anything of `name`'s kill, or of the pod's.
-    pub fn speaks_of(&self, name: &str) -> bool {
-        self.of(name).is_some()
-    }
 }
 
 /// The pod-level Events a whole-pod kill records before it kills.
@@ -170,11 +177,11 @@ fn pod_kill_of(reason: &str) -> Option<PodKill> {
 /// The container a `Killing` message names and why it is killed, from the kubelet's texts.
 /// `None` for a text this version does not know: such a kill is ordered.
 pub fn killing_message(message: &str) -> Option<(&str, Option<ContainerKill>)> {
-    // client-go's EventAggregator rewrites the message of the 10th similar Event of an
-    // object within 10 minutes (same reason, other message): the kubelet's text follows.
-    let message = message
-        .strip_prefix("(combined from similar events): ")
-        .unwrap_or(message);
+    // kuberuntime_container.go startContainer: a failed postStart hook kills the container
+    // with the hook's reason as the message; the container is the field path's.
+    if message == "FailedPostStartHook" {
+        return Some(("", Some(ContainerKill::PostStart)));
+    }
     // kuberuntime_container.go killContainer: `fmt.Sprintf("Stopping container %s", ...)`
     // when the caller gave no message: a whole-pod kill.
     if let Some(name) = message.strip_prefix("Stopping container ") {
@@ -209,29 +216,58 @@ fn field_path_container(path: &str) -> Option<&str> {
     inner.strip_suffix('}')
 }
 
-/// Reads the kubelet's word from a pod's Events: only those the kubelet of `node` recorded
-/// at or after `since_unix` (less [`EVENT_SLACK_SECS`]). A `Killing` Event counts for one
-/// container only when its message and its field path name the same container; any sign of
-/// a whole-pod kill makes the word a pod kill.
-pub fn read_word(events: &[SeenEvent], node: &str, since_unix: i64) -> Word {
+/// Reads the kubelet's word from a pod's Events: only those the kubelet of `node` recorded.
+/// A sign of a whole-pod kill counts at or after `since_unix` (less [`EVENT_SLACK_SECS`]) and
+/// makes the word a pod kill. A `Killing` Event counts for one container only when its message
+/// and its field path name the same container, and only for the attempt `attempts` gives that
+/// container (its creation, Unix seconds), when the Event's last second is after that
+/// attempt's: the API server keeps an Event's time in whole seconds, and an Event of the same
+/// second may be the kill of the attempt before (the recorder counts identical Events into one
+/// and moves its `lastTimestamp`, so an older kill's Event never looks newer than it was).
+pub fn read_word(
+    events: &[SeenEvent],
+    node: &str,
+    since_unix: i64,
+    attempts: &BTreeMap<String, i64>,
+) -> Word {
     let from = since_unix.saturating_sub(EVENT_SLACK_SECS);
     let mut word = Word::default();
     let mut stopping = false;
     for e in events {
-        if e.component != "kubelet" || e.host != node || e.last_unix.is_none_or(|t| t < from) {
+        if e.component != "kubelet" || e.host != node {
             continue;
         }
+        let Some(at) = e.last_unix else { continue };
         if let Some(kind) = pod_kill_of(&e.reason) {
-            word.pod_kill = Some(kind);
+            if at >= from {
+                word.pod_kill = Some(kind);
+            }
             continue;
         }
         if e.reason != "Killing" {
             continue;
         }
+        // client-go's `EventAggregate` (`tools/record/events_cache.go`): past 10 messages of
+        // one reason about an object within 10 minutes, the recorder writes one Event
+        // "(combined from similar events): <message>" and then only patches its count, time
+        // and message, never its field path (the first aggregate's). Its message and field
+        // path may name different containers: it is a sign of nothing.
+        if e.message.starts_with(COMBINED) {
+            continue;
+        }
+        let named = field_path_container(&e.field_path);
         match killing_message(&e.message) {
-            Some((name, Some(k))) if field_path_container(&e.field_path) == Some(name) => {
-                word.containers.insert(name.to_owned(), k);
+            Some((name, Some(k)))
+                if named == Some(name) || (name.is_empty() && named.is_some()) =>
+            {
+                // Another attempt's (or another container's) kill alone: no word for this
+                // one, and no sign of a pod kill either.
+                let name = named.unwrap_or(name);
+                if attempts.get(name).is_some_and(|created| at > *created) {
+                    word.containers.insert(name.to_owned(), k);
+                }
             }
+            _ if at < from => {}
             // "Stopping container", or a Killing the agent cannot read: not a word for one
             // container.
             _ => stopping = true,
@@ -249,6 +285,11 @@ pub fn read_word(events: &[SeenEvent], node: &str, since_unix: i64) -> Word {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The attempts a read is for: `proxy` and `app` created at second 98.
+    fn attempts() -> BTreeMap<String, i64> {
+        BTreeMap::from([("proxy".to_owned(), 98), ("app".to_owned(), 98)])
+    }
 
     fn ev(reason: &str, message: &str, container: &str, at: i64) -> SeenEvent {
         SeenEvent {
@@ -295,15 +336,14 @@ mod tests {
             killing_message("Container proxy resize requires restart"),
             Some(("proxy", Some(ContainerKill::Resize)))
         );
-        assert_eq!(
-            killing_message(
-                "(combined from similar events): Container proxy failed liveness probe, will be restarted"
-            ),
-            Some(("proxy", Some(ContainerKill::Liveness)))
-        );
+
         assert_eq!(
             killing_message("Container is in \"unknown\" state, try killing it before restart"),
             None
+        );
+        assert_eq!(
+            killing_message("FailedPostStartHook"),
+            Some(("", Some(ContainerKill::PostStart)))
         );
         assert_eq!(killing_message("Container proxy is being killed"), None);
         assert_eq!(killing_message(""), None);
@@ -317,7 +357,7 @@ mod tests {
             "proxy",
             100,
         );
-        let w = read_word(std::slice::from_ref(&restart), "node-a", 100);
+        let w = read_word(std::slice::from_ref(&restart), "node-a", 100, &attempts());
         assert_eq!(
             w.of("proxy"),
             Some(Kill::Container(ContainerKill::Liveness))
@@ -331,20 +371,20 @@ mod tests {
         let mut other_component = restart.clone();
         other_component.component = "exitorder".into();
         let mut old = restart.clone();
-        old.last_unix = Some(100 - EVENT_SLACK_SECS - 1);
+        old.last_unix = Some(98);
         let mut undated = restart.clone();
         undated.last_unix = None;
         let mut elsewhere = restart.clone();
         elsewhere.field_path = "spec.containers{app}".into();
         for e in [other_node, other_component, old, undated] {
             assert_eq!(
-                read_word(std::slice::from_ref(&e), "node-a", 100),
+                read_word(std::slice::from_ref(&e), "node-a", 100, &attempts()),
                 Word::default(),
                 "{e:?}"
             );
         }
         // A Killing whose message and field path disagree is not read as a restart: ordered.
-        let w = read_word(std::slice::from_ref(&elsewhere), "node-a", 100);
+        let w = read_word(std::slice::from_ref(&elsewhere), "node-a", 100, &attempts());
         assert_eq!(w.of("proxy"), Some(Kill::Pod(PodKill::Unrecognised)));
     }
 
@@ -393,9 +433,72 @@ mod tests {
                 PodKill::Unrecognised,
             ),
         ] {
-            let w = read_word(&[restart.clone(), sign.clone()], "node-a", 100);
+            let w = read_word(&[restart.clone(), sign.clone()], "node-a", 100, &attempts());
             assert_eq!(w.of("proxy"), Some(Kill::Pod(kind)), "{sign:?}");
             assert!(w.containers.is_empty());
         }
+    }
+
+    #[test]
+    fn a_kill_alone_counts_only_for_the_attempt_it_killed() {
+        // The liveness kill of the attempt before (second 97, or the very second this one was
+        // created): no word for this attempt, and no sign of a pod kill either.
+        for at in [97, 98] {
+            let before = ev(
+                "Killing",
+                "Container proxy failed liveness probe, will be restarted",
+                "proxy",
+                at,
+            );
+            assert_eq!(
+                read_word(std::slice::from_ref(&before), "node-a", 99, &attempts()),
+                Word::default(),
+                "{at}"
+            );
+        }
+        // A container the read is not for: nothing.
+        let other = ev(
+            "Killing",
+            "Container logs failed liveness probe, will be restarted",
+            "logs",
+            100,
+        );
+        assert_eq!(
+            read_word(std::slice::from_ref(&other), "node-a", 100, &attempts()),
+            Word::default()
+        );
+        // A failed postStart names its container by the field path only.
+        let post = ev("Killing", "FailedPostStartHook", "proxy", 99);
+        assert_eq!(
+            read_word(std::slice::from_ref(&post), "node-a", 99, &attempts()).of("proxy"),
+            Some(Kill::Container(ContainerKill::PostStart))
+        );
+        let nameless = SeenEvent {
+            field_path: String::new(),
+            ..post
+        };
+        assert_eq!(
+            read_word(std::slice::from_ref(&nameless), "node-a", 99, &attempts()).of("proxy"),
+            Some(Kill::Pod(PodKill::Unrecognised))
+        );
+    }
+
+    #[test]
+    fn an_aggregated_event_is_a_sign_of_nothing() {
+        // The recorder's aggregate keeps the first aggregate's field path (`app`) while its
+        // message follows the latest Killing (`proxy`'s).
+        let combined = SeenEvent {
+            field_path: "spec.containers{app}".into(),
+            ..ev(
+                "Killing",
+                "(combined from similar events): Container proxy failed liveness probe, will be restarted",
+                "proxy",
+                100,
+            )
+        };
+        assert_eq!(
+            read_word(std::slice::from_ref(&combined), "node-a", 100, &attempts()),
+            Word::default()
+        );
     }
 }

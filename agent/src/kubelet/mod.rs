@@ -11,12 +11,16 @@
 //! `mergePodStatus` ("Delay transitioning a pod to a terminal status unless the pod is
 //! actually terminal") withholds phase `Failed` and the `DisruptionTarget` condition while any
 //! container could still run. The API pod's phase therefore never says that one container is
-//! being restarted rather than the whole pod killed. Only the kubelet's own word for that one
-//! container does ([`kills`]); without it, a preStop is taken for a pod kill and ordered.
+//! being restarted rather than the whole pod killed. What the node itself sees does
+//! ([`evidence`]: a pod kill runs every container's preStop at once, a restart only one's);
+//! the kubelet's Events are at most a hint ([`kills`]); without either, a preStop is taken for
+//! a pod kill and ordered.
 //!
 //! Parts:
-//! - [`kills`]: the kinds of kill, and reading them from the kubelet's Events;
+//! - [`evidence`]: a pod kill or one container's, from the containers' marks on the node;
+//! - [`kills`]: the kinds of kill, and the kubelet's word on them in its Events;
 //! - [`grace`]: the grace period the kubelet gives a kill.
 
+pub mod evidence;
 pub mod grace;
 pub mod kills;

@@ -31,6 +31,8 @@ use crate::view::{Change, ContainerInfo, Listing, SandboxInfo};
 
 /// Container annotation where the kubelet records the pod's terminationGracePeriodSeconds.
 pub use exitorder_contract::kubelet::ANNOTATION_GRACE;
+/// Container annotation where the kubelet records the container's preStop handler (JSON).
+use exitorder_contract::kubelet::ANNOTATION_PRESTOP;
 /// Label the kubelet puts on every container with its name in the pod spec.
 pub use exitorder_contract::kubelet::LABEL_CONTAINER_NAME;
 /// Label the kubelet puts on every sandbox and container with the pod's UID.
@@ -159,6 +161,9 @@ fn container_info(
         created_at,
         state: run_state(state),
         grace: grace(annotations),
+        marks: annotations
+            .get(ANNOTATION_PRESTOP)
+            .is_some_and(|h| crate::kubelet::evidence::prestop_marks(h)),
     })
 }
 

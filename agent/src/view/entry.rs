@@ -19,6 +19,9 @@ pub struct ContainerInfo {
     pub state: RunState,
     /// The pod's grace period as the kubelet recorded it on the container.
     pub grace: Option<Duration>,
+    /// Its preStop says on the node when the kubelet stops it (it runs exitorder's
+    /// entrypoint: see [`crate::kubelet::evidence::prestop_marks`]).
+    pub marks: bool,
 }
 
 /// A pod's sandbox as the runtime describes it.

@@ -533,6 +533,7 @@ mod tests {
             created_at,
             state,
             grace: Some(Duration::from_secs(30)),
+            marks: false,
         }
     }
 
@@ -817,6 +818,7 @@ mod tests {
                 created_at: 1,
                 state,
                 grace: None,
+                marks: false,
             };
             let mut events = Vec::new();
             let mut truth = Vec::new();

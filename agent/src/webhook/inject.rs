@@ -114,40 +114,67 @@ pub struct Sidecar {
 
 impl Sidecar {
     pub fn inject(&self, c: &mut Container, warnings: &mut Vec<String>) -> Result<(), String> {
-        match self.handshake {
-            HandshakeVolume::HostPath => {
-                pod_uid_env(c)?;
-                mounts(c)?;
-            }
-            HandshakeVolume::EmptyDir => super::podlocal::mounts(c)?,
-        }
+        self.own_directory(c)?;
         if let Some(presence) = self.presence {
             presence_env(c, presence);
         }
-        self.pre_stop(c, warnings);
+        self.pre_stop(c, Hook::Wait, warnings);
         Ok(())
     }
 
-    /// `exitorder-entrypoint wait --timeout T`, then what the sidecar's preStop did.
-    fn pre_stop(&self, c: &mut Container, warnings: &mut Vec<String>) {
+    /// What a container the sidecars serve gets: its own exit directory and a preStop that
+    /// says there, without waiting, that the kubelet is stopping it, then does what its own
+    /// preStop did (`exitorder-entrypoint mark`). A pod kill runs every container's preStop
+    /// at once and a restart only the restarted one's, so these marks are how the agent
+    /// tells a sidecar's restart from the pod's kill without the kubelet's Events (see
+    /// `kubelet::evidence`). Costs the container one exec before its TERM.
+    pub fn mark(&self, c: &mut Container, warnings: &mut Vec<String>) -> Result<(), String> {
+        self.own_directory(c)?;
+        self.pre_stop(c, Hook::Mark, warnings);
+        Ok(())
+    }
+
+    fn own_directory(&self, c: &mut Container) -> Result<(), String> {
+        match self.handshake {
+            HandshakeVolume::HostPath => {
+                pod_uid_env(c)?;
+                mounts(c)
+            }
+            HandshakeVolume::EmptyDir => super::podlocal::mounts(c),
+        }
+    }
+
+    /// `exitorder-entrypoint wait --timeout T` (or `mark`), then what the container's preStop
+    /// did.
+    fn pre_stop(&self, c: &mut Container, hook_kind: Hook, warnings: &mut Vec<String>) {
         let name = c.name.clone();
         let lifecycle = c.lifecycle.get_or_insert_with(Lifecycle::default);
         let hook = lifecycle.pre_stop.take().unwrap_or_default();
-        let mut argv = vec![
-            mount::ENTRYPOINT.to_owned(),
-            "wait".to_owned(),
-            "--timeout".to_owned(),
-            format!("{}s", self.timeout.as_secs()),
-        ];
+        let mut argv = match hook_kind {
+            Hook::Wait => vec![
+                mount::ENTRYPOINT.to_owned(),
+                "wait".to_owned(),
+                "--timeout".to_owned(),
+                format!("{}s", self.timeout.as_secs()),
+            ],
+            Hook::Mark => vec![mount::ENTRYPOINT.to_owned(), "mark".to_owned()],
+        };
         let then = match then(&hook, c.ports.as_deref().unwrap_or_default()) {
             Then::Wrapped => {
                 lifecycle.pre_stop = Some(hook);
                 return;
             }
             Then::Keep(why) => {
+                let consequence = match hook_kind {
+                    Hook::Wait => "this sidecar's exit is not ordered",
+                    Hook::Mark => {
+                        "the agent cannot see on the node when the kubelet stops it (a \
+                         restart of a sidecar waiting for it is held until its deadline unless \
+                         the kubelet's Event says so)"
+                    }
+                };
                 warnings.push(format!(
-                    "container {name:?}: its preStop {why}; it is kept as it is, and this \
-                     sidecar's exit is not ordered"
+                    "container {name:?}: its preStop {why}; it is kept as it is, and {consequence}"
                 ));
                 lifecycle.pre_stop = Some(hook);
                 return;
@@ -164,12 +191,21 @@ impl Sidecar {
     }
 }
 
+/// What the entrypoint does in a preStop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Hook {
+    /// Waits for the agent's `allow`: a sidecar.
+    Wait,
+    /// Says the container is being stopped, and goes on at once: a container sidecars serve.
+    Mark,
+}
+
 enum Then {
     /// An earlier pass wrapped it.
     Wrapped,
     /// It cannot be wrapped, for this reason.
     Keep(String),
-    /// What follows `wait --timeout T`.
+    /// What follows `wait --timeout T` or `mark`.
     Args(Vec<String>),
 }
 

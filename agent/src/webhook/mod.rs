@@ -7,7 +7,10 @@
 //! - [`pss`]: the Pod Security profiles a pod meets;
 //! - [`review`]: AdmissionReview JSON in and out;
 //! - [`tls`]: the serving certificate, reloaded when it changes;
-//! - [`server`]: the HTTPS endpoint.
+//! - [`rollout`]: the agents' DaemonSet's rollout, and the presence wait it gives sidecars;
+//! - [`server`]: the HTTPS endpoint;
+//! - [`guard`]: the share's guard for every pod;
+//! - [`podlocal`]: the pod-local handshake's volumes, init container and mounts.
 
 pub mod guard;
 pub mod inject;
@@ -16,6 +19,7 @@ pub mod podlocal;
 pub mod presets;
 pub mod pss;
 pub mod review;
+pub mod rollout;
 pub mod server;
 pub mod tls;
 

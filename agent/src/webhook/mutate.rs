@@ -311,6 +311,8 @@ fn inject_into(
     ) {
         if sidecars.iter().any(|m| m.name == c.name) {
             sidecar.inject(c, &mut warnings)?;
+        } else {
+            sidecar.mark(c, &mut warnings)?;
         }
     }
     inject::share_only_as_injected(spec, &settings.share_dir)?;

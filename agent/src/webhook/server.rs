@@ -22,6 +22,7 @@ use tracing::{debug, info, warn, Instrument};
 
 use super::mutate::Settings;
 use super::review::{self, Outcome};
+use super::rollout::AgentsView;
 use super::tls::{CertFiles, ReloadCounts, Reloading, TlsError};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::DescriptorEncoder;
@@ -64,6 +65,9 @@ pub struct WebhookConfig {
     /// meanwhile must not meet a closed port (failurePolicy Ignore would admit the pod
     /// without its injection).
     pub drain_delay: Duration,
+    /// The agents' rollout, when the webhook follows their DaemonSet: what an injected
+    /// sidecar's presence wait is (see [`super::rollout`]).
+    pub agents: Option<AgentsView>,
 }
 
 /// What the endpoint counts.
@@ -177,6 +181,7 @@ impl Webhook {
                 .instrument(tracing::info_span!("certificate_reload")),
         );
         let settings = Arc::new(cfg.settings);
+        let agents = cfg.agents.clone();
         // Connections stop at the end of the drain, not at `cancel`.
         let stop = CancellationToken::new();
         let drained = {
@@ -201,6 +206,7 @@ impl Webhook {
                     Connection {
                         acceptor: acceptor.clone(),
                         settings: Arc::clone(&settings),
+                        agents: agents.clone(),
                         stats: Arc::clone(&stats),
                         conn,
                     }
@@ -225,6 +231,7 @@ impl Webhook {
 struct Connection {
     acceptor: TlsAcceptor,
     settings: Arc<Settings>,
+    agents: Option<AgentsView>,
     stats: Arc<WebhookStats>,
     conn: serve::Conn,
 }
@@ -246,13 +253,30 @@ impl Connection {
                 return;
             }
         };
-        let (settings, stats) = (self.settings, self.stats);
+        let (settings, agents, stats) = (self.settings, self.agents, self.stats);
         let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
             let (settings, stats) = (Arc::clone(&settings), Arc::clone(&stats));
+            let settings = with_agents(settings, agents.as_ref());
             async move { Ok::<_, Infallible>(respond(req, &settings, &stats).await) }
         });
         serve::http1(tls, svc, &Limits::WEBHOOK, self.conn).await;
     }
+}
+
+/// The settings a review is answered with: the presence wait follows the agents' rollout now
+/// (read once per request), unless the webhook was told one.
+fn with_agents(settings: Arc<Settings>, agents: Option<&AgentsView>) -> Arc<Settings> {
+    let Some(agents) = agents else {
+        return settings;
+    };
+    let presence = super::rollout::presence(settings.agent_presence, Some(agents.get()));
+    if presence == settings.agent_presence {
+        return settings;
+    }
+    Arc::new(Settings {
+        agent_presence: presence,
+        ..(*settings).clone()
+    })
 }
 
 fn text(code: StatusCode, body: impl Into<Bytes>) -> Response<Full<Bytes>> {

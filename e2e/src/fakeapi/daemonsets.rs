@@ -81,6 +81,49 @@ impl FakeApi {
         publish(&mut s, kind, ds);
     }
 
+    /// The DaemonSet `namespace/name` (created when missing) at `generation`, its status as
+    /// the DaemonSet controller writes it during a rollout: the generation it `observed`, the
+    /// nodes it should run on (`desired`), those running the current template (`updated`) and
+    /// those available.
+    #[allow(clippy::too_many_arguments)]
+    pub fn roll_daemonset(
+        &self,
+        namespace: &str,
+        name: &str,
+        generation: i64,
+        observed: i64,
+        desired: i32,
+        updated: i32,
+        available: i32,
+    ) {
+        let mut s = self.lock();
+        let key = (namespace.to_owned(), name.to_owned());
+        let kind = if s.daemonsets.contains_key(&key) {
+            "MODIFIED"
+        } else {
+            "ADDED"
+        };
+        let mut ds = s.daemonsets.get(&key).cloned().unwrap_or_else(|| {
+            json!({
+                "apiVersion": "apps/v1", "kind": "DaemonSet",
+                "metadata": {"name": name, "namespace": namespace, "uid": "ds-uid"},
+                "spec": {"selector": {"matchLabels": {"app": name}}, "template": {"metadata": {"labels": {"app": name}}, "spec": {"containers": []}}},
+            })
+        });
+        ds["metadata"]["generation"] = json!(generation);
+        ds["status"] = json!({
+            "observedGeneration": observed,
+            "desiredNumberScheduled": desired,
+            "currentNumberScheduled": desired,
+            "numberMisscheduled": 0,
+            "numberReady": available,
+            "updatedNumberScheduled": updated,
+            "numberAvailable": available,
+        });
+        s.daemonsets.insert(key, ds.clone());
+        publish(&mut s, kind, ds);
+    }
+
     /// Removes the DaemonSet `namespace/name`, as a background deletion does at once.
     pub fn remove_daemonset(&self, namespace: &str, name: &str) {
         let mut s = self.lock();

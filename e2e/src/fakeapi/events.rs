@@ -92,7 +92,9 @@ impl Draft {
         .join("")
     }
 
-    /// `getSpamKey`: one token bucket per source and object, whatever the reason.
+    /// `getSpamKey`: one token bucket per source, object and event type (the type since
+    /// client-go 1.32; before, Normal and Warning Events shared one), whatever the reason,
+    /// message or field path.
     fn spam_key(&self) -> String {
         [
             self.component.as_str(),
@@ -102,6 +104,7 @@ impl Draft {
             &self.involved.name,
             &self.involved.uid,
             &self.involved.api_version,
+            &self.kind,
         ]
         .join("")
     }

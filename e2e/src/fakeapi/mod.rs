@@ -68,6 +68,13 @@ struct State {
     ds_history: Vec<(u64, Bytes)>,
     /// DaemonSet reads answer 403 (the agent's RBAC deleted, as `helm uninstall` does).
     forbid_daemonsets: bool,
+    /// The kubelet recorder's one sender, when its Events are sent with a latency.
+    kubelet_sender: Option<
+        std::sync::mpsc::Sender<(exitorder_testbed::PodRef, exitorder_testbed::KubeletEvent)>,
+    >,
+    node_watchers: Vec<mpsc::UnboundedSender<Bytes>>,
+    /// Every Node watch event sent, by resourceVersion.
+    node_history: Vec<(u64, Bytes)>,
 }
 
 /// A kind's watch history and its watchers.
@@ -268,6 +275,13 @@ impl FakeApi {
             if let Some(r) = self.daemonsets(&path, &q) {
                 return r;
             }
+        }
+        if method == Method::GET && path == "/api/v1/nodes" && q.get("watch") == Some("true") {
+            let from = q
+                .get("resourceVersion")
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0);
+            return self.watch_of(from, |s| (&s.node_history, &mut s.node_watchers));
         }
         if method == Method::GET && path == "/api/v1/pods" {
             return if query.split('&').any(|kv| kv == "watch=true") {
@@ -538,6 +552,11 @@ impl FakeApi {
     /// The Node as a GET returns it.
     pub fn node(&self) -> Value {
         self.lock().node.to_json()
+    }
+
+    /// The Node's kubelet is of `version` (`v1.33.1`), from the next read or watch of it.
+    pub fn set_kubelet_version(&self, version: &str) {
+        self.lock().node.kubelet_version = version.to_owned();
     }
 
     /// The pod with UID `uid` as last written.

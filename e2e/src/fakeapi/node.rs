@@ -11,6 +11,8 @@ use super::events::rfc3339;
 
 pub(super) struct NodeState {
     pub name: String,
+    /// `status.nodeInfo.kubeletVersion`.
+    pub kubelet_version: String,
     /// `None`: ready; else why not (the Ready condition's message).
     pub not_ready: Option<String>,
     pub since: SystemTime,
@@ -21,6 +23,7 @@ impl Default for NodeState {
     fn default() -> Self {
         NodeState {
             name: "fake-node".to_owned(),
+            kubelet_version: "v1.34.2".to_owned(),
             not_ready: None,
             since: SystemTime::now(),
             resource_version: 0,
@@ -64,6 +67,12 @@ impl NodeState {
                     "lastHeartbeatTime": now,
                     "lastTransitionTime": rfc3339(self.since),
                 }],
+                "nodeInfo": {
+                    "kubeletVersion": self.kubelet_version,
+                    "machineID": "", "systemUUID": "", "bootID": "", "kernelVersion": "",
+                    "osImage": "", "containerRuntimeVersion": "containerd://1.6.20",
+                    "kubeProxyVersion": "", "operatingSystem": "linux", "architecture": "amd64",
+                },
             },
         })
     }

@@ -8,8 +8,24 @@ use serde_json::{json, Value};
 use super::events::{rfc3339, Involved};
 use super::FakeApi;
 
-impl ApiSink for FakeApi {
-    fn event(&self, pod: &PodRef, event: &KubeletEvent) {
+impl FakeApi {
+    /// The kubelet's recorder sends its Events as client-go's does from here on: one sender
+    /// (`tools/record/event.go` `StartEventWatcher`: one goroutine writing them to the API
+    /// server in order), each write taking `latency`, so a burst queues behind its first.
+    /// Each Event keeps the time the kubelet made it.
+    pub fn send_kubelet_events_after(&self, latency: std::time::Duration) {
+        let (tx, rx) = std::sync::mpsc::channel::<(PodRef, KubeletEvent)>();
+        let api = self.clone();
+        std::thread::spawn(move || {
+            for (pod, event) in rx {
+                std::thread::sleep(latency);
+                api.store_kubelet_event(&pod, &event);
+            }
+        });
+        self.lock().kubelet_sender = Some(tx);
+    }
+
+    fn store_kubelet_event(&self, pod: &PodRef, event: &KubeletEvent) {
         let mut s = self.lock();
         if s.drop_kubelet_events {
             return;
@@ -33,6 +49,18 @@ impl ApiSink for FakeApi {
             .event_store
             .record_kubelet(&mut state.rv, &state.node.name, involved, event);
     }
+}
+
+impl ApiSink for FakeApi {
+    fn event(&self, pod: &PodRef, event: &KubeletEvent) {
+        let sender = self.lock().kubelet_sender.clone();
+        match sender {
+            Some(tx) => {
+                let _ = tx.send((pod.clone(), event.clone()));
+            }
+            None => self.store_kubelet_event(pod, event),
+        }
+    }
 
     /// The pod with that UID gets the status (a pod the API server does not have is not
     /// written: the kubelet's status manager would get NotFound), published MODIFIED.
@@ -47,6 +75,13 @@ impl ApiSink for FakeApi {
             return;
         }
         s.rv = rv;
+        // The status write reaches the Node's watchers.
+        let line = bytes::Bytes::from(format!(
+            "{}\n",
+            json!({"type": "MODIFIED", "object": s.node.to_json()})
+        ));
+        s.node_history.push((rv, line.clone()));
+        s.node_watchers.retain(|w| w.send(line.clone()).is_ok());
         if s.drop_kubelet_events {
             return;
         }

@@ -4,6 +4,7 @@
 pub mod chart;
 pub mod compat;
 pub mod flood;
+pub mod killbed;
 pub mod procfs;
 
 use std::path::{Path, PathBuf};
@@ -374,6 +375,30 @@ pub fn pod_local(name: &str) -> Value {
         {"name": "exitorder-bin", "hostPath": {"path": "/var/lib/exitorder-bin", "type": "Directory"}},
     ]);
     p
+}
+
+/// `pod` as the webhook mutates it with `settings` (the patch applied); panics on a denial.
+pub fn inject_with(pod: &Value, settings: &exitorder::webhook::Settings) -> Value {
+    match exitorder::webhook::mutate(pod, settings) {
+        exitorder::webhook::Admission::Allow { patch, .. } => {
+            let mut p = pod.clone();
+            json_patch::patch(&mut p, &patch).expect("the patch applies");
+            p
+        }
+        exitorder::webhook::Admission::Deny(m) => panic!("denied: {m}"),
+    }
+}
+
+/// `pod`, opted in, as the webhook injects it in the host share's layout (no image needed on
+/// the node): every sidecar waits, every other container marks.
+pub fn injected(pod: &Value) -> Value {
+    let mut pod = pod.clone();
+    pod["metadata"]["annotations"]["exitorder.io/inject"] = "true".into();
+    let settings = exitorder::webhook::Settings {
+        handshake_volume: exitorder::webhook::HandshakeVolume::HostPath,
+        ..exitorder::webhook::Settings::default()
+    };
+    inject_with(&pod, &settings)
 }
 
 /// A pod of deploy/examples/, as users start from it.

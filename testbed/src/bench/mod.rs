@@ -28,6 +28,7 @@ pub mod proc;
 pub mod report;
 mod resources;
 pub mod returns;
+pub mod skew;
 pub mod summary;
 pub mod traffic;
 pub mod webhook;
@@ -93,6 +94,9 @@ pub enum Part {
     /// Requests and log lines kept through pod deletion with a real proxy (haproxy) and log
     /// shipper (rsyslog), per way of ordering exits; only when named.
     Traffic,
+    /// How far apart one pod kill's preStop hooks reach the agent with many pods killed at
+    /// once (what the agent's kill-evidence window must exceed); only when named.
+    Skew,
 }
 
 #[derive(Debug, Clone, clap::Args)]
@@ -161,12 +165,18 @@ pub struct BenchArgs {
     /// Requests a second sent through each pod's proxy while it is deleted.
     #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub traffic_rate: u32,
+    /// Pods of three containers killed at once in the skew part.
+    #[arg(long, default_value_t = 110, value_parser = positive)]
+    pub skew_pods: usize,
+    /// Pods killed one at a time after them, each alone on the node.
+    #[arg(long, default_value_t = 20, value_parser = positive)]
+    pub skew_alone: usize,
 }
 
 impl BenchArgs {
     fn runs(&self, part: Part) -> bool {
         match part {
-            Part::Churn | Part::Traffic => self.only.contains(&part),
+            Part::Churn | Part::Traffic | Part::Skew => self.only.contains(&part),
             _ => self.only.is_empty() || self.only.contains(&part),
         }
     }
@@ -214,6 +224,7 @@ pub async fn measure(args: &BenchArgs) -> anyhow::Result<Report> {
         Part::Resources,
         Part::Churn,
         Part::Traffic,
+        Part::Skew,
     ]
     .iter()
     .any(|p| args.runs(*p))
@@ -335,6 +346,22 @@ async fn measure_all(node: &Node, args: &BenchArgs, bin: &Binaries) -> anyhow::R
         };
         report.traffic = Some(traffic::measure(node, bin, &traffic::Case::ALL, &settings).await?);
     }
+    if args.runs(Part::Skew) {
+        progress!(
+            "skew: {} pods of three containers killed at once",
+            args.skew_pods
+        );
+        report.kill_skew = Some(
+            skew::skew(
+                node,
+                bin,
+                args.skew_pods,
+                args.skew_alone,
+                args.start_concurrency,
+            )
+            .await?,
+        );
+    }
     Ok(report)
 }
 
@@ -452,12 +479,22 @@ async fn start_agent(
     bin: &Binaries,
     source: Option<AgentSource>,
 ) -> anyhow::Result<AgentProcess> {
+    match source {
+        Some(s) => start_agent_with(node, bin, &[("EXITORDER_EXIT_SOURCE", s.env_value())]).await,
+        None => start_agent_with(node, bin, &[]).await,
+    }
+}
+
+/// Starts the agent with these environment variables besides its defaults.
+async fn start_agent_with(
+    node: &Node,
+    bin: &Binaries,
+    env: &[(&str, &str)],
+) -> anyhow::Result<AgentProcess> {
     let mut opts = AgentOptions::new(&bin.agent, node, &bin.entrypoint);
     opts.poll_interval = AGENT_POLL;
-    if let Some(s) = source {
-        opts.env
-            .push(("EXITORDER_EXIT_SOURCE".to_owned(), s.env_value().to_owned()));
-    }
+    opts.env
+        .extend(env.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())));
     AgentProcess::start(&opts)
         .await
         .context("starting the agent")

@@ -260,6 +260,7 @@ pub struct Report {
     pub webhook: Option<super::webhook::WebhookRow>,
     pub agent_churn: Option<super::churn::ChurnRow>,
     pub traffic: Option<super::traffic::TrafficSection>,
+    pub kill_skew: Option<super::skew::SkewRow>,
 }
 
 impl Report {
@@ -278,6 +279,7 @@ impl Report {
             webhook: None,
             agent_churn: None,
             traffic: None,
+            kill_skew: None,
         }
     }
 }
@@ -536,6 +538,9 @@ impl Report {
         if let Some(tr) = &self.traffic {
             t.push_str(&tr.table());
         }
+        if let Some(k) = &self.kill_skew {
+            t.push_str(&k.table());
+        }
         if let Some(c) = &self.agent_churn {
             let _ = writeln!(
                 t,
@@ -722,6 +727,7 @@ mod tests {
                 ],
             }),
             traffic: None,
+            kill_skew: None,
         }
     }
 

@@ -91,8 +91,9 @@ pub trait ApiSink: Send + Sync {
     /// The pod's status as the status manager would write it now.
     fn status(&self, pod: &PodRef, status: &ApiStatus);
     /// Graceful node shutdown began: the Node's `Ready` condition goes `False`, "node is
-    /// shutting down" ([`NODE_SHUTTING_DOWN`]). Called before the shutdown kills any pod; may
-    /// be called once per pod killed.
+    /// shutting down" ([`NODE_SHUTTING_DOWN`]). Called beside the shutdown's kills, a little
+    /// after their preStop hooks began (the kubelet's status sync races them); may be called
+    /// once per pod killed.
     fn node_shutting_down(&self) {}
 }
 

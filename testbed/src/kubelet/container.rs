@@ -77,6 +77,9 @@ pub(crate) async fn supervise(ctx: Arc<PodCtx>, c: ContainerPlan, cancel: Cancel
         .get(name)
         .filter(|s| s.id.is_some())
         .map_or(0, |s| s.attempt.saturating_add(1));
+    // The pod's sync, held from this container's kill until its next attempt started, as
+    // `SyncPod` kills and starts again in one sync (see `kill`).
+    let mut sync: Option<tokio::sync::MutexGuard<'_, ()>> = None;
     loop {
         // The spec's image now: an in-place update started this attempt, or came while the
         // last one ended. The container hash (config) follows the spec.
@@ -92,7 +95,10 @@ pub(crate) async fn supervise(ctx: Arc<PodCtx>, c: ContainerPlan, cancel: Cancel
         if cancel.is_cancelled() {
             return;
         }
-        let id = match create_and_start(&ctx, &c, attempt).await {
+        let created = create_and_start(&ctx, &c, attempt, sync.is_some()).await;
+        // The sync that killed the last attempt ends with this one's start.
+        drop(sync.take());
+        let id = match created {
             Ok(id) => id,
             Err(e) => {
                 ctx.record(Some(name), What::Error { detail: e.clone() });
@@ -146,7 +152,7 @@ pub(crate) async fn supervise(ctx: Arc<PodCtx>, c: ContainerPlan, cancel: Cancel
                     api::POST_START_FAILED.to_owned(),
                 );
                 let message = api::FAILED_POST_START_KILL.to_owned();
-                kill(
+                sync = kill(
                     &ctx,
                     &c,
                     &id,
@@ -193,14 +199,14 @@ pub(crate) async fn supervise(ctx: Arc<PodCtx>, c: ContainerPlan, cancel: Cancel
                         probes.cancel();
                         let why = ContainerKill::Startup;
                         let message = why.message(&c, restarts);
-                        kill(&ctx, &c, &id, &detail, &message, why.grace(&c), &cancel).await;
+                        sync = kill(&ctx, &c, &id, &detail, &message, why.grace(&c), &cancel).await;
                     }
                     ProbeNews::LivenessFailed(detail) if !killing => {
                         killing = true;
                         probes.cancel();
                         let why = ContainerKill::Liveness;
                         let message = why.message(&c, restarts);
-                        kill(&ctx, &c, &id, &detail, &message, why.grace(&c), &cancel).await;
+                        sync = kill(&ctx, &c, &id, &detail, &message, why.grace(&c), &cancel).await;
                     }
                     ProbeNews::StartupFailed(_) | ProbeNews::LivenessFailed(_) => {}
                 },
@@ -210,7 +216,7 @@ pub(crate) async fn supervise(ctx: Arc<PodCtx>, c: ContainerPlan, cancel: Cancel
                     probes.cancel();
                     let why = ContainerKill::DefinitionChanged;
                     let message = why.message(&c, true);
-                    kill(&ctx, &c, &id, "its definition changed", &message, None, &cancel).await;
+                    sync = kill(&ctx, &c, &id, "its definition changed", &message, None, &cancel).await;
                 }
             }
         };
@@ -248,6 +254,12 @@ pub(crate) async fn supervise(ctx: Arc<PodCtx>, c: ContainerPlan, cancel: Cancel
             (Kind::Init, _) => Outcome::Done,
         };
         ctx.exited(name, attempt, &exit, outcome == Outcome::Done);
+        let wait = backoff(attempt, ctx.crash_backoff);
+        if outcome != Outcome::Restart || !wait.is_zero() {
+            // The sync ends here: no start follows in it (the container is done, the whole
+            // pod restarts, or its back-off is for a later sync).
+            drop(sync.take());
+        }
         match outcome {
             Outcome::Done => return,
             Outcome::RestartAll => {
@@ -264,7 +276,6 @@ pub(crate) async fn supervise(ctx: Arc<PodCtx>, c: ContainerPlan, cancel: Cancel
             }
             Outcome::Restart => {}
         }
-        let wait = backoff(attempt, ctx.crash_backoff);
         ctx.record(
             Some(name),
             What::Restarting {
@@ -314,9 +325,18 @@ fn started(
     }
 }
 
-async fn create_and_start(ctx: &PodCtx, c: &ContainerPlan, attempt: u32) -> Result<String, String> {
+/// `synced`: the caller holds the pod's sync already (the start is the one that follows its
+/// container's kill in the same sync).
+async fn create_and_start(
+    ctx: &PodCtx,
+    c: &ContainerPlan,
+    attempt: u32,
+    synced: bool,
+) -> Result<String, String> {
     // Not while another container's kill holds the pod's sync.
-    drop(ctx.sync.lock().await);
+    if !synced {
+        drop(ctx.sync.lock().await);
+    }
     let mut client = ctx.node.client();
     let sources = ctx.mount_sources.get(&c.name).cloned().unwrap_or_default();
     let log_dir = std::path::Path::new(&ctx.sandbox_config.log_directory).join(&c.name);
@@ -361,17 +381,22 @@ async fn create_and_start(ctx: &PodCtx, c: &ContainerPlan, attempt: u32) -> Resu
 /// postStart failure, a changed spec): `killContainer`'s Killing Event with `message`, its
 /// preStop hook, then StopContainer with what is left of the grace period. `why` is the
 /// timeline's detail.
-async fn kill(
-    ctx: &PodCtx,
+///
+/// The kill is `SyncPod`'s, which no one cancels (kubelet.go runs the runtime's `SyncPod` under
+/// `context.WithoutCancel`): once begun it runs to its end, and the pod's sync is held (the
+/// guard returned) until the container's next attempt started in the same sync; a pod kill
+/// waits for it (`pod_workers.go` queues it in `pendingUpdate` until the sync returns).
+async fn kill<'a>(
+    ctx: &'a PodCtx,
     c: &ContainerPlan,
     id: &str,
     why: &str,
     message: &str,
     grace: Option<i64>,
     cancel: &CancellationToken,
-) {
-    let _sync = tokio::select! {
-        () = cancel.cancelled() => return,
+) -> Option<tokio::sync::MutexGuard<'a, ()>> {
+    let sync = tokio::select! {
+        () = cancel.cancelled() => return None,
         g = ctx.sync.lock() => g,
     };
     ctx.record(
@@ -390,10 +415,7 @@ async fn kill(
     let mut grace = grace.unwrap_or(ctx.plan.grace_seconds);
     let mut hook = None;
     if let (Some(h), true) = (&c.pre_stop, grace > 0) {
-        let (_, took, still) = tokio::select! {
-            () = cancel.cancelled() => return,
-            ran = prestop::run(ctx, &c.name, id, h, grace, true) => ran,
-        };
+        let (_, took, still) = prestop::run(ctx, &c.name, id, h, grace, true).await;
         grace -= took;
         hook = Some(still);
     }
@@ -412,13 +434,11 @@ async fn kill(
         },
         Duration::from_secs(u64::try_from(grace.min(MAX_RUNTIME_SECONDS)).unwrap_or(0) + 30),
     ));
-    tokio::select! {
-        () = cancel.cancelled() => {}
-        _ = stop => {}
-    }
+    let _ = stop.await;
     if let Some(h) = hook {
         h.detach();
     }
+    Some(sync)
 }
 
 #[derive(Clone, Copy)]

@@ -96,6 +96,9 @@ pub struct DeleteOptions {
     pub kill: Kill,
     /// A second deletion during this one with a shorter grace period (a deletion only).
     pub shorten: Option<Shorten>,
+    /// How much later than the others the runtime starts these containers' preStop execs
+    /// (a node busy with other pods' execs, as when a node's pods are killed at once).
+    pub exec_lag: Vec<(String, Duration)>,
 }
 
 /// A second `kubectl delete --grace-period` while the pod is being killed.
@@ -115,6 +118,7 @@ impl DeleteOptions {
             probe_exit_files: true,
             kill: Kill::Deletion,
             shorten: None,
+            exec_lag: Vec::new(),
         }
     }
 
@@ -212,6 +216,9 @@ pub(crate) struct PodCtx {
     /// inside `SyncPod` (`kuberuntime_manager.go`, step 3: `m.killContainer(...)` in a plain
     /// loop), so the pod's other containers start and restart only once it ended.
     sync: tokio::sync::Mutex<()>,
+    /// The lag of each named container's preStop exec in the pod's kill (see
+    /// [`DeleteOptions::exec_lag`]).
+    exec_lag: Mutex<Vec<(String, Duration)>>,
 }
 
 impl PodCtx {

@@ -109,10 +109,14 @@ impl PodCtx {
         self.set_api_status(ApiStatus::phase(api));
     }
 
-    /// Graceful node shutdown began (the Node's Ready condition).
-    pub(super) fn report_node_shutting_down(&self) {
-        if let Some(sink) = &self.api {
-            sink.node_shutting_down();
+    /// Graceful node shutdown began (the Node's Ready condition), written `after` from now,
+    /// while the kill goes on.
+    pub(super) fn report_node_shutting_down_after(&self, after: std::time::Duration) {
+        if let Some(sink) = self.api.clone() {
+            tokio::spawn(async move {
+                tokio::time::sleep(after).await;
+                sink.node_shutting_down();
+            });
         }
     }
 }

@@ -26,6 +26,9 @@ use crate::node::exits::{self, ExitInfo};
 use crate::node::TestbedError;
 
 pub(super) const SETUP_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long after a graceful node shutdown's kills began its Node status write arrives: a
+/// node status sync (a GET and a PATCH of the Node) racing the pods' kills.
+const NODE_STATUS_LAG: Duration = Duration::from_millis(500);
 /// `kubelet.go` `backOffPeriod`: how long the pod worker waits before it tries a failed
 /// sync (here a kill) again (the worker adds up to half of it as jitter; the test bed does
 /// not).
@@ -205,6 +208,14 @@ async fn kill_one(
     let mut prestop = None;
     let mut hook = None;
     if let (Some(h), true) = (spec.and_then(|c| c.pre_stop.as_ref()), grace > 0) {
+        let lag = ctx
+            .exec_lag
+            .lock()
+            .map(|l| l.iter().find(|(n, _)| n == name).map(|(_, d)| *d))
+            .unwrap_or_default();
+        if let Some(lag) = lag {
+            tokio::time::sleep(lag).await;
+        }
         let (record, took, still) = prestop::run(ctx, name, id, h, grace, events).await;
         grace -= took;
         prestop = Some(record);
@@ -317,10 +328,14 @@ pub(super) async fn delete(ctx: &PodCtx, opts: &DeleteOptions) -> Result<Deletio
     } else {
         None
     };
+    if let Ok(mut lag) = ctx.exec_lag.lock() {
+        lag.clone_from(&opts.exec_lag);
+    }
     if let Kill::NodeShutdown { .. } = kill {
-        // nodeshutdown: the Node is said to shut down (its Ready condition) before any pod
-        // is killed.
-        ctx.report_node_shutting_down();
+        // nodeshutdown_manager_linux.go: `go m.syncNodeStatus()` just before the pods are
+        // killed, not awaited: the Node's Ready condition reaches the API server beside the
+        // kills, after their preStop hooks began.
+        ctx.report_node_shutting_down_after(NODE_STATUS_LAG);
     }
     if let Some((reason, kind, message)) = kill.pod_event() {
         ctx.report_event(None, reason, kind, message);

@@ -169,6 +169,7 @@ pub(crate) async fn start(
         api: opts.api.clone(),
         api_status: Mutex::new(ApiStatus::phase("Pending")),
         sync: tokio::sync::Mutex::new(()),
+        exec_lag: std::sync::Mutex::new(Vec::new()),
     });
     ctx.record(None, What::SandboxReady);
     let (commands, rx) = mpsc::channel(4);
@@ -239,7 +240,12 @@ async fn work(ctx: Arc<PodCtx>, mut commands: mpsc::Receiver<Command>) {
             () = &mut life, if !life_done => life_done = true,
             cmd = commands.recv() => match cmd {
                 Some(Command::Delete { opts, done }) => {
+                    // pod_workers.go: the kill waits in `pendingUpdate` until the sync in
+                    // progress returned (a container's kill and its next attempt's start,
+                    // which `SyncPod` runs under `context.WithoutCancel`).
+                    let sync = ctx.sync.lock().await;
                     cancel.cancel();
+                    drop(sync);
                     tracker.close();
                     let _ = tokio::time::timeout(SUPERVISORS_STOP, tracker.wait()).await;
                     let res = delete(&ctx, &opts).await;

@@ -71,6 +71,11 @@ pub(super) fn exit_plan(
                         .and_then(|l| l.pre_stop.as_ref())
                         .is_some_and(crate::webhook::inject::waits_for_agent)
                 }),
+                // The agent reads the kubelet's record of the same handler, as its JSON.
+                marks_when_stopped: c
+                    .and_then(|c| c.lifecycle.as_ref()?.pre_stop.as_ref())
+                    .and_then(|h| serde_json::to_string(h).ok())
+                    .is_some_and(|h| crate::kubelet::evidence::prestop_marks(&h)),
             }
         })
         .collect();
@@ -101,11 +106,51 @@ pub(super) fn exit_plan(
     }
     let mut native_stop_order: Vec<String> = order.native().to_vec();
     native_stop_order.reverse();
+    let restart_evidence = restart_evidence(&members, ordered, warnings);
     ExitPlan {
         ordered,
         members,
         native_stop_order,
+        restart_evidence,
     }
+}
+
+/// What tells a waiting sidecar's restart from the pod's kill (see `kubelet::evidence`): the
+/// marks of every container it waits for, or, where one does not mark, only the kubelet's
+/// Event (said as a warning: without it the restart is held to the deadline).
+fn restart_evidence(
+    members: &[Member],
+    ordered: bool,
+    warnings: &mut Vec<Warning>,
+) -> Option<&'static str> {
+    let waiting: Vec<&Member> = members
+        .iter()
+        .filter(|m| ordered && m.waits_in_prestop && !m.waits_for.is_empty())
+        .collect();
+    if waiting.is_empty() {
+        return None;
+    }
+    let silent: Vec<&str> = members
+        .iter()
+        .filter(|m| !m.marks_when_stopped)
+        .filter(|m| waiting.iter().any(|w| w.waits_for.contains(&m.name)))
+        .map(|m| m.name.as_str())
+        .collect();
+    if silent.is_empty() {
+        return Some("others_silent");
+    }
+    warnings.push(Warning {
+        code: "restart-needs-event",
+        message: format!(
+            "{} {} not say when the kubelet stops {}: a restart of a sidecar waiting for {}              (a failed probe, a changed spec) is told from the pod's kill only by the kubelet's              Event, and held to the deadline when that is lost; give {} the preStop              `exitorder-entrypoint mark` (the webhook does)",
+            silent.join(", "),
+            if silent.len() == 1 { "does" } else { "do" },
+            if silent.len() == 1 { "it" } else { "them" },
+            if silent.len() == 1 { "it" } else { "them" },
+            if silent.len() == 1 { "it" } else { "them" },
+        ),
+    });
+    Some("kubelet_event")
 }
 
 /// Main-container sidecars that leave together with a mesh proxy: whatever they send

@@ -102,6 +102,7 @@ pub fn explain(object: &str, pod: &Value, options: &Options) -> Result<Explanati
         &typed,
         options.settings.grace_reserve,
         &options.kubelet,
+        options.kubelet_version,
         &mut warnings,
     );
     let job = job::job(&typed, &containers, &annotations, &exit, &mut warnings);
@@ -196,6 +197,7 @@ fn grace(
     pod: &Pod,
     reserve: Duration,
     kubelet: &crate::kubelet::grace::KubeletConfig,
+    version: Option<crate::kubelet::grace::Version>,
     warnings: &mut Vec<Warning>,
 ) -> Grace {
     use crate::kubelet::kills::{Kill, PodKill};
@@ -210,12 +212,13 @@ fn grace(
     };
     let grace = api_grace.unwrap_or(crate::decide::facts::DEFAULT_GRACE);
     let release_by = clock.deadline().saturating_duration_since(now);
-    if release_by < Duration::from_secs(1) {
+    if grace <= reserve {
         warnings.push(Warning {
             code: "short-grace",
             message: format!(
                 "a grace period of {} s leaves nothing after the agent's {} s reserve: waiting \
-                 sidecars are released at once, unordered",
+                 sidecars are held until the kubelet cuts their preStop, then drain within the \
+                 2 s the kubelet gives every container after it",
                 grace.as_secs(),
                 reserve.as_secs()
             ),
@@ -231,12 +234,21 @@ fn grace(
     ]
     .into_iter()
     .map(|k| {
-        let g = crate::kubelet::grace::of_kill(Some(Kill::Pod(k)), api_grace, kubelet)
-            .unwrap_or(crate::decide::facts::DEFAULT_GRACE);
+        let pod_grace = crate::kubelet::grace::PodGrace {
+            own: api_grace,
+            priority: pod.spec.as_ref().and_then(|s| s.priority),
+        };
+        let g =
+            crate::kubelet::grace::of_kill(Some(Kill::Pod(k)), pod_grace, None, kubelet, version)
+                .unwrap_or(crate::decide::facts::DEFAULT_GRACE);
+        let clock = crate::decide::facts::Clock {
+            api_grace: Some(g),
+            ..clock
+        };
         KillGrace {
             kill: Kill::Pod(k).to_string(),
             grace_period_seconds: g.as_secs(),
-            release_by_seconds: g.saturating_sub(reserve).as_secs(),
+            release_by_seconds: clock.deadline().saturating_duration_since(now).as_secs(),
         }
     })
     .collect();

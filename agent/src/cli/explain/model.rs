@@ -52,6 +52,9 @@ pub struct Member {
     pub waits_for: Vec<String>,
     /// Whether its preStop waits for the agent (a sidecar's exit is ordered only then).
     pub waits_in_prestop: bool,
+    /// Whether its preStop says on the node when the kubelet stops it (`mark` or `wait`):
+    /// what tells a sidecar's restart from the pod's kill.
+    pub marks_when_stopped: bool,
 }
 
 /// The order of exits when the pod is deleted.
@@ -63,6 +66,10 @@ pub struct ExitPlan {
     pub members: Vec<Member>,
     /// Native sidecars in the order the kubelet stops them, after every main container.
     pub native_stop_order: Vec<String>,
+    /// What tells a sidecar's restart (a probe's, a changed spec's) from the pod's kill, when
+    /// a sidecar waits for anything: `others_silent` (every container it waits for marks: the
+    /// node's own evidence) or `kubelet_event` (some do not: only the kubelet's Event).
+    pub restart_evidence: Option<&'static str>,
 }
 
 /// The pod's time budget on deletion.
@@ -170,6 +177,8 @@ pub struct Options {
     pub settings: Settings,
     /// What the agents are told of the kubelet's configuration.
     pub kubelet: crate::kubelet::grace::KubeletConfig,
+    /// The kubelet's version, when told (an agent reads it from its Node).
+    pub kubelet_version: Option<crate::kubelet::grace::Version>,
 }
 
 /// Why an object cannot be explained.

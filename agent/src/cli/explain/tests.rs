@@ -185,7 +185,8 @@ fn a_grace_period_within_the_reserve_is_said() {
                "containers": [{"name": "app", "image": "a"}, {"name": "istio-proxy", "image": "b"}]}),
     ));
     assert_eq!(codes(&e), ["short-grace"]);
-    assert_eq!(e.grace.release_by_seconds, 0);
+    // Held until the kubelet cuts the hook: the order kept while anything may run.
+    assert_eq!(e.grace.release_by_seconds, 5);
     let e = run(&pod(
         json!({INJECT: "true"}),
         json!({"terminationGracePeriodSeconds": -3,
@@ -459,7 +460,9 @@ fn the_kubelets_own_kills_get_the_budget_its_configuration_gives() {
         kubelet: crate::kubelet::grace::KubeletConfig {
             eviction_max_pod_grace: Some(Duration::from_secs(10)),
             shutdown_regular_pods: Some(Duration::from_secs(20)),
+            ..Default::default()
         },
+        kubelet_version: Some((1, 35)),
         ..Options::default()
     };
     let e = explain("Pod ns/p", &pod(json!({INJECT: "true"}), spec), &options).unwrap();
@@ -489,4 +492,56 @@ fn the_kubelets_own_kills_get_the_budget_its_configuration_gives() {
         text.contains("eviction 10 s (released by 5 s), node_shutdown 20 s"),
         "{text}"
     );
+}
+
+#[test]
+fn an_unknown_kubelet_gets_the_longest_eviction_budget_any_version_gives() {
+    let spec = json!({"terminationGracePeriodSeconds": 30,
+        "containers": [{"name": "app", "image": "a"}, {"name": "linkerd-proxy", "image": "p"}]});
+    let options = Options {
+        kubelet: crate::kubelet::grace::KubeletConfig {
+            eviction_max_pod_grace: Some(Duration::from_secs(10)),
+            ..Default::default()
+        },
+        ..Options::default()
+    };
+    let e = explain("Pod ns/p", &pod(json!({INJECT: "true"}), spec), &options).unwrap();
+    let eviction = e.grace.kills.iter().find(|k| k.kill == "eviction").unwrap();
+    // Kubelets before 1.28 give the preStop the pod's own 30 s.
+    assert_eq!(eviction.grace_period_seconds, 30);
+}
+
+#[test]
+fn what_tells_a_restart_is_said() {
+    let spec = json!({"containers": [
+        {"name": "app", "image": "a"},
+        {"name": "proxy", "image": "p"},
+    ]});
+    let annotations =
+        json!({INJECT: "true", crate::decide::priority::ANNOTATION: r#"{"proxy": 1}"#});
+    // Injected: the app marks, so the node tells a restart.
+    let e = run(&pod(annotations, spec.clone()));
+    assert_eq!(e.exit.restart_evidence, Some("others_silent"));
+    assert!(
+        !codes(&e).contains(&"restart-needs-event"),
+        "{:?}",
+        codes(&e)
+    );
+    assert!(e.exit.members.iter().all(|m| m.marks_when_stopped));
+    // Written by hand, the app without `mark`: only the kubelet's Event tells it.
+    let mut by_hand = spec;
+    by_hand["containers"][1]["lifecycle"] = json!({"preStop": {"exec": {"command":
+        ["/var/run/exitorder-bin/exitorder-entrypoint", "wait", "--timeout", "25s"]}}});
+    let e = run(&pod(
+        json!({crate::decide::priority::ANNOTATION: r#"{"proxy": 1}"#}),
+        by_hand,
+    ));
+    assert_eq!(e.exit.restart_evidence, Some("kubelet_event"));
+    assert!(
+        codes(&e).contains(&"restart-needs-event"),
+        "{:?}",
+        codes(&e)
+    );
+    let text = super::text::render(&e);
+    assert!(text.contains("only by the kubelet's Event"), "{text}");
 }

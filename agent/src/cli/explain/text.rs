@@ -81,6 +81,19 @@ fn write_all(o: &mut String, e: &Explanation) -> std::fmt::Result {
             e.exit.native_stop_order.join(", ")
         )?;
     }
+    match e.exit.restart_evidence {
+        Some("others_silent") => writeln!(
+            o,
+            "  a sidecar restarted alone (a failed probe, a changed spec) is told from the pod's \
+             kill by the others' silence on the node, and let go within seconds"
+        )?,
+        Some(_) => writeln!(
+            o,
+            "  a sidecar restarted alone is told from the pod's kill only by the kubelet's Event \
+             (held to the deadline without it)"
+        )?,
+        None => {}
+    }
     writeln!(
         o,
         "  grace period {} s: waiting sidecars are released by {} s after the deletion at the \

@@ -30,6 +30,8 @@ pub use exitorder_contract::share::ENTRYPOINT as ENTRYPOINT_NAME;
 
 /// The agent's presence file in a container's directory.
 pub use exitorder_contract::handshake::AGENT_FILE;
+/// The file by which a container says it is being stopped.
+pub use exitorder_contract::handshake::MARK_FILE;
 
 /// What the agent's presence file says of it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -315,6 +317,9 @@ impl Share {
             [name, file] if file.as_bytes() == EXIT_FILE.as_bytes() => Ok(Some(
                 ShareEntry::ExitFile(self.key(pod()?, container(name)?)),
             )),
+            [name, file] if file.as_bytes() == MARK_FILE.as_bytes() => Ok(Some(
+                ShareEntry::MarkFile(self.key(pod()?, container(name)?)),
+            )),
             _ => Ok(None),
         }
     }
@@ -439,6 +444,27 @@ impl Share {
         let nanos = u32::try_from(st.st_mtime_nsec).unwrap_or(0);
         let mtime = SystemTime::UNIX_EPOCH.checked_add(std::time::Duration::new(secs, nanos))?;
         SystemTime::now().duration_since(mtime).ok()
+    }
+
+    /// Takes a container's mark (`stopping`): true when there was one, which is removed, so
+    /// that the next one is seen anew and a rescan never takes an old one for a new one. A
+    /// directory or anything else by that name is no mark (only the container's own preStop
+    /// pays for what it puts there); nothing is followed or opened.
+    pub fn take_mark(&self, key: &ExitKey) -> Result<bool, ShareError> {
+        let dir = match self.open_container(key) {
+            Ok(d) => d,
+            Err(e) if e.is_not_found() => return Ok(false),
+            Err(e) => return Err(e),
+        };
+        match rfs::unlinkat(&dir, MARK_FILE, AtFlags::empty()) {
+            Ok(()) => Ok(true),
+            Err(rustix::io::Errno::NOENT | rustix::io::Errno::ISDIR) => Ok(false),
+            Err(e) => Err(ShareError::io(
+                "remove",
+                self.container_path(key).join(MARK_FILE),
+                e,
+            )),
+        }
     }
 
     /// Lets a container exit: `allow` goes to a temp file that takes the place of `exit` in

@@ -103,6 +103,8 @@ pub enum ShareEntry {
     Pod(PodUid),
     Container(ExitKey),
     ExitFile(ExitKey),
+    /// The container said it is being stopped (`stopping`).
+    MarkFile(ExitKey),
 }
 
 /// The state of one container's exit file.

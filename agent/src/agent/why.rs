@@ -1,0 +1,298 @@
+//! Why a pending pod's containers stop: each wait judged from the node's own evidence (the
+//! containers' marks, see [`crate::kubelet::evidence`]), and the kubelet's word (its Events)
+//! asked for as a hint, within its budget (see [`super::hints`]), where the evidence has not
+//! decided yet.
+
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+use tracing::{debug, info};
+
+use crate::agent::Agent;
+use crate::cluster::podevents::ConfirmRequest;
+use crate::decide::bounds::{unix_of_instant, Later as _, WallClock};
+use crate::decide::{self, Deletion, PodFacts, RunState};
+use crate::kubelet::evidence::{self, Judgement, Peer};
+use crate::kubelet::kills::{Kill, PodKill};
+use crate::pod::PodUid;
+
+/// A silence judged while file events were still queued is judged again this soon after.
+const UNREAD_RETRY: std::time::Duration = std::time::Duration::from_millis(20);
+
+/// A wait the evidence has not decided, for which the kubelet's word may help.
+struct Undecided {
+    name: String,
+    attempt: String,
+    created_s: i64,
+    since: Instant,
+}
+
+impl Agent {
+    /// Judges the waits of `pod`, which nothing else shows going away (`facts.deletion` is
+    /// [`Deletion::NotDeleting`]): a pod kill the marks show makes the pod's deletion
+    /// [`Deletion::Deleting`]; a container stopped alone is named in `restarting`. Returns when
+    /// to judge again, if the marks may still come.
+    pub(super) fn judge(
+        &mut self,
+        pod: &PodUid,
+        facts: &mut PodFacts,
+        now: Instant,
+    ) -> Option<Instant> {
+        if !matches!(facts.deletion, Deletion::NotDeleting { .. }) {
+            return None;
+        }
+        let (Some(p), Some(v)) = (self.waits.pending.get(pod), self.view.pod(pod)) else {
+            return None;
+        };
+        let clock = WallClock::at(now);
+        let now_ns = clock.ns(now);
+        let newest = crate::decide::facts::newest(v);
+        let marked: BTreeMap<&str, i64> = self
+            .waits
+            .marks
+            .of(pod)
+            .map(|(c, at)| (c, clock.ns(at)))
+            .collect();
+        let mut peers: Vec<Peer> = newest
+            .values()
+            .map(|c| Peer {
+                name: c.info.name.clone(),
+                running: c.info.state != RunState::Exited,
+                created_ns: c.info.created_at,
+                marks: c.info.marks,
+                marked_ns: marked.get(c.info.name.as_str()).copied(),
+            })
+            .collect();
+        // A container that marked and that the view does not hold (yet): its mark still says
+        // it is being stopped now.
+        for (name, at) in &marked {
+            if !newest.contains_key(name) {
+                peers.push(Peer {
+                    name: (*name).to_owned(),
+                    running: false,
+                    created_ns: i64::MAX,
+                    marks: true,
+                    marked_ns: Some(*at),
+                });
+            }
+        }
+        let rule = self.cfg.evidence;
+        // The node's other pods' kills in progress: their marks, and their containers' exits
+        // (which go on while the runtime's execs stall).
+        let other_exit = self
+            .view
+            .pods()
+            .filter(|(uid, _)| *uid != pod)
+            .flat_map(|(_, e)| e.containers.values().filter_map(|c| c.exit_seen))
+            .max();
+        let node_marked_ns = [self.waits.marks.latest_other(pod), other_exit]
+            .into_iter()
+            .flatten()
+            .max()
+            .map(|t| clock.ns(t));
+        // File events of this pod the loop has not read yet may hold a mark: the others'
+        // silence is only silence once they were read (the loop reads them next). Another
+        // pod's events, however many, hold nothing of this one's.
+        let unread = self.fs.holds_pod(pod.as_str());
+        let mut stopping = Vec::new();
+        let mut alone = BTreeMap::new();
+        let mut judging = Vec::new();
+        let mut undecided = Vec::new();
+        let mut next: Option<Instant> = None;
+        for (name, w) in &p.waiting {
+            let name = name.as_str();
+            let blockers = decide::still_running(facts, name);
+            if blockers.is_empty() {
+                // Ordered at once, whatever the kill is.
+                continue;
+            }
+            let kubelet_says = p
+                .confirm
+                .restarting
+                .get(name)
+                .filter(|(at, _)| *at >= w.since)
+                .map(|(_, k)| *k);
+            let waiter = evidence::Waiter {
+                name,
+                since_ns: clock.ns(w.since),
+                blockers: &blockers,
+                kubelet_says,
+                node_marked_ns,
+            };
+            match evidence::judge(rule, &waiter, &peers, now_ns) {
+                Judgement::PodKill { stopping: s } => stopping.extend(s),
+                Judgement::Alone(evidence::Alone::Silence) if unread => {
+                    judging.push(name.to_owned());
+                    next = [next, Some(now.later(UNREAD_RETRY))]
+                        .into_iter()
+                        .flatten()
+                        .min();
+                }
+                Judgement::Alone(by) => {
+                    alone.insert(name.to_owned(), by);
+                }
+                j @ (Judgement::Pending { .. } | Judgement::Unknown) => {
+                    if let Judgement::Pending { until_ns } = j {
+                        let at = clock.instant(until_ns);
+                        next = [next, Some(at)].into_iter().flatten().min();
+                    }
+                    judging.push(name.to_owned());
+                    if let Some(c) = newest.get(name) {
+                        undecided.push(Undecided {
+                            name: name.to_owned(),
+                            attempt: c.info.id.clone(),
+                            created_s: c.info.created_at.div_euclid(1_000_000_000),
+                            since: w.since,
+                        });
+                    }
+                }
+            }
+        }
+        let Some(p) = self.waits.pending.get_mut(pod) else {
+            return None;
+        };
+        if !stopping.is_empty() {
+            stopping.sort();
+            stopping.dedup();
+            if p.confirm.pod_kill.is_none() {
+                info!(event = "pod_kill", pod = %pod, stopping = ?stopping, "other containers are being stopped with the waiting ones: the whole pod is killed; exits stay ordered");
+                p.confirm
+                    .pod_kill_is(PodKill::Unrecognised, "others_marked");
+            }
+            p.confirm.stopping = stopping;
+            p.confirm.judging.clear();
+            facts.deletion = Deletion::Deleting;
+            self.ask_kind(pod, now);
+            return None;
+        }
+        for (name, by) in alone {
+            if p.confirm.alone.insert(name.clone(), by).is_none() {
+                debug!(pod = %pod, container = %name, evidence = by.as_str(), "the kubelet stops this container alone");
+            }
+            if let Deletion::NotDeleting { restarting, .. } = &mut facts.deletion {
+                restarting.insert(name, now);
+            }
+        }
+        p.confirm.judging = judging.into_iter().collect();
+        let due = self.ask_word(pod, &undecided, now);
+        [next, due].into_iter().flatten().min()
+    }
+
+    /// Asks for the kubelet's word on the undecided waits when a read is due and the budget
+    /// allows it; when the next read is due otherwise.
+    fn ask_word(&mut self, pod: &PodUid, undecided: &[Undecided], now: Instant) -> Option<Instant> {
+        if undecided.is_empty() || self.api.pods.is_none() {
+            return None;
+        }
+        for u in undecided {
+            self.hints.waited(pod, &u.attempt, u.since, now);
+        }
+        let due: Vec<(&Undecided, Instant)> = undecided
+            .iter()
+            .filter_map(|u| Some((u, self.hints.due(pod, &u.attempt, u.since)?)))
+            .collect();
+        let asked = self.waits.pending.get(pod).is_some_and(|p| p.confirm.asked);
+        let ready: Vec<&Undecided> = due
+            .iter()
+            .filter(|(_, at)| *at <= now)
+            .map(|(u, _)| *u)
+            .collect();
+        if !ready.is_empty() && !asked {
+            let ids: Vec<&str> = ready.iter().map(|u| u.attempt.as_str()).collect();
+            if self.hints.spend(pod, &ids, now) {
+                let attempts = ready
+                    .iter()
+                    .map(|u| (u.name.clone(), u.created_s))
+                    .collect();
+                let since = ready.iter().map(|u| u.since).min().unwrap_or(now);
+                self.confirm(pod, since, attempts, now);
+            } else {
+                self.stats.api_read_skipped();
+            }
+        }
+        due.iter().map(|(_, at)| *at).filter(|at| *at > now).min()
+    }
+
+    /// Asks once per pod kill what kind it is, where the kind changes its budget (a soft
+    /// eviction's, when the kubelet's `evictionMaxPodGracePeriod` is known).
+    fn ask_kind(&mut self, pod: &PodUid, now: Instant) {
+        if self.cfg.kubelet.eviction_max_pod_grace.is_none() || self.api.pods.is_none() {
+            return;
+        }
+        let Some(p) = self.waits.pending.get(pod) else {
+            return;
+        };
+        if p.confirm.kind_read
+            || p.confirm.asked
+            || p.confirm.pod_kill != Some(PodKill::Unrecognised)
+        {
+            return;
+        }
+        let since = p.first_seen;
+        if self.hints.spend_for_pod(pod, now) {
+            if let Some(p) = self.waits.pending.get_mut(pod) {
+                p.confirm.kind_read = true;
+            }
+            self.confirm(pod, since, BTreeMap::new(), now);
+        } else {
+            self.stats.api_read_skipped();
+        }
+    }
+
+    fn confirm(
+        &mut self,
+        pod: &PodUid,
+        since: Instant,
+        attempts: BTreeMap<String, i64>,
+        now: Instant,
+    ) {
+        let Some((namespace, name)) = self.names(pod) else {
+            return;
+        };
+        let Some(api) = &self.api.pods else {
+            return;
+        };
+        if let Some(p) = self.waits.pending.get_mut(pod) {
+            p.confirm.asked = true;
+        }
+        api.confirm(ConfirmRequest {
+            uid: pod.clone(),
+            namespace,
+            name,
+            asked_at: now,
+            since_unix: unix_of_instant(since, now),
+            attempts,
+        });
+    }
+
+    /// What the kubelet's Events said: a pod kill's kind (which refines what the marks showed),
+    /// or containers it kills alone, each for the attempt the read was for.
+    pub(super) fn on_word(
+        &mut self,
+        pod: &PodUid,
+        asked_at: Instant,
+        word: Option<crate::kubelet::kills::Word>,
+    ) -> bool {
+        let Some(p) = self.waits.pending.get_mut(pod) else {
+            return false;
+        };
+        p.confirm.asked = false;
+        p.confirm.reads = p.confirm.reads.saturating_add(1);
+        let Some(word) = word else {
+            return true;
+        };
+        if let Some(kill) = word.pod_kill {
+            if matches!(p.confirm.pod_kill, None | Some(PodKill::Unrecognised))
+                && p.confirm.pod_kill != Some(kill)
+            {
+                info!(pod = %pod, kill = %Kill::Pod(kill), "the kubelet says it kills the whole pod; exits stay ordered");
+            }
+            p.confirm.pod_kill_is(kill, "kubelet_event");
+        }
+        for (name, kind) in word.containers {
+            debug!(pod = %pod, container = %name, kill = %Kill::Container(kind), "the kubelet says it kills this container alone");
+            p.confirm.restarting.insert(name, (asked_at, kind));
+        }
+        true
+    }
+}

@@ -1,0 +1,452 @@
+//! Why a container stops, told from what the node itself holds, on the real containerd: a pod
+//! kill runs every container's preStop at once (`killContainersWithSyncResult`), a restart
+//! only the restarted one's (`SyncPod`), so the marks of an injected pod's other containers
+//! tell the two apart; the kubelet's Events are a hint, read a bounded number of times, and
+//! the fake API server plays their recorder as client-go does (one sender, the spam filter,
+//! the aggregator). The kubelet's budget for the kill being played sets the deadline (a
+//! graceful node shutdown's band, told by the Node).
+//!
+//! Needs root and `containerd runc busybox-static`; without them each test prints
+//! "SKIPPED: <reason>" and passes, except in CI (`CI` set), where they are mandatory.
+
+use std::time::Duration;
+
+use exitorder_e2e::support::killbed::{free_port, secs, KillBed};
+use exitorder_e2e::support::{self};
+use exitorder_testbed::{
+    DeleteOptions, EventType, Kill, KubeletEvent, PodRef, RunningPod, Timeline, What,
+};
+use serde_json::{json, Value};
+
+/// Each write of the kubelet's recorder takes this long, one after the other.
+const EVENT_LATENCY: Duration = Duration::from_millis(20);
+
+/// The two-level example, named `name`, whose app drains `drain` seconds on TERM.
+fn two_level(name: &str, drain: &str) -> Value {
+    let mut p = support::example("two-level");
+    p["metadata"]["name"] = name.into();
+    support::edit_script(&mut p, "app", "sleep 2;", &format!("sleep {drain};"));
+    p
+}
+
+/// Without the preStop and mounts the example writes by hand: the webhook adds them.
+fn bare(mut p: Value) -> Value {
+    for c in p["spec"]["containers"].as_array_mut().into_iter().flatten() {
+        if let Some(o) = c.as_object_mut() {
+            o.remove("lifecycle");
+            o.remove("volumeMounts");
+            o.remove("env");
+        }
+    }
+    if let Some(o) = p["spec"].as_object_mut() {
+        o.remove("volumes");
+    }
+    p
+}
+
+/// The two-level pod as the webhook injects it: the proxy waits, the app marks.
+fn injected(name: &str, drain: &str) -> Value {
+    support::injected(&bare(two_level(name, drain)))
+}
+
+/// A proxy whose liveness probe fails on its first attempt only: the attempt before the
+/// first restart never says it is alive; every later one does (an emptyDir remembers).
+fn restarted_once(mut p: Value) -> Value {
+    support::edit_script(
+        &mut p,
+        "proxy",
+        "touch /tmp/serving",
+        "if [ -e /state/once ]; then touch /tmp/alive; else touch /state/once; fi; touch /tmp/serving",
+    );
+    let proxy = support::container_mut(&mut p, "proxy");
+    proxy["livenessProbe"] = json!({
+        "exec": {"command": ["test", "-e", "/tmp/alive"]},
+        "initialDelaySeconds": 1, "periodSeconds": 1, "failureThreshold": 1,
+    });
+    let mounts = proxy["volumeMounts"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let mut mounts = mounts;
+    mounts.push(json!({"name": "state", "mountPath": "/state"}));
+    proxy["volumeMounts"] = json!(mounts);
+    let volumes = p["spec"]["volumes"].as_array().cloned().unwrap_or_default();
+    let mut volumes = volumes;
+    volumes.push(json!({"name": "state", "emptyDir": {}}));
+    p["spec"]["volumes"] = json!(volumes);
+    p
+}
+
+/// The time of `container`'s `n`-th (0-based) preStop hook, start to return (ms), once it
+/// returned.
+fn prestop_ms(t: &Timeline, container: &str, n: usize) -> Option<i64> {
+    let of = |f: fn(&What) -> bool| -> Vec<i64> {
+        t.sorted()
+            .iter()
+            .filter(|e| e.container.as_deref() == Some(container) && f(&e.what))
+            .map(|e| e.at_ns)
+            .collect()
+    };
+    let started = of(|w| matches!(w, What::PreStopStarted { .. }));
+    let ended = of(|w| matches!(w, What::PreStopEnded { .. }));
+    Some((ended.get(n)? - started.get(n)?) / 1_000_000)
+}
+
+fn pod_ref(running: &RunningPod) -> PodRef {
+    PodRef {
+        uid: running.uid().to_owned(),
+        namespace: running.namespace().to_owned(),
+        name: running.name().to_owned(),
+    }
+}
+
+/// A sidecar restarted by its liveness probe, then, 1 s after the restart's `Killing` Event,
+/// the whole pod killed with no Event at all (a kill whose Events the recorder dropped). The
+/// kubelet runs the kill only once the restart's sync returned, the new attempt started: the
+/// new attempt's wait comes seconds after the restart's Event, and stays ordered: the proxy
+/// leaves after the app. For the injected pod (the app marks) and the hand-written one (it
+/// does not: the Event is the attempt before's).
+#[tokio::test]
+async fn a_restart_then_a_silent_pod_kill_keeps_the_new_attempt_ordered() {
+    let Some(kb) = KillBed::start_with(&[("EXITORDER_LOG", "info,exitorder=debug")]).await else {
+        return;
+    };
+    kb.served.api.send_kubelet_events_after(EVENT_LATENCY);
+    for (name, pod) in [
+        (
+            "restart-injected",
+            restarted_once(injected("restart-injected", "3")),
+        ),
+        (
+            "restart-by-hand",
+            restarted_once(two_level("restart-by-hand", "3")),
+        ),
+    ] {
+        let running = kb.run(&pod).await;
+        let uid = running.uid().to_owned();
+        let s = running
+            .wait_for("the proxy's liveness kill", secs(60), |s| {
+                s.timeline
+                    .first("proxy", |w| matches!(w, What::Killing { .. }))
+                    .is_some()
+            })
+            .await
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let killing_ns = s
+            .timeline
+            .first("proxy", |w| matches!(w, What::Killing { .. }))
+            .map_or(0, |e| e.at_ns);
+        // 1 s after the restart's Event: the scenario, not a wait for a condition.
+        let now_ns = exitorder_testbed::kubelet::now_ns();
+        tokio::time::sleep(Duration::from_nanos(
+            u64::try_from(killing_ns + 1_000_000_000 - now_ns).unwrap_or(0),
+        ))
+        .await;
+        let d = running
+            .delete_with(DeleteOptions::kubelet(Kill::Silent))
+            .await
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        kb.bed.show(name, &d);
+        assert!(
+            d.timeline
+                .first("proxy", |w| matches!(w, What::Started { attempt: 1 }))
+                .is_some(),
+            "{name}: the kill came before the new attempt started:\n{}",
+            d.describe()
+        );
+        support::assert_exited_after(&kb.bed, &d, "proxy", "app");
+        let allows = kb.allows(&uid, "proxy");
+        let last = allows.last().unwrap_or_else(|| panic!("{name}: no allow"));
+        assert!(
+            last.is("allow", &[("reason", "ordered")]),
+            "{name}: the new attempt was let go {last:?}{}\n{}",
+            kb.bed.context(&d),
+            kb.bed.agent.log_tail(60)
+        );
+    }
+    kb.finish().await;
+}
+
+/// The third liveness restart of an injected pod's sidecar, its `Killing` Event dropped by
+/// the recorder's spam filter (the pod's budget of Normal Events spent): its preStop still
+/// returns within 5 s (the app's silence), the first two (their Event read) within 1 s; the
+/// app runs on throughout. Then the same for an Event the recorder aggregated (its field path
+/// another container's).
+#[tokio::test]
+async fn restarts_are_let_go_whatever_became_of_their_events() {
+    let Some(kb) = KillBed::start().await else {
+        return;
+    };
+    kb.served.api.send_kubelet_events_after(EVENT_LATENCY);
+    let mut p = injected("restarts", "2");
+    support::container_mut(&mut p, "proxy")["livenessProbe"] = json!({
+        "tcpSocket": {"port": free_port()}, "initialDelaySeconds": 1, "periodSeconds": 1,
+        "failureThreshold": 1,
+    });
+    let running = kb
+        .run_tuned(&p, |o| o.crash_backoff = Duration::from_millis(500))
+        .await;
+    let pod = pod_ref(&running);
+    let recorded = |reason: &str, message: String, field: &str| {
+        use exitorder_testbed::ApiSink as _;
+        kb.served.api.event(
+            &pod,
+            &KubeletEvent {
+                reason: reason.to_owned(),
+                kind: EventType::Normal,
+                message,
+                field_path: Some(format!("spec.containers{{{field}}}")),
+                at: std::time::SystemTime::now(),
+            },
+        );
+    };
+    let running = &running;
+    let started = |n: u32| async move {
+        running
+            .wait_for("the proxy's next attempt", secs(90), move |s| {
+                s.timeline
+                    .first(
+                        "proxy",
+                        |w| matches!(w, What::Started { attempt } if *attempt == n),
+                    )
+                    .is_some()
+            })
+            .await
+    };
+    started(2).await.unwrap_or_else(|e| panic!("{e}"));
+    // The pod's budget of Normal Events spent (25, then one per 5 minutes): the next
+    // Killing is dropped, as the recorder drops it.
+    for i in 0..30 {
+        recorded(
+            "Pulled",
+            format!("Container image \"busybox:{i}\" already present on machine"),
+            "app",
+        );
+    }
+    started(3).await.unwrap_or_else(|e| panic!("{e}"));
+    let killings: Vec<Value> = kb
+        .served
+        .api
+        .kubelet_events()
+        .into_iter()
+        .filter(|e| {
+            e["reason"] == "Killing" && e["involvedObject"]["fieldPath"] == "spec.containers{proxy}"
+        })
+        .collect();
+    let counted: i64 = killings.iter().filter_map(|e| e["count"].as_i64()).sum();
+    assert_eq!(
+        counted, 2,
+        "the third Killing reached the API server: {killings:?}"
+    );
+    let t = running.status().timeline;
+    for (n, within_ms) in [(0, 1_000), (1, 1_000), (2, 5_000)] {
+        let took =
+            prestop_ms(&t, "proxy", n).unwrap_or_else(|| panic!("preStop {n}:\n{}", t.render(0)));
+        eprintln!(
+            "restart {}: the proxy's preStop returned after {took} ms",
+            n + 1
+        );
+        assert!(
+            took < within_ms,
+            "restart {}: {took} ms\n{}",
+            n + 1,
+            t.render(0)
+        );
+    }
+    let app = running.status().container("app").cloned().expect("app");
+    assert!(app.running && app.attempt == 0, "{app:?}");
+    kb.finish().await;
+}
+
+/// client-go's aggregator (`EventAggregate`): past 10 messages of one reason about a pod
+/// within 10 minutes, the recorder writes "(combined from similar events): ..." instead, and
+/// later only patches its message, never its field path. A restart whose `Killing` came out
+/// that way is let go within 5 s all the same (the app's silence), and is never taken for
+/// anything by the Event.
+#[tokio::test]
+async fn a_restart_whose_event_was_aggregated_is_let_go() {
+    let Some(kb) = KillBed::start().await else {
+        return;
+    };
+    kb.served.api.send_kubelet_events_after(EVENT_LATENCY);
+    let mut p = injected("aggregated", "2");
+    support::container_mut(&mut p, "proxy")["livenessProbe"] = json!({
+        "tcpSocket": {"port": free_port()}, "initialDelaySeconds": 3, "periodSeconds": 1,
+        "failureThreshold": 1,
+    });
+    let running = kb.run(&p).await;
+    let pod = pod_ref(&running);
+    // Ten other Killing messages of this pod (other kills, other containers) just before.
+    for i in 0..10 {
+        use exitorder_testbed::ApiSink as _;
+        kb.served.api.event(
+            &pod,
+            &KubeletEvent {
+                reason: "Killing".to_owned(),
+                kind: EventType::Normal,
+                message: format!("Container app-{i} definition changed, will be restarted"),
+                field_path: Some("spec.containers{app}".to_owned()),
+                at: std::time::SystemTime::now(),
+            },
+        );
+    }
+    let s = running
+        .wait_for("the proxy's restart", secs(60), |s| {
+            s.timeline
+                .first("proxy", |w| matches!(w, What::PreStopEnded { .. }))
+                .is_some()
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let combined = kb.served.api.kubelet_events().into_iter().any(|e| {
+        e["message"]
+            .as_str()
+            .is_some_and(|m| m.starts_with("(combined from similar events): Container proxy"))
+    });
+    assert!(combined, "{:?}", kb.served.api.kubelet_events());
+    let took = prestop_ms(&s.timeline, "proxy", 0).unwrap_or(i64::MAX);
+    eprintln!("aggregated Event: the proxy's preStop returned after {took} ms");
+    assert!(took < 5_000, "{took} ms\n{}", s.timeline.render(0));
+    let allow = kb.allows(running.uid(), "proxy");
+    assert!(
+        allow
+            .first()
+            .is_some_and(|l| l.is("allow", &[("reason", "not_terminating")])),
+        "{allow:?}"
+    );
+    running.delete().await.unwrap_or_else(|e| panic!("{e}"));
+    kb.finish().await;
+}
+
+/// A failed postStart: the kubelet kills the container ("FailedPostStartHook") while the
+/// pod stays; its preStop returns within 5 s.
+#[tokio::test]
+async fn a_failed_post_start_is_let_go() {
+    let Some(kb) = KillBed::start().await else {
+        return;
+    };
+    let mut p = injected("post-start", "2");
+    support::container_mut(&mut p, "proxy")["lifecycle"]["postStart"] =
+        json!({"exec": {"command": ["false"]}});
+    let running = kb
+        .run_tuned(&p, |o| o.crash_backoff = Duration::from_secs(30))
+        .await;
+    let s = running
+        .wait_for(
+            "the proxy's preStop after its postStart failed",
+            secs(60),
+            |s| {
+                s.timeline
+                    .first("proxy", |w| matches!(w, What::PreStopEnded { .. }))
+                    .is_some()
+            },
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let took = prestop_ms(&s.timeline, "proxy", 0).unwrap_or(i64::MAX);
+    eprintln!("failed postStart: the proxy's preStop returned after {took} ms");
+    assert!(took < 5_000, "{took} ms\n{}", s.timeline.render(0));
+    running.delete().await.unwrap_or_else(|e| panic!("{e}"));
+    kb.finish().await;
+}
+
+/// The other side of the bargain: a pod kill whose app's preStop exec the runtime starts
+/// later than the others', by as much as the widest spread measured with 110 pods killed at
+/// once on this machine (`scripts/bench --only skew`, docs/architecture.md), is still a pod
+/// kill: the proxy leaves after the app.
+#[tokio::test]
+async fn a_pod_kill_whose_app_exec_is_late_stays_ordered() {
+    let Some(kb) = KillBed::start().await else {
+        return;
+    };
+    // The app drains past the window: released by the others' silence, the proxy would
+    // leave first.
+    let p = injected("late-exec", "5");
+    let running = kb.run(&p).await;
+    let uid = running.uid().to_owned();
+    let d = running
+        .delete_with(DeleteOptions {
+            exec_lag: vec![("app".to_owned(), WORST_MEASURED_SPREAD)],
+            ..DeleteOptions::kubelet(Kill::Silent)
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    kb.bed.show("late-exec", &d);
+    support::assert_exited_after(&kb.bed, &d, "proxy", "app");
+    let allow = kb.bed.allowed(&uid, "proxy").await;
+    support::assert_reason_ordered(&allow, "a pod kill with a late exec");
+    kb.finish().await;
+}
+
+/// The widest spread between one pod kill's marks measured here (see the test above).
+const WORST_MEASURED_SPREAD: Duration = Duration::from_millis(1_500);
+
+/// Graceful node shutdown with a 10 s band for regular pods, the pod's own grace 30 s, the app
+/// outliving the band: the agent learns of the shutdown from the Node (posted beside the
+/// kills, after their hooks began) and lets the proxy go at the band less its reserve, to
+/// drain before the kubelet's cut, not at the pod's 30 s less it. No Event is read.
+#[tokio::test]
+async fn a_node_shutdowns_band_is_the_deadline() {
+    let Some(kb) =
+        KillBed::start_with(&[("EXITORDER_KUBELET_SHUTDOWN_GRACE_REGULAR", "10s")]).await
+    else {
+        return;
+    };
+    let p = injected("shutdown-band", "20");
+    let running = kb.run(&p).await;
+    let uid = running.uid().to_owned();
+    let d = running
+        .delete_with(DeleteOptions::kubelet(Kill::NodeShutdown {
+            grace_seconds: 10,
+        }))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    kb.bed.show("shutdown-band", &d);
+    let allow = kb.bed.allowed(&uid, "proxy").await;
+    let waited = allow
+        .field("waited_ms")
+        .and_then(|w| w.parse::<u64>().ok())
+        .unwrap_or(0);
+    assert!(
+        allow.is(
+            "allow",
+            &[("reason", "deadline"), ("kill", "node_shutdown")]
+        ) && (8_000..9_900).contains(&waited),
+        "{allow:?}{}",
+        kb.bed.context(&d)
+    );
+    assert_eq!(kb.event_reads(), 0, "{:?}", kb.served.api.requests());
+    kb.finish().await;
+}
+
+/// A graceful node shutdown of many injected pods at once costs the API server no Event read
+/// at all: the marks show every kill a pod's, the Node says whose.
+#[tokio::test]
+async fn a_node_shutdown_of_many_pods_reads_no_events() {
+    let Some(kb) =
+        KillBed::start_with(&[("EXITORDER_KUBELET_SHUTDOWN_GRACE_REGULAR", "20s")]).await
+    else {
+        return;
+    };
+    let mut pods = Vec::new();
+    for i in 0..10 {
+        pods.push(kb.run(&injected(&format!("shutdown-{i}"), "1")).await);
+    }
+    let uids: Vec<String> = pods.iter().map(|p| p.uid().to_owned()).collect();
+    let kills = pods.into_iter().map(|p| async move {
+        p.delete_with(DeleteOptions::kubelet(Kill::NodeShutdown {
+            grace_seconds: 20,
+        }))
+        .await
+    });
+    for d in futures_util::future::join_all(kills).await {
+        let d = d.unwrap_or_else(|e| panic!("{e}"));
+        support::assert_exited_after(&kb.bed, &d, "proxy", "app");
+    }
+    for uid in &uids {
+        let allow = kb.bed.allowed(uid, "proxy").await;
+        support::assert_reason_ordered(&allow, "a node shutdown");
+    }
+    assert_eq!(kb.event_reads(), 0, "{:?}", kb.served.api.requests());
+    kb.finish().await;
+}
