@@ -44,6 +44,10 @@ pub mod handshake {
     /// container is being stopped now. A pod kill runs every container's preStop at once, a
     /// restart only the restarted one's, so the marks of the others tell the two apart.
     pub const MARK_FILE: &str = "stopping";
+    /// What the agent leaves in a mark's place once it took it: `seen=<Unix ns>`, when it saw
+    /// it, so that an agent started later (a restart, an upgrade) still knows the container
+    /// was being stopped then. The entrypoint never reads it.
+    pub const MARK_SEEN_FILE: &str = "stopping.seen";
     /// Its content while it waits.
     pub const WAIT: &str = "wait";
     /// Its content once the agent allows the exit.

@@ -1,8 +1,9 @@
 //! One release apart, either way, on the real containerd: the previous release's entrypoint
 //! under this agent (pods admitted before an upgrade), and this entrypoint under the previous
 //! release's agent (pods admitted by the new webhook on a node the DaemonSet has not reached
-//! yet, with `webhook.agentPresence: 0s` as the README's Upgrade section says). The previous
-//! release is built from its commit (`e2e/compat/previous`).
+//! yet: the webhook injects `EXITORDER_PRESENCE=0ms` while the DaemonSet rolls out; the eight
+//! orders of a default upgrade are `upgrade.rs`'s). The previous release is built from its
+//! commit (`e2e/compat/previous`).
 //!
 //! Needs root, `containerd runc busybox-static` and the repository's history; without them
 //! each test prints "SKIPPED: <reason>" and passes, except in CI (`CI` set), where they are
@@ -33,7 +34,16 @@ fn previous_or_skip() -> Option<&'static Previous> {
     }
 }
 
-/// `pod` with what `webhook.agentPresence: 0s` injects into an ordered sidecar.
+/// `pod` as written before this release: its app says nothing when stopped (`mark` is this
+/// release's, which an earlier entrypoint does not know).
+fn as_before(mut pod: serde_json::Value) -> serde_json::Value {
+    if let Some(app) = container_mut(&mut pod, "app").as_object_mut() {
+        app.remove("lifecycle");
+    }
+    pod
+}
+
+/// `pod` with what the webhook injects into an ordered sidecar while the agents roll out.
 fn with_presence_off(mut pod: serde_json::Value) -> serde_json::Value {
     let proxy = container_mut(&mut pod, "proxy");
     proxy["env"]
@@ -67,7 +77,7 @@ async fn an_earlier_entrypoint_is_ordered_and_let_go_at_an_uninstall_by_this_age
 
     // The env an upgraded webhook may add: an earlier entrypoint ignores it.
     let running = bed
-        .run_ready(&with_presence_off(draining_two_level(3)))
+        .run_ready(&with_presence_off(as_before(draining_two_level(3))))
         .await;
     let uid = running.uid().to_owned();
     let d = running.delete().await.expect("delete pod");
@@ -82,7 +92,7 @@ async fn an_earlier_entrypoint_is_ordered_and_let_go_at_an_uninstall_by_this_age
 
     // Uninstalled while it waits: this agent answers it, as the earlier entrypoint reads
     // only `exit`.
-    let running = bed.run_ready(&draining_two_level(20)).await;
+    let running = bed.run_ready(&as_before(draining_two_level(20))).await;
     let uid = running.uid().to_owned();
     let deletion = tokio::spawn(running.delete());
     bed.held(&uid, "proxy").await;

@@ -248,28 +248,55 @@ fn the_daemonset_runs_with_the_least_privilege_that_works() {
 #[test]
 fn rbac_is_exactly_what_the_agent_needs() {
     let Some(helm) = helm() else { return };
-    // The webhook calls no API: enabling it adds no RBAC and no identity.
-    for values in [&[][..], WEBHOOK] {
+    // The webhook's one read is the agents' DaemonSet (its rollout): an identity of its own,
+    // bound to the agent's namespaced Role on that one object, and nothing cluster-wide.
+    for (values, accounts) in [(&[("webhook.enabled", "false")][..], 1), (WEBHOOK, 2)] {
         let docs = render(&helm, values);
-        assert_agent_rbac(&docs);
+        assert_agent_rbac(&docs, accounts);
         for (k, n) in [
             ("Role", 1),
             ("RoleBinding", 1),
             ("ClusterRole", 1),
             ("ClusterRoleBinding", 1),
-            ("ServiceAccount", 1),
+            ("ServiceAccount", accounts),
         ] {
             assert_eq!(count(&docs, k), n, "{values:?}: {k}");
         }
     }
     let docs = render(&helm, WEBHOOK);
-    let pod = &kind(&docs, "Deployment")["spec"]["template"]["spec"];
-    assert_eq!(pod["automountServiceAccountToken"], false);
-    assert!(pod.get("serviceAccountName").is_none(), "{pod}");
+    let deployment = kind(&docs, "Deployment");
+    let pod = &deployment["spec"]["template"]["spec"];
+    assert_eq!(pod["automountServiceAccountToken"], true);
+    let webhook_sa = pod["serviceAccountName"]
+        .as_str()
+        .expect("the webhook's account");
+    assert!(
+        docs.iter()
+            .any(|d| d["kind"] == "ServiceAccount" && d["metadata"]["name"] == webhook_sa),
+        "{webhook_sa}"
+    );
+    let args = pod["containers"][0]["args"].as_array().expect("args");
+    let at = args
+        .iter()
+        .position(|a| a == "--agent-daemonset")
+        .expect("--agent-daemonset");
+    let ds = kind(&docs, "DaemonSet");
+    assert_eq!(
+        args[at + 1].as_str(),
+        Some(
+            format!(
+                "{NAMESPACE}/{}",
+                ds["metadata"]["name"].as_str().unwrap_or("")
+            )
+            .as_str()
+        )
+    );
 }
 
-/// One ClusterRole with the agent's rules, bound to the agent's ServiceAccount only.
-fn assert_agent_rbac(docs: &[Value]) {
+/// One ClusterRole with the agent's rules, bound to the agent's ServiceAccount only; the
+/// namespaced Role on its DaemonSet bound to `accounts` accounts (the agent's, and the
+/// webhook's when there is one).
+fn assert_agent_rbac(docs: &[Value], accounts: usize) {
     let role: ClusterRole = typed(docs, "ClusterRole");
     let rules: Vec<(Vec<String>, Vec<String>, Vec<String>)> = role
         .rules
@@ -288,6 +315,7 @@ fn assert_agent_rbac(docs: &[Value]) {
         rules,
         vec![
             (s(&[""]), s(&["pods"]), s(&["list", "watch"])),
+            (s(&[""]), s(&["nodes"]), s(&["list", "watch"])),
             (s(&[""]), s(&["events"]), s(&["list"])),
             (s(&["events.k8s.io"]), s(&["events"]), s(&["create"])),
         ]
@@ -317,7 +345,7 @@ fn assert_agent_rbac(docs: &[Value]) {
     assert_eq!(rules[0].verbs, s(&["get", "list", "watch"]));
     let binding: RoleBinding = typed(docs, "RoleBinding");
     let subjects = binding.subjects.expect("subjects");
-    assert_eq!(subjects.len(), 1, "{subjects:?}");
+    assert_eq!(subjects.len(), accounts, "{subjects:?}");
     assert_eq!(
         Some(subjects[0].name.as_str()),
         sa["metadata"]["name"].as_str()

@@ -351,9 +351,9 @@ async fn a_failed_post_start_is_let_go() {
 }
 
 /// The other side of the bargain: a pod kill whose app's preStop exec the runtime starts
-/// later than the others', by as much as the widest spread measured with 110 pods killed at
-/// once on this machine (`scripts/bench --only skew`, docs/architecture.md), is still a pod
-/// kill: the proxy leaves after the app.
+/// later than the others', on a node otherwise quiet, by more than it was measured to stall
+/// with 110 pods killed at once on this machine (`scripts/bench --only skew`,
+/// docs/architecture.md), is still a pod kill: the proxy leaves after the app.
 #[tokio::test]
 async fn a_pod_kill_whose_app_exec_is_late_stays_ordered() {
     let Some(kb) = KillBed::start().await else {
@@ -378,8 +378,9 @@ async fn a_pod_kill_whose_app_exec_is_late_stays_ordered() {
     kb.finish().await;
 }
 
-/// The widest spread between one pod kill's marks measured here (see the test above).
-const WORST_MEASURED_SPREAD: Duration = Duration::from_millis(1_500);
+/// Above the longest the runtime was measured to go without returning any preStop exec while
+/// 110 pods were killed at once (1.9 s, `scripts/bench --only skew`, docs/architecture.md).
+const WORST_MEASURED_SPREAD: Duration = Duration::from_millis(2_000);
 
 /// Graceful node shutdown with a 10 s band for regular pods, the pod's own grace 30 s, the app
 /// outliving the band: the agent learns of the shutdown from the Node (posted beside the

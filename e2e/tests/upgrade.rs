@@ -188,13 +188,22 @@ fn injected(pod: &Value, view: &AgentsView, image: &str) -> Value {
     let settings = Settings {
         install_image: image.to_owned(),
         agent_presence: rollout::presence(None, Some(view.get())),
+        // Under the agent's (2 s): the entrypoint's own timeout comes after the agent's
+        // deadline, so the deadline case shows the agent's.
+        grace_reserve: secs(1),
         ..Settings::default()
     };
     support::inject_with(pod, &settings)
 }
 
+/// The pod's containers in the order they exited, the install init container (done before
+/// the deletion) apart.
 fn order(d: &Deletion) -> Vec<String> {
-    d.exit_order().into_iter().map(str::to_owned).collect()
+    d.exit_order()
+        .into_iter()
+        .filter(|c| *c != exitorder_contract::podlocal::INSTALL_CONTAINER)
+        .map(str::to_owned)
+        .collect()
 }
 
 /// The previous release's agent on the node, the rollout not there yet: each of the eight

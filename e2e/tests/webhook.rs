@@ -405,12 +405,42 @@ fn assert_share_injected(pod: &Value, name: &str, timeout: &str, then: &[&str]) 
     assert_eq!(volume["hostPath"]["path"], "/var/lib/exitorder");
 }
 
+/// `name`, a container the sidecars wait for, got only what makes it say on the node when the
+/// kubelet stops it: its own exit directory, the entrypoint read-only (and `POD_UID` in the
+/// host share's layout), and a preStop `exitorder-entrypoint mark` running its own hook after;
+/// nothing else of it changed.
 fn assert_untouched(before: &Value, after: &Value, name: &str) {
+    let (was, is) = (container(before, name), container(after, name));
+    let prestop = prestop(&is);
     assert_eq!(
-        container(before, name),
-        container(after, name),
-        "{name} was changed"
+        prestop.get(..2),
+        Some(
+            &[
+                "/var/run/exitorder-bin/exitorder-entrypoint".to_owned(),
+                "mark".to_owned()
+            ][..]
+        ),
+        "{name}: {prestop:?}"
     );
+    let mounts = is.volume_mounts.clone().unwrap_or_default();
+    for path in ["/var/run/exitorder", "/var/run/exitorder-bin"] {
+        assert!(
+            mounts.iter().any(|m| m.mount_path == path),
+            "{name}: {mounts:?}"
+        );
+    }
+    let bare = |mut c: Container| {
+        c.lifecycle = None;
+        c.volume_mounts = None;
+        c.env = c.env.map(|e| {
+            e.into_iter()
+                .filter(|v| v.name != "POD_UID")
+                .collect::<Vec<_>>()
+        });
+        c.env = c.env.filter(|e| !e.is_empty());
+        c
+    };
+    assert_eq!(bare(was), bare(is), "{name} was changed beyond its mark");
 }
 
 #[tokio::test]

@@ -1160,4 +1160,27 @@ mod tests {
             assert!(USAGE.contains(text), "{text}");
         }
     }
+
+    #[test]
+    fn mark_takes_waits_arguments() {
+        match parse_with(
+            &["mark", "--dir", "/d", "--", "sh", "-c", "x"],
+            &Env::default(),
+        ) {
+            Ok(Command::Mark(m)) => {
+                assert_eq!(m.dir, c("/d"));
+                assert_eq!(m.then, exec("sh", &["-c", "x"]));
+            }
+            other => panic!("{other:?}"),
+        }
+        match parse_with(&["mark", "--sleep", "5s"], &Env::default()) {
+            Ok(Command::Mark(m)) => assert_eq!(m.then, Then::Sleep(Duration::from_secs(5))),
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(
+            parse_with(&["mark", "--help"], &Env::default()),
+            Ok(Command::Help)
+        ));
+        assert!(error(&["mark", "extra"]).contains("extra"));
+    }
 }

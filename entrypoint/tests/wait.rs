@@ -614,3 +614,49 @@ fn a_request_made_again_in_its_place_is_not_withdrawn_by_the_first() {
     assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
     assert!(!exit_file(dir.path()).exists());
 }
+
+/// `mark` says in the directory that the container is being stopped (`stopping`, made anew
+/// each time, so a mark the agent has not taken yet is replaced), waits for nothing, and runs
+/// the hook the container had, returning its status.
+#[test]
+fn mark_says_so_then_runs_the_hook_at_once() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let elsewhere = tempfile::tempdir().expect("tempdir");
+    let ran = elsewhere.path().join("ran");
+    let mark = dir.path().join("stopping");
+    for round in 0..2 {
+        let started = Instant::now();
+        let output = Command::new(BIN)
+            .args([
+                "mark",
+                "--dir",
+                path(dir.path()),
+                "--",
+                "sh",
+                "-c",
+                "touch \"$0\"; exit 3",
+            ])
+            .arg(&ran)
+            .output()
+            .expect("run mark");
+        assert_eq!(output.status.code(), Some(3), "{}", stderr(&output));
+        assert!(ran.exists(), "round {round}: the hook did not run");
+        assert!(mark.is_file(), "round {round}: no mark");
+        assert!(started.elapsed() < Duration::from_secs(5));
+        // Nothing waited: no request was made.
+        assert!(!exit_file(dir.path()).exists());
+        fs::remove_file(&ran).expect("reset");
+    }
+    // A directory it cannot write: said, and the hook runs all the same.
+    let gone = dir.path().join("missing");
+    let output = Command::new(BIN)
+        .args(["mark", "--dir", path(&gone), "--", "true"])
+        .output()
+        .expect("run mark");
+    assert_eq!(output.status.code(), Some(0));
+    assert!(
+        stderr(&output).contains("will not know"),
+        "{}",
+        stderr(&output)
+    );
+}

@@ -52,7 +52,7 @@ fuzz_target!(|data: &[u8]| {
     };
     match &command {
         Command::Help | Command::Version => return,
-        Command::Wait(wait) => check_wait(wait),
+        Command::Wait(wait) | Command::Mark(wait) => check_wait(wait),
         Command::Shutdown(http) | Command::Await(http) => {
             check_duration(http.timeout);
             check_url(&http.url);
@@ -118,10 +118,15 @@ fn render(command: &Command) -> Vec<CString> {
     match command {
         Command::Help => vec![arg("--help")],
         Command::Version => vec![arg("--version")],
-        Command::Wait(wait) => {
+        Command::Wait(wait) | Command::Mark(wait) => {
             let presence = wait.presence.map_or_else(|| "0".to_owned(), duration::show);
+            let sub = if matches!(command, Command::Mark(_)) {
+                "mark"
+            } else {
+                "wait"
+            };
             let mut out = vec![
-                arg("wait"),
+                arg(sub),
                 flag("dir", wait.dir.as_bytes()),
                 flag("timeout", duration::show(wait.timeout).as_bytes()),
                 flag("presence", presence.as_bytes()),

@@ -101,6 +101,7 @@ fuzz_target!(|data: &[u8]| {
                     .copied()
                     .unwrap_or(RunState::Running),
                 grace: api.grace,
+                marks: false,
             },
             env: EnvPriority::Known(priority::from_env(
                 c.env

@@ -377,7 +377,13 @@ impl Agent {
                 }
                 Verdict::Wait { blocked_by, until } => {
                     wake = [wake, until].into_iter().flatten().min();
-                    if staying && p.confirm.judging.contains(name.as_str()) {
+                    // Being judged, or not judged yet (the view still reading the pod): a
+                    // restart's short pause is not a hold worth telling.
+                    let young = now < waiter.since.later(self.cfg.evidence.window);
+                    if staying
+                        && (p.confirm.judging.contains(name.as_str())
+                            || (young && !p.confirm.judged))
+                    {
                         // Not known yet whether the kubelet stops this container alone: a
                         // restart's short pause is not a hold worth telling.
                     } else if waiter.held_for.is_none() {

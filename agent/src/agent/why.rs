@@ -135,8 +135,8 @@ impl Agent {
                     if let Judgement::Pending { until_ns } = j {
                         let at = clock.instant(until_ns);
                         next = [next, Some(at)].into_iter().flatten().min();
+                        judging.push(name.to_owned());
                     }
-                    judging.push(name.to_owned());
                     if let Some(c) = newest.get(name) {
                         undecided.push(Undecided {
                             name: name.to_owned(),
@@ -148,9 +148,7 @@ impl Agent {
                 }
             }
         }
-        let Some(p) = self.waits.pending.get_mut(pod) else {
-            return None;
-        };
+        let p = self.waits.pending.get_mut(pod)?;
         if !stopping.is_empty() {
             stopping.sort();
             stopping.dedup();
@@ -174,7 +172,17 @@ impl Agent {
             }
         }
         p.confirm.judging = judging.into_iter().collect();
+        p.confirm.judged = true;
         let due = self.ask_word(pod, &undecided, now);
+        if let Some(p) = self.waits.pending.get_mut(pod) {
+            // The kubelet's word may still come for these: not a hold worth telling yet.
+            p.confirm.judging.extend(
+                undecided
+                    .iter()
+                    .filter(|u| self.hints.due(pod, &u.attempt, u.since).is_some())
+                    .map(|u| u.name.clone()),
+            );
+        }
         [next, due].into_iter().flatten().min()
     }
 

@@ -425,6 +425,7 @@ impl WebhookArgs {
                 handshake_volume: self.handshake_volume,
                 install_image: self.install_image.clone(),
                 agent_presence: self.agent_presence,
+                mark_containers: true,
             },
             reload_interval: self.reload_interval.max(Duration::from_millis(10)),
             shutdown_timeout: self.shutdown_timeout,

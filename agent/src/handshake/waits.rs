@@ -89,6 +89,8 @@ pub struct Confirmation {
     pub alone: BTreeMap<String, Alone>,
     /// The waits the evidence has not decided yet (a hold of theirs is not worth telling yet).
     pub judging: BTreeSet<String>,
+    /// The pod's waits were judged at least once (the view knew the pod).
+    pub judged: bool,
     /// When the waits must be judged again (the others' marks may still come until then).
     pub next: Option<Instant>,
     /// A read is in flight.
@@ -286,7 +288,9 @@ impl<'a> ShareSync<'a> {
                                 self.sync_container(&key, dirty)
                             }
                             Ok(Some(ShareEntry::ExitFile(key))) => self.sync_exit(&key, dirty),
-                            Ok(Some(ShareEntry::MarkFile(key))) => self.take_mark(&key, dirty),
+                            Ok(Some(ShareEntry::MarkFile(key))) => {
+                                self.take_mark(&key, dirty);
+                            }
                             Ok(None) => continue,
                             Err(e) => {
                                 self.count(&e);
@@ -506,32 +510,58 @@ impl<'a> ShareSync<'a> {
             }
         }
         // A mark made before the directory was watched (or whose event was lost) is taken
-        // now: it is one the agent has not taken yet, so it is new.
-        self.take_mark(key, dirty);
+        // now: it is one no agent has taken yet, so it is new. Else what an agent took before
+        // (this one, or the one before a restart or an upgrade) is recalled.
+        if !self.take_mark(key, dirty) {
+            self.recall_mark(key, dirty);
+        }
         self.sync_exit(key, dirty);
     }
 
     /// Takes the container's mark, if it made one: noted on the agent's clock, and the pod's
-    /// waits decided again with it.
-    fn take_mark(&mut self, key: &ExitKey, dirty: &mut BTreeSet<PodUid>) {
+    /// waits decided again with it; whether there was one.
+    fn take_mark(&mut self, key: &ExitKey, dirty: &mut BTreeSet<PodUid>) -> bool {
         let Some(share) = self.at(key.place) else {
-            return;
+            return false;
         };
-        match share.take_mark(key) {
-            Ok(true) => {
-                debug!(event = "marked", pod = %key.pod, container = %key.container, "the container is being stopped");
-                self.waits
-                    .marks
-                    .note(&key.pod, &key.container, Instant::now());
-                if self.waits.pending.contains_key(&key.pod) {
-                    dirty.insert(key.pod.clone());
-                }
-            }
-            Ok(false) => {}
+        let now = Instant::now();
+        let seen_ns = crate::decide::bounds::WallClock::at(now).ns(now);
+        let taken = match share.take_mark(key, seen_ns) {
+            Ok(taken) => taken,
             Err(e) => {
                 self.count(&e);
                 debug!(container = %key, error = %e, "cannot take the container's mark");
+                false
             }
+        };
+        if taken {
+            debug!(event = "marked", pod = %key.pod, container = %key.container, "the container is being stopped");
+            self.noted(key, now, dirty);
+        }
+        taken
+    }
+
+    /// What an agent noted of the container's last mark, taken before this one ran (or before
+    /// the events that said so were lost).
+    fn recall_mark(&mut self, key: &ExitKey, dirty: &mut BTreeSet<PodUid>) {
+        let Some(share) = self.at(key.place) else {
+            return;
+        };
+        let Ok(Some(seen_ns)) = share.mark_seen(key) else {
+            return;
+        };
+        let now = Instant::now();
+        let clock = crate::decide::bounds::WallClock::at(now);
+        // A note from the future (a clock stepped back, or the container's own writing) is
+        // taken as now: it errs toward a pod kill, the container's own pod's loss.
+        let at = clock.instant(seen_ns.min(clock.ns(now)));
+        self.noted(key, at, dirty);
+    }
+
+    fn noted(&mut self, key: &ExitKey, at: Instant, dirty: &mut BTreeSet<PodUid>) {
+        self.waits.marks.note(&key.pod, &key.container, at);
+        if self.waits.pending.contains_key(&key.pod) {
+            dirty.insert(key.pod.clone());
         }
     }
 
@@ -902,5 +932,51 @@ mod tests {
         }
         .rescan(&mut dirty);
         assert_eq!(f.waits.count(), 0);
+    }
+
+    #[test]
+    fn a_mark_is_taken_once_and_recalled_by_a_later_agent() {
+        let mut f = Fixture::new();
+        let dir = f.pods().join(UID).join("app");
+        std::fs::create_dir_all(&dir).unwrap();
+        f.changed(&dir);
+        std::fs::write(dir.join("stopping"), "").unwrap();
+        let before = Instant::now();
+        f.changed(&dir.join("stopping"));
+        let pod = PodUid::parse(UID).unwrap();
+        let seen: Vec<(String, Instant)> = f
+            .waits
+            .marks
+            .of(&pod)
+            .map(|(c, t)| (c.to_owned(), t))
+            .collect();
+        assert_eq!(seen.len(), 1);
+        assert!(seen[0].1 >= before, "{seen:?}");
+        // Taken: gone, and noted in its place.
+        assert!(!dir.join("stopping").exists());
+        let note = std::fs::read_to_string(dir.join("stopping.seen")).unwrap();
+        assert!(note.starts_with("seen="), "{note}");
+        // The same event again (a rescan) takes nothing new.
+        f.changed(&dir.join("stopping"));
+        assert_eq!(f.waits.marks.of(&pod).count(), 1);
+        // A later agent (a restart, an upgrade) knows of it from the note, at its time.
+        f.waits = Waits::default();
+        f.changed(&dir);
+        let recalled: Vec<Instant> = f.waits.marks.of(&pod).map(|(_, t)| t).collect();
+        assert_eq!(recalled.len(), 1);
+        let apart = recalled[0]
+            .max(seen[0].1)
+            .saturating_duration_since(recalled[0].min(seen[0].1));
+        assert!(apart < Duration::from_millis(5), "{apart:?}");
+        // A note from the future is taken as now; a note of junk as nothing.
+        std::fs::write(dir.join("stopping.seen"), format!("seen={}", i64::MAX)).unwrap();
+        f.waits = Waits::default();
+        let now = Instant::now();
+        f.changed(&dir);
+        assert!(f.waits.marks.of(&pod).all(|(_, t)| t >= now));
+        std::fs::write(dir.join("stopping.seen"), "junk").unwrap();
+        f.waits = Waits::default();
+        f.changed(&dir);
+        assert_eq!(f.waits.marks.of(&pod).count(), 0);
     }
 }

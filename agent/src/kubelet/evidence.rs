@@ -238,40 +238,101 @@ mod tests {
         let app = vec!["app".to_owned()];
         let since = 200 * S;
         #[rustfmt::skip]
-        let table: Vec<(&str, Vec<Peer>, Option<ContainerKill>, i64, Judgement)> = vec![
-            ("the app marked with it: a pod kill",
-             vec![peer("app", true, true, Some(since + S / 10))], None, since,
-             Judgement::PodKill { stopping: vec!["app".into()] }),
-            ("the app marked first and still drains: a pod kill, however long ago",
-             vec![peer("app", true, true, Some(150 * S))], None, since,
-             Judgement::PodKill { stopping: vec!["app".into()] }),
-            ("a mark of the app's attempt before this one says nothing",
-             vec![peer("app", true, true, Some(99 * S))], None, since + 4 * S,
-             Judgement::Alone(Alone::Silence)),
-            ("the app marked just before and already exited: a pod kill",
-             vec![peer("app", false, true, Some(since - 2 * S))], None, since,
-             Judgement::PodKill { stopping: vec!["app".into()] }),
-            ("an exited container's old mark says nothing",
-             vec![peer("app", true, true, None), peer("old", false, true, Some(since - 4 * S))], None, since + 3 * S,
-             Judgement::Alone(Alone::Silence)),
-            ("silence inside the window: not yet",
-             vec![peer("app", true, true, None)], None, since + S,
-             Judgement::Pending { until_ns: since + 3 * S }),
-            ("silence through the window: alone",
-             vec![peer("app", true, true, None)], None, since + 3 * S,
-             Judgement::Alone(Alone::Silence)),
-            ("a blocker that never marks: the node cannot tell",
-             vec![peer("app", true, false, None)], None, since + 10 * S,
-             Judgement::Unknown),
-            ("the kubelet's word for this attempt, the others silent",
-             vec![peer("app", true, false, None)], Some(ContainerKill::Liveness), since,
-             Judgement::Alone(Alone::Kubelet(ContainerKill::Liveness))),
-            ("the kubelet's word loses to a mark of the others",
-             vec![peer("app", true, true, Some(since + S))], Some(ContainerKill::Liveness), since + S,
-             Judgement::PodKill { stopping: vec!["app".into()] }),
-            ("its own mark is no other's",
-             vec![peer("proxy", true, true, Some(since)), peer("app", true, true, None)], None, since + 3 * S,
-             Judgement::Alone(Alone::Silence)),
+        type Row = (&'static str, Vec<Peer>, Option<ContainerKill>, i64, Judgement);
+        let table: Vec<Row> = vec![
+            (
+                "the app marked with it: a pod kill",
+                vec![peer("app", true, true, Some(since + S / 10))],
+                None,
+                since,
+                Judgement::PodKill {
+                    stopping: vec!["app".into()],
+                },
+            ),
+            (
+                "the app marked first and still drains: a pod kill, however long ago",
+                vec![peer("app", true, true, Some(150 * S))],
+                None,
+                since,
+                Judgement::PodKill {
+                    stopping: vec!["app".into()],
+                },
+            ),
+            (
+                "a mark of the app's attempt before this one says nothing",
+                vec![peer("app", true, true, Some(99 * S))],
+                None,
+                since + 4 * S,
+                Judgement::Alone(Alone::Silence),
+            ),
+            (
+                "the app marked just before and already exited: a pod kill",
+                vec![peer("app", false, true, Some(since - 2 * S))],
+                None,
+                since,
+                Judgement::PodKill {
+                    stopping: vec!["app".into()],
+                },
+            ),
+            (
+                "an exited container's old mark says nothing",
+                vec![
+                    peer("app", true, true, None),
+                    peer("old", false, true, Some(since - 4 * S)),
+                ],
+                None,
+                since + 3 * S,
+                Judgement::Alone(Alone::Silence),
+            ),
+            (
+                "silence inside the window: not yet",
+                vec![peer("app", true, true, None)],
+                None,
+                since + S,
+                Judgement::Pending {
+                    until_ns: since + 3 * S,
+                },
+            ),
+            (
+                "silence through the window: alone",
+                vec![peer("app", true, true, None)],
+                None,
+                since + 3 * S,
+                Judgement::Alone(Alone::Silence),
+            ),
+            (
+                "a blocker that never marks: the node cannot tell",
+                vec![peer("app", true, false, None)],
+                None,
+                since + 10 * S,
+                Judgement::Unknown,
+            ),
+            (
+                "the kubelet's word for this attempt, the others silent",
+                vec![peer("app", true, false, None)],
+                Some(ContainerKill::Liveness),
+                since,
+                Judgement::Alone(Alone::Kubelet(ContainerKill::Liveness)),
+            ),
+            (
+                "the kubelet's word loses to a mark of the others",
+                vec![peer("app", true, true, Some(since + S))],
+                Some(ContainerKill::Liveness),
+                since + S,
+                Judgement::PodKill {
+                    stopping: vec!["app".into()],
+                },
+            ),
+            (
+                "its own mark is no other's",
+                vec![
+                    peer("proxy", true, true, Some(since)),
+                    peer("app", true, true, None),
+                ],
+                None,
+                since + 3 * S,
+                Judgement::Alone(Alone::Silence),
+            ),
         ];
         for (what, peers, says, now, want) in table {
             let w = waiter(&app, says);

@@ -41,6 +41,11 @@ pub struct Settings {
     /// did; what an upgrade from such a release sets while agents roll out). Unset: the
     /// entrypoint's own default.
     pub agent_presence: Option<Duration>,
+    /// Every container a sidecar waits for gets `exitorder-entrypoint mark` as its preStop
+    /// (see [`super::inject::Sidecar::mark`]). Off in the host share's layout while the agents
+    /// roll out: there the entrypoint is the node's, and a node still running an agent of a
+    /// release before `mark` would fail the hook (see [`super::rollout`]).
+    pub mark_containers: bool,
 }
 
 impl Default for Settings {
@@ -52,6 +57,7 @@ impl Default for Settings {
             handshake_volume: HandshakeVolume::EmptyDir,
             install_image: DEFAULT_INSTALL_IMAGE.to_owned(),
             agent_presence: None,
+            mark_containers: true,
         }
     }
 }
@@ -311,7 +317,7 @@ fn inject_into(
     ) {
         if sidecars.iter().any(|m| m.name == c.name) {
             sidecar.inject(c, &mut warnings)?;
-        } else {
+        } else if settings.mark_containers {
             sidecar.mark(c, &mut warnings)?;
         }
     }

@@ -98,6 +98,17 @@ pub fn presence(told: Option<Duration>, agents: Option<Agents>) -> Option<Durati
     })
 }
 
+/// Whether the containers sidecars wait for get `exitorder-entrypoint mark`: always where the
+/// entrypoint comes from the project's image (pod-local), and in the host share's layout only
+/// once every node runs the current agent, whose entrypoint the node's is (an earlier one
+/// knows no `mark`, and the hook would fail, skipping the container's own preStop after it).
+pub fn mark_containers(handshake: super::HandshakeVolume, agents: Option<Agents>) -> bool {
+    match handshake {
+        super::HandshakeVolume::EmptyDir => true,
+        super::HandshakeVolume::HostPath => matches!(agents, None | Some(Agents::Settled)),
+    }
+}
+
 /// The webhook's handle on the agents' state.
 #[derive(Debug, Clone)]
 pub struct AgentsView(Arc<AtomicU8>);
@@ -229,6 +240,23 @@ mod tests {
         let no_status: DaemonSet =
             serde_json::from_value(json!({"metadata": {"name": "exitorder"}})).unwrap();
         assert_eq!(state_of(&no_status), Agents::RollingOut);
+    }
+
+    #[test]
+    fn marks_wait_for_the_nodes_entrypoint_in_the_host_share_layout() {
+        use super::super::HandshakeVolume::{EmptyDir, HostPath};
+        for a in [
+            None,
+            Some(Agents::Settled),
+            Some(Agents::RollingOut),
+            Some(Agents::Unknown),
+        ] {
+            assert!(mark_containers(EmptyDir, a), "{a:?}");
+        }
+        assert!(mark_containers(HostPath, None));
+        assert!(mark_containers(HostPath, Some(Agents::Settled)));
+        assert!(!mark_containers(HostPath, Some(Agents::RollingOut)));
+        assert!(!mark_containers(HostPath, Some(Agents::Unknown)));
     }
 
     #[test]

@@ -263,18 +263,22 @@ impl Connection {
     }
 }
 
-/// The settings a review is answered with: the presence wait follows the agents' rollout now
-/// (read once per request), unless the webhook was told one.
+/// The settings a review is answered with: the presence wait (unless the webhook was told one)
+/// and, in the host share's layout, the containers' marks follow the agents' rollout now (read
+/// once per request).
 fn with_agents(settings: Arc<Settings>, agents: Option<&AgentsView>) -> Arc<Settings> {
     let Some(agents) = agents else {
         return settings;
     };
-    let presence = super::rollout::presence(settings.agent_presence, Some(agents.get()));
-    if presence == settings.agent_presence {
+    let now = agents.get();
+    let presence = super::rollout::presence(settings.agent_presence, Some(now));
+    let marks = super::rollout::mark_containers(settings.handshake_volume, Some(now));
+    if presence == settings.agent_presence && marks == settings.mark_containers {
         return settings;
     }
     Arc::new(Settings {
         agent_presence: presence,
+        mark_containers: marks,
         ..(*settings).clone()
     })
 }

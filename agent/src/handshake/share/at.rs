@@ -171,9 +171,18 @@ fn rename_temp(dir: &OwnedFd, dir_path: &Path, tmp: &str, name: &str) -> Result<
 /// reading through `/proc/self/fd`, which reopens that very inode: a file swapped in between
 /// the check and the read is never opened. `None` when there is no exit file.
 pub(super) fn open_exit_file(dir: &OwnedFd, path: &Path) -> Result<Option<OwnedFd>, ShareError> {
+    open_checked(dir, EXIT_FILE, path)
+}
+
+/// [`open_exit_file`] for the file `name` of the directory (`path` is that file's).
+pub(super) fn open_checked(
+    dir: &OwnedFd,
+    name: &str,
+    path: &Path,
+) -> Result<Option<OwnedFd>, ShareError> {
     let handle = match rfs::openat(
         dir,
-        EXIT_FILE,
+        name,
         OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
         Mode::empty(),
     ) {
@@ -190,7 +199,7 @@ pub(super) fn open_exit_file(dir: &OwnedFd, path: &Path) -> Result<Option<OwnedF
         Ok(fd) => Ok(Some(fd)),
         // Without /proc (a chroot), by name again; what was opened is checked once more.
         Err(rustix::io::Errno::NOENT) => {
-            let fd = match rfs::openat(dir, EXIT_FILE, read | OFlags::NOFOLLOW, Mode::empty()) {
+            let fd = match rfs::openat(dir, name, read | OFlags::NOFOLLOW, Mode::empty()) {
                 Ok(fd) => fd,
                 Err(rustix::io::Errno::NOENT) => return Ok(None),
                 Err(rustix::io::Errno::LOOP) => return Err(ShareError::Link { path: path.into() }),

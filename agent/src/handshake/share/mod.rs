@@ -30,8 +30,8 @@ pub use exitorder_contract::share::ENTRYPOINT as ENTRYPOINT_NAME;
 
 /// The agent's presence file in a container's directory.
 pub use exitorder_contract::handshake::AGENT_FILE;
-/// The file by which a container says it is being stopped.
-pub use exitorder_contract::handshake::MARK_FILE;
+/// The file by which a container says it is being stopped, and the agent's note of one.
+pub use exitorder_contract::handshake::{MARK_FILE, MARK_SEEN_FILE};
 
 /// What the agent's presence file says of it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -111,7 +111,9 @@ mod names;
 mod retire;
 
 pub(crate) use at::write_replace;
-use at::{mkdir_at, open_dir_at, open_exit_file, remove_tree_at, subdirs, swap_in, utf8};
+use at::{
+    mkdir_at, open_checked, open_dir_at, open_exit_file, remove_tree_at, subdirs, swap_in, utf8,
+};
 pub use error::{Rejection, ShareError};
 pub use names::{ContainerName, ExitKey, ExitState, Place, ShareEntry};
 
@@ -450,14 +452,28 @@ impl Share {
     /// that the next one is seen anew and a rescan never takes an old one for a new one. A
     /// directory or anything else by that name is no mark (only the container's own preStop
     /// pays for what it puts there); nothing is followed or opened.
-    pub fn take_mark(&self, key: &ExitKey) -> Result<bool, ShareError> {
+    /// In its place the agent leaves `stopping.seen`, saying when it saw it (`seen_ns`), for a
+    /// later agent ([`Share::mark_seen`]); a failure to write it is the caller's to say.
+    pub fn take_mark(&self, key: &ExitKey, seen_ns: i64) -> Result<bool, ShareError> {
         let dir = match self.open_container(key) {
             Ok(d) => d,
             Err(e) if e.is_not_found() => return Ok(false),
             Err(e) => return Err(e),
         };
         match rfs::unlinkat(&dir, MARK_FILE, AtFlags::empty()) {
-            Ok(()) => Ok(true),
+            Ok(()) => {
+                let path = self.container_path(key);
+                let note = format!("seen={seen_ns}\n");
+                // Not durable: a node that loses it in a crash lost the pod's kill with it. One
+                // that cannot be written (the container's own doing: a directory by its name)
+                // costs only a later agent's memory of this pod's kill.
+                if let Err(e) =
+                    write_replace(&dir, &path, MARK_SEEN_FILE, note.as_bytes(), 0o644, false)
+                {
+                    tracing::debug!(container = %key, error = %e, "cannot note the container's mark");
+                }
+                Ok(true)
+            }
             Err(rustix::io::Errno::NOENT | rustix::io::Errno::ISDIR) => Ok(false),
             Err(e) => Err(ShareError::io(
                 "remove",
@@ -465,6 +481,36 @@ impl Share {
                 e,
             )),
         }
+    }
+
+    /// When an agent last took a mark of the container (Unix ns, its `stopping.seen`), if
+    /// one did. The file is the container's to change, as everything in its directory: what
+    /// it says decides only its own pod's waits.
+    pub fn mark_seen(&self, key: &ExitKey) -> Result<Option<i64>, ShareError> {
+        let dir = match self.open_container(key) {
+            Ok(d) => d,
+            Err(e) if e.is_not_found() => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        let path = self.container_path(key).join(MARK_SEEN_FILE);
+        let Some(fd) = open_checked(&dir, MARK_SEEN_FILE, &path)? else {
+            return Ok(None);
+        };
+        let mut buf = [0u8; MAX_EXIT_BYTES];
+        let mut len = 0usize;
+        while let Some(rest) = buf.get_mut(len..).filter(|r| !r.is_empty()) {
+            match rustix::io::read(&fd, rest) {
+                Ok(0) => break,
+                Ok(n) => len = len.saturating_add(n),
+                Err(rustix::io::Errno::INTR) => continue,
+                Err(e) => return Err(ShareError::io("read", path, e)),
+            }
+        }
+        let text = std::str::from_utf8(buf.get(..len).unwrap_or_default()).unwrap_or("");
+        Ok(text
+            .trim()
+            .strip_prefix("seen=")
+            .and_then(|n| n.parse::<i64>().ok()))
     }
 
     /// Lets a container exit: `allow` goes to a temp file that takes the place of `exit` in
