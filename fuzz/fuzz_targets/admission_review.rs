@@ -133,7 +133,7 @@ fn check_hooks(before: &Pod, after: &Pod) {
             if !had.iter().any(|h| h.pre_stop.as_ref() == Some(argv)) {
                 let parsed = entrypoint(argv);
                 assert!(
-                    matches!(parsed, Some(Ok(Command::Wait(_))) | None),
+                    matches!(parsed, Some(Ok(Command::Wait(_) | Command::Mark(_))) | None),
                     "preStop {argv:?} of {:?}: {parsed:?}",
                     c.name
                 );

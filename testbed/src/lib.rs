@@ -13,6 +13,7 @@ pub mod install;
 pub mod kubelet;
 pub mod manifest;
 pub mod node;
+pub mod priorities;
 pub mod skip;
 pub mod verdict;
 

@@ -1,14 +1,14 @@
 //! Whether a pod's exits were ordered: for each container, what held it and whether it left
 //! after every container of lower exit priority, when the pod was deleted or, for a Job's
-//! pod, when its work was done.
+//! pod, when its work was done. Judged from what happened on the node (the runtime's exit
+//! times), the priorities the pod asked for (read by [`crate::priorities`]) and the test bed
+//! kubelet's own stop order; never from the agent's rules.
 
 use std::collections::{BTreeMap, HashMap};
 
 use serde::Serialize;
 
-use exitorder::decide::stoporder::StopOrder;
-
-use crate::kubelet::{ContainerRecord, Deletion, Kind, PodPlan, Timeline, What};
+use crate::kubelet::{ordering, ContainerRecord, Deletion, Kind, PodPlan, Timeline, What};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -80,13 +80,12 @@ pub fn pod_start(timeline: &Timeline) -> i64 {
 /// the pod's start.
 pub fn judge_completed(plan: &PodPlan, d: &Deletion) -> BTreeMap<String, ContainerVerdict> {
     let prio = priorities(plan);
-    let order = stop_order(plan);
     let origin = pod_start(&d.timeline);
     let mut runs = attempts(&d.timeline, origin);
     let mut out = BTreeMap::new();
     for c in &d.containers {
         let p = prio.get(&c.name).copied().unwrap_or(0);
-        let (lower, still_ran) = below(d, &prio, &order, c, p);
+        let (lower, still_ran) = below(d, &prio, plan, c, p);
         let (verdict, why) = if p == 0 {
             (
                 Verdict::Unheld,
@@ -117,29 +116,23 @@ pub struct Allowed {
     pub at_ns: i64,
 }
 
-/// Each container's exit priority, as the agent resolves it from the pod's annotation (or
-/// its Kruise alias), the container's env and the presets (a native sidecar named by none is
-/// a sidecar: 1); a malformed annotation or env makes
-/// the whole pod unordered, as it does for the agent.
+/// Each container's exit priority as the pod asks for it ([`crate::priorities`]); a
+/// malformed annotation or env asks for no order at all (every container 0).
 pub fn priorities(plan: &PodPlan) -> BTreeMap<String, u8> {
-    use exitorder::decide::priority;
-    let pod = priority::from_annotations(
-        plan.annotations
-            .iter()
-            .map(|(k, v)| (k.as_str(), v.as_str())),
-    );
-    let mut out = BTreeMap::new();
-    let Ok(pod) = pod else {
-        return plan.all().map(|c| (c.name.clone(), 0)).collect();
+    use crate::priorities::{from_annotations, from_env, resolve};
+    let unordered = || plan.all().map(|c| (c.name.clone(), 0)).collect();
+    let Ok(named) = from_annotations(&plan.annotations) else {
+        return unordered();
     };
+    let mut out = BTreeMap::new();
     for c in plan.all() {
-        let env = priority::from_env(c.env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
-        let Ok(env) = env else {
-            return plan.all().map(|c| (c.name.clone(), 0)).collect();
+        let Ok(env) = from_env(c.env.iter().map(|(k, v)| (k.as_str(), v.as_str()))) else {
+            return unordered();
         };
+        let native = c.kind == Kind::Sidecar;
         out.insert(
             c.name.clone(),
-            priority::resolve_as(&c.name, pod.as_ref(), env, c.kind == Kind::Sidecar),
+            resolve(&c.name, named.as_ref(), env, native),
         );
     }
     out
@@ -152,7 +145,6 @@ pub fn judge(
     allows: &HashMap<String, Allowed>,
 ) -> BTreeMap<String, ContainerVerdict> {
     let prio = priorities(plan);
-    let order = stop_order(plan);
     let mut runs = attempts(&d.timeline, d.started_ns);
     let mut out = BTreeMap::new();
     for c in &d.containers {
@@ -163,7 +155,7 @@ pub fn judge(
             .and_then(|f| f.get(&c.name))
             .is_some_and(|e| e.created.is_some())
             || allows.contains_key(&c.name);
-        let (lower, still_ran) = below(d, &prio, &order, c, p);
+        let (lower, still_ran) = below(d, &prio, plan, c, p);
         let (verdict, why) = if p == 0 {
             (
                 Verdict::Unheld,
@@ -204,32 +196,22 @@ pub fn judge(
     out
 }
 
-/// The kubelet's stop order of the pod's native sidecars (KEP-753), as the agent knows it.
-fn stop_order(plan: &PodPlan) -> StopOrder {
-    StopOrder::new(
-        plan.init
-            .iter()
-            .filter(|c| c.kind == Kind::Sidecar)
-            .map(|c| c.name.clone())
-            .collect(),
-    )
-}
-
 /// The containers of lower priority than `c` (priority `p`) that it can leave after, and the
-/// names of those of them that exited no earlier than it. A native sidecar the kubelet stops
-/// only after `c` is not one: the agent does not hold `c` for it (and says so).
+/// names of those of them that exited no earlier than it. A native sidecar the test bed's
+/// kubelet stops only after `c` exited is not one: nothing can make `c` leave after it.
 fn below<'a>(
     d: &'a Deletion,
     prio: &BTreeMap<String, u8>,
-    order: &StopOrder,
+    plan: &PodPlan,
     c: &ContainerRecord,
     p: u8,
 ) -> (Vec<&'a ContainerRecord>, Vec<&'a str>) {
+    let (init, mains) = ordering::shape(plan);
     let lower: Vec<&ContainerRecord> = d
         .containers
         .iter()
         .filter(|o| prio.get(&o.name).copied().unwrap_or(0) < p)
-        .filter(|o| !order.stops_after(&c.name, &o.name))
+        .filter(|o| !ordering::stops_after(&init, &mains, &c.name, &o.name))
         .collect();
     let still_ran = lower
         .iter()

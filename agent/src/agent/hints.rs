@@ -6,7 +6,9 @@
 //! - only for the first wait of a container attempt (a hook run again, or a pod re-creating its
 //!   `exit`, is the same attempt: the kubelet's word on it was read already), at most
 //!   [`PER_ATTEMPT`] times, at [`FIRST_AFTER`] and [`SECOND_AFTER`] (a pod kill's marks come
-//!   first and make the read unneeded; the kubelet's recorder sends its Event within that);
+//!   first and make the read unneeded; the kubelet's recorder sends its Event within that),
+//!   and only at the second while other pods of the node are being killed (their marks and
+//!   exits around the wait: the pod's own marks are then likely only behind theirs);
 //! - within a pod's budget ([`POD_BURST`] reads, then one per [`POD_REFILL`]), whatever its
 //!   containers do;
 //! - within the node's ([`NODE_BURST`], then [`NODE_PER_SEC`] a second): a mass kill that the
@@ -136,6 +138,18 @@ impl Hints {
         });
     }
 
+    /// Gives up the first read of attempt `id` (noted by [`Self::waited`]) when it is not
+    /// made yet: the next one is the second, at [`SECOND_AFTER`].
+    pub fn forfeit_first(&mut self, pod: &PodUid, id: &str) {
+        let attempt = self
+            .pods
+            .get_mut(pod)
+            .and_then(|p| p.attempts.iter_mut().find(|a| a.id == id));
+        if let Some(a) = attempt.filter(|a| a.reads == 0) {
+            a.reads = 1;
+        }
+    }
+
     /// Spends one read for `ids` of `pod`, when the pod's and the node's budgets allow it.
     pub fn spend(&mut self, pod: &PodUid, ids: &[&str], now: Instant) -> bool {
         if !self.node.has(now) {
@@ -217,6 +231,25 @@ mod tests {
         assert_eq!(h.due(&p, "a", again), None);
         // A new attempt of the container: its own first wait.
         assert_eq!(h.due(&p, "b", again), Some(again + FIRST_AFTER));
+    }
+
+    /// While other pods are being killed, an attempt's first read is given up: the second
+    /// is the only one, and no read follows it.
+    #[test]
+    fn a_forfeited_first_read_leaves_only_the_second() {
+        let t = Instant::now();
+        let mut h = Hints::new(t);
+        let p = pod(1);
+        h.waited(&p, "a", t, t);
+        h.forfeit_first(&p, "a");
+        assert_eq!(h.due(&p, "a", t), Some(t + SECOND_AFTER));
+        assert!(h.spend(&p, &["a"], t + SECOND_AFTER));
+        assert_eq!(h.due(&p, "a", t), None);
+        // Once the first read was made, nothing is given up.
+        h.waited(&p, "b", t, t);
+        assert!(h.spend(&p, &["b"], t + FIRST_AFTER));
+        h.forfeit_first(&p, "b");
+        assert_eq!(h.due(&p, "b", t), Some(t + SECOND_AFTER));
     }
 
     #[test]

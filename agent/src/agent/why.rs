@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use tracing::{debug, info};
 
-use crate::agent::Agent;
+use crate::agent::{hints, Agent};
 use crate::cluster::podevents::ConfirmRequest;
 use crate::decide::bounds::{unix_of_instant, Later as _, WallClock};
 use crate::decide::{self, Deletion, PodFacts, RunState};
@@ -85,11 +85,11 @@ impl Agent {
             .filter(|(uid, _)| *uid != pod)
             .flat_map(|(_, e)| e.containers.values().filter_map(|c| c.exit_seen))
             .max();
-        let node_marked_ns = [self.waits.marks.latest_other(pod), other_exit]
+        let node_marked = [self.waits.marks.latest_other(pod), other_exit]
             .into_iter()
             .flatten()
-            .max()
-            .map(|t| clock.ns(t));
+            .max();
+        let node_marked_ns = node_marked.map(|t| clock.ns(t));
         // File events of this pod the loop has not read yet may hold a mark: the others'
         // silence is only silence once they were read (the loop reads them next). Another
         // pod's events, however many, hold nothing of this one's.
@@ -173,7 +173,7 @@ impl Agent {
         }
         p.confirm.judging = judging.into_iter().collect();
         p.confirm.judged = true;
-        let due = self.ask_word(pod, &undecided, now);
+        let due = self.ask_word(pod, &undecided, node_marked, now);
         if let Some(p) = self.waits.pending.get_mut(pod) {
             // The kubelet's word may still come for these: not a hold worth telling yet.
             p.confirm.judging.extend(
@@ -187,13 +187,27 @@ impl Agent {
     }
 
     /// Asks for the kubelet's word on the undecided waits when a read is due and the budget
-    /// allows it; when the next read is due otherwise.
-    fn ask_word(&mut self, pod: &PodUid, undecided: &[Undecided], now: Instant) -> Option<Instant> {
+    /// allows it; when the next read is due otherwise. `node_marked`: when another pod of the
+    /// node last marked or lost a container.
+    fn ask_word(
+        &mut self,
+        pod: &PodUid,
+        undecided: &[Undecided],
+        node_marked: Option<Instant>,
+        now: Instant,
+    ) -> Option<Instant> {
         if undecided.is_empty() || self.api.pods.is_none() {
             return None;
         }
         for u in undecided {
             self.hints.waited(pod, &u.attempt, u.since, now);
+            // Other pods are being killed around this wait: a kill of many pods is on its
+            // way, whose hooks the runtime starts late on a busy node, so this pod's own
+            // marks are likely only behind. The quick first read would mostly ask the API
+            // server what the marks tell a moment later: only the later one is kept.
+            if node_marked.is_some_and(|t| t.later(hints::FIRST_AFTER) >= u.since) {
+                self.hints.forfeit_first(pod, &u.attempt);
+            }
         }
         let due: Vec<(&Undecided, Instant)> = undecided
             .iter()

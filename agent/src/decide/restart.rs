@@ -352,6 +352,45 @@ fn rule(i: usize, r: &ContainerRestartRule) -> Result<Rule, RestartError> {
 mod tests {
     use super::*;
 
+    /// Every row of the table taken from the kubelet's source (`kubelet-rules/restart.tsv`),
+    /// which the test bed's kubelet is checked against too.
+    #[test]
+    fn every_row_of_the_upstream_table_holds() {
+        for row in exitorder_kubelet_rules::RESTART.rows(5) {
+            let line = row.line;
+            let [pod, own, rules, code, want, ..] = row.fields[..] else {
+                unreachable!("rows(5)");
+            };
+            let mut c = serde_json::json!({"name": "c"});
+            if own != "-" {
+                c["restartPolicy"] = own.into();
+            }
+            if rules != "-" {
+                let rules: Vec<serde_json::Value> = rules
+                    .split(';')
+                    .map(|r| {
+                        let f: Vec<&str> = r.split(':').collect();
+                        let values: Vec<i32> =
+                            f[2].split(',').filter_map(|v| v.parse().ok()).collect();
+                        serde_json::json!({"action": f[0],
+                            "exitCodes": {"operator": f[1], "values": values}})
+                    })
+                    .collect();
+                c["restartPolicyRules"] = rules.into();
+            }
+            let c: Container = serde_json::from_value(c).expect("a container");
+            let code: i32 = code.parse().expect("an exit code");
+            let got = Restart::of(Some(pod), &c).expect("valid").on_exit(code);
+            let want = match want {
+                "done" => Outcome::Done,
+                "restart" => Outcome::Restart,
+                "restart-all" => Outcome::RestartAll,
+                other => panic!("outcome {other:?} in {line:?}"),
+            };
+            assert_eq!(got, want, "row {line:?}");
+        }
+    }
+
     fn container(json: serde_json::Value) -> Container {
         let mut c = json;
         c["name"] = "worker".into();

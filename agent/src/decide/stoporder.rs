@@ -88,6 +88,24 @@ impl StopOrder {
 mod tests {
     use super::*;
 
+    /// Every row of the table taken from the kubelet's source
+    /// (`kubelet-rules/stop-order.tsv`), which the test bed's kubelet is checked against too.
+    #[test]
+    fn every_row_of_the_upstream_table_holds() {
+        for row in exitorder_kubelet_rules::STOP_ORDER.rows(5) {
+            let [init, _mains, me, other, want, ..] = row.fields[..] else {
+                unreachable!("rows(5)");
+            };
+            let native: Vec<String> = init
+                .split(',')
+                .filter_map(|n| n.strip_suffix('*'))
+                .map(str::to_owned)
+                .collect();
+            let got = StopOrder::new(native).stops_after(me, other);
+            assert_eq!(got, want == "yes", "row {:?}", row.line);
+        }
+    }
+
     fn order(names: &[&str]) -> StopOrder {
         StopOrder::new(names.iter().map(|n| (*n).to_owned()).collect())
     }

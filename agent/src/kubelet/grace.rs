@@ -184,6 +184,60 @@ mod tests {
         }
     }
 
+    /// Every row of `kubelet-rules/grace.tsv`, taken from the kubelet's source (the test
+    /// bed's kubelet is checked against it too): the same grace where the agent can tell the
+    /// kill, no less where it cannot.
+    #[test]
+    fn every_row_of_the_upstream_table_holds() {
+        for row in exitorder_kubelet_rules::GRACE.rows(6) {
+            let line = row.line;
+            let version = row.version(1);
+            let [kill, _, pod, value, want, agent, ..] = row.fields[..] else {
+                unreachable!("rows(6)");
+            };
+            let spec = S(pod.parse().expect("the pod's grace"));
+            let n = || S(value.parse().expect("seconds"));
+            let mut cfg = KubeletConfig::default();
+            // The object's deletionGracePeriodSeconds: the API server makes 0 a 1 unless
+            // the deletion is forced.
+            let mut deletion = None;
+            let kind = match kill {
+                "deletion" => {
+                    deletion = match value {
+                        "-" => None,
+                        "force" => Some(S(0)),
+                        _ => Some(n().max(S(1))),
+                    };
+                    PodKill::Deletion
+                }
+                "soft-eviction" => {
+                    cfg.eviction_max_pod_grace = Some(n());
+                    PodKill::Eviction
+                }
+                "hard-eviction" => PodKill::Eviction,
+                "node-shutdown" => {
+                    cfg.shutdown_regular_pods = Some(n());
+                    PodKill::NodeShutdown
+                }
+                "active-deadline" => PodKill::ActiveDeadline,
+                "preemption" => PodKill::Preemption,
+                other => panic!("kill {other:?} in {line:?}"),
+            };
+            let pod = PodGrace {
+                own: of_pod(deletion, Some(spec)),
+                priority: None,
+            };
+            let got = of_kill(Some(Kill::Pod(kind)), pod, deletion, &cfg, Some(version))
+                .expect("a grace");
+            let want = S(want.parse().expect("seconds"));
+            match agent {
+                "same" => assert_eq!(got, want, "row {line:?}"),
+                "at-least" => assert!(got >= want, "{got:?} for row {line:?}"),
+                other => panic!("agent column {other:?} in {line:?}"),
+            }
+        }
+    }
+
     #[test]
     fn the_deletions_grace_then_the_specs_never_under_a_second() {
         assert_eq!(of_pod(Some(S(10)), Some(S(30))), Some(S(10)));

@@ -351,13 +351,19 @@ fn inject_into(
     })
 }
 
+/// The value the webhook writes as [`annotation::RESTARTS`] on a pod with this spec; `None`
+/// when the record would be larger than an agent reads.
+pub fn restart_record(spec: &k8s_openapi::api::core::v1::PodSpec) -> Option<String> {
+    RestartRecord::of_spec(spec).to_annotation()
+}
+
 /// Records what Job completion needs from the spec on a pod that completes (restartPolicy
 /// Never or OnFailure), for an agent without the API server; a pod that never completes
 /// carries no record, whatever it was sent with.
 fn record_restarts(pod: &mut Pod, warnings: &mut Vec<String>) {
     let Some(spec) = &pod.spec else { return };
     let completes = matches!(spec.restart_policy.as_deref(), Some("Never" | "OnFailure"));
-    let record = completes.then(|| RestartRecord::of_spec(spec).to_annotation());
+    let record = completes.then(|| restart_record(spec));
     let annotations = pod.metadata.annotations.get_or_insert_with(BTreeMap::new);
     match record {
         Some(Some(value)) => {

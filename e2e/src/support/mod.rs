@@ -5,6 +5,7 @@ pub mod chart;
 pub mod compat;
 pub mod flood;
 pub mod killbed;
+pub mod lifecycle;
 pub mod procfs;
 
 use std::path::{Path, PathBuf};

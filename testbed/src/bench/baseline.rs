@@ -18,10 +18,11 @@ use exitorder::cri::runtime_service_client::RuntimeServiceClient;
 use exitorder::cri::{
     ContainerFilter, ContainerState, ListContainersRequest, ListPodSandboxRequest, PodSandboxFilter,
 };
-use exitorder::decide::priority::{self, PodPriorities};
 use exitorder::handshake::share::{ExitKey, ExitState, Share, ShareError};
 use exitorder::pod::PodUid;
 use exitorder::runtime::{LABEL_CONTAINER_NAME, LABEL_POD_UID};
+
+use crate::priorities::{from_annotations, resolve, Named};
 
 /// The proposal's daemon scan period.
 pub const KRUISE_SCAN: Duration = Duration::from_secs(1);
@@ -65,7 +66,7 @@ pub struct Listed {
 
 /// Whether every container of lower priority than `me` has exited, judged on the newest
 /// attempt of each name.
-pub fn lower_exited(me: &str, priorities: Option<&PodPriorities>, containers: &[Listed]) -> bool {
+pub fn lower_exited(me: &str, priorities: Option<&Named>, containers: &[Listed]) -> bool {
     let mut newest: BTreeMap<&str, &Listed> = BTreeMap::new();
     for c in containers {
         let slot = newest.entry(c.name.as_str()).or_insert(c);
@@ -73,10 +74,10 @@ pub fn lower_exited(me: &str, priorities: Option<&PodPriorities>, containers: &[
             *slot = c;
         }
     }
-    let mine = priority::resolve(me, priorities, None);
+    let mine = resolve(me, priorities, None, false);
     newest
         .values()
-        .filter(|c| c.name != me && priority::resolve(&c.name, priorities, None) < mine)
+        .filter(|c| c.name != me && resolve(&c.name, priorities, None, false) < mine)
         .all(|c| c.exited)
 }
 
@@ -125,7 +126,7 @@ fn request<T>(msg: T) -> tonic::Request<T> {
 
 /// What the runtime says about one pod.
 struct PodView {
-    priorities: Result<Option<PodPriorities>, priority::PriorityError>,
+    priorities: Result<Option<Named>, String>,
     containers: Vec<Listed>,
 }
 
@@ -252,8 +253,8 @@ impl KruiseDaemon {
             .max_by_key(|s| s.created_at)
             .map(|s| s.annotations)
             .unwrap_or_default();
-        let priorities =
-            priority::from_annotations(annotations.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+        let annotations: BTreeMap<String, String> = annotations.into_iter().collect();
+        let priorities = from_annotations(&annotations);
         let containers = containers
             .into_iter()
             .filter_map(|c| {
@@ -287,7 +288,7 @@ mod tests {
 
     #[test]
     fn waits_for_every_lower_priority_container() {
-        let prio: PodPriorities = [("proxy".to_owned(), 1), ("logs".to_owned(), 2)].into();
+        let prio: Named = [("proxy".to_owned(), 1), ("logs".to_owned(), 2)].into();
         let p = Some(&prio);
         let running = [
             c("app", 0, false),

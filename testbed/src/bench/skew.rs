@@ -1,6 +1,6 @@
 //! How far apart the kubelet's preStop hooks of one pod kill reach the agent on a busy node:
 //! the figure the agent's `--kill-evidence-window` must exceed (a restart is told from a pod
-//! kill by the other containers' silence within it; see `exitorder::kubelet::evidence`).
+//! kill by the other containers' silence within it; see docs/architecture.md, "Why a container stops").
 //!
 //! Many pods of three containers, every one with exitorder's preStop as the webhook injects it
 //! (the app's `mark`, the proxy's and the log shipper's `wait`), are killed at once the

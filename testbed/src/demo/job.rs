@@ -5,7 +5,6 @@
 use std::time::Duration;
 
 use anyhow::Context;
-use exitorder::decide::restart::RestartRecord;
 use exitorder_contract::annotation;
 use k8s_openapi::api::core::v1::PodSpec;
 use serde::Serialize;
@@ -40,7 +39,7 @@ pub(super) fn add_restart_record(pod: &mut Value) -> anyhow::Result<bool> {
     }
     let spec: PodSpec =
         serde_json::from_value(pod["spec"].clone()).context("the pod's spec cannot be read")?;
-    let Some(value) = RestartRecord::of_spec(&spec).to_annotation() else {
+    let Some(value) = exitorder::webhook::mutate::restart_record(&spec) else {
         return Ok(false);
     };
     super::mutation::annotations_mut(pod)?.insert(annotation::RESTARTS.to_owned(), value.into());
@@ -108,8 +107,10 @@ mod tests {
         let value = pod["metadata"]["annotations"][annotation::RESTARTS]
             .as_str()
             .expect("recorded");
-        let record = RestartRecord::parse(value).expect("readable");
-        assert_eq!(record.names(), ["worker", "proxy"]);
+        // The annotation's grammar (the contract): the main containers, in order.
+        let record: serde_json::Value = serde_json::from_str(value).expect("JSON");
+        assert_eq!(record["containers"][0]["name"], "worker");
+        assert_eq!(record["containers"][1]["name"], "proxy");
         // Already there (the webhook's): left as it is.
         assert!(!add_restart_record(&mut pod).expect("a pod"));
         // A pod that never completes gets none.

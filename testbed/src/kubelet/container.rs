@@ -6,7 +6,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use exitorder::cri::{CreateContainerRequest, StartContainerRequest, StopContainerRequest};
-use exitorder::decide::restart::Outcome;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
@@ -17,7 +16,7 @@ use super::config;
 use super::kills::ContainerKill;
 use super::plan::{ContainerPlan, Kind, Probe};
 use super::prestop;
-use super::{PodCtx, RestartPolicy, What};
+use super::{PodCtx, RestartPolicy, Then, What};
 
 /// The kubelet's longest crash-loop back-off.
 const MAX_BACKOFF: Duration = Duration::from_secs(300);
@@ -240,29 +239,29 @@ pub(crate) async fn supervise(ctx: Arc<PodCtx>, c: ContainerPlan, cancel: Cancel
             attempt += 1;
             continue;
         }
-        let outcome = match (c.kind, c.restart.on_exit(exit.exit_code)) {
-            (_, Outcome::RestartAll) => Outcome::RestartAll,
+        let outcome = match (c.kind, c.restart.after(exit.exit_code)) {
+            (_, Then::RestartAll) => Then::RestartAll,
             (Kind::Main, outcome) => outcome,
-            (Kind::Sidecar, _) => Outcome::Restart,
+            (Kind::Sidecar, _) => Then::Restart,
             // An init container is retried on failure unless the pod never restarts.
             (Kind::Init, _)
                 if exit.exit_code != 0
                     && ctx.plan.restart_policy != super::RestartPolicy::Never =>
             {
-                Outcome::Restart
+                Then::Restart
             }
-            (Kind::Init, _) => Outcome::Done,
+            (Kind::Init, _) => Then::Done,
         };
-        ctx.exited(name, attempt, &exit, outcome == Outcome::Done);
+        ctx.exited(name, attempt, &exit, outcome == Then::Done);
         let wait = backoff(attempt, ctx.crash_backoff);
-        if outcome != Outcome::Restart || !wait.is_zero() {
+        if outcome != Then::Restart || !wait.is_zero() {
             // The sync ends here: no start follows in it (the container is done, the whole
             // pod restarts, or its back-off is for a later sync).
             drop(sync.take());
         }
         match outcome {
-            Outcome::Done => return,
-            Outcome::RestartAll => {
+            Then::Done => return,
+            Then::RestartAll => {
                 // The pod worker takes it from here (KEP-5532): this container is not
                 // restarted alone.
                 ctx.record(
@@ -274,7 +273,7 @@ pub(crate) async fn supervise(ctx: Arc<PodCtx>, c: ContainerPlan, cancel: Cancel
                 ctx.update(|s| s.restarting_all = Some(name.to_owned()));
                 return;
             }
-            Outcome::Restart => {}
+            Then::Restart => {}
         }
         ctx.record(
             Some(name),

@@ -11,6 +11,13 @@ use super::api::{self, reasons, ApiStatus, DisruptionTarget, EventType};
 use super::plan::{ContainerPlan, Kind};
 use crate::node::TestbedError;
 
+/// A kubelet's version, (major, minor): which of its grace rules a kill follows.
+pub type KubeletVersion = (u32, u32);
+/// The newest kubelet whose rules the test bed plays, the default.
+pub const NEWEST_KUBELET: KubeletVersion = (1, 36);
+/// The oldest.
+pub const OLDEST_KUBELET: KubeletVersion = (1, 28);
+
 /// The kind of whole-pod kill ([`DeleteOptions::kill`](super::DeleteOptions)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
@@ -57,33 +64,64 @@ impl Kill {
         }
     }
 
-    /// The grace period the containers get, for a pod whose own is `pod_grace`; `deletion`
-    /// is `kubectl delete --grace-period`, which only a deletion takes.
-    pub(crate) fn grace(self, pod_grace: i64, deletion: Option<i64>) -> Result<i64, TestbedError> {
-        if deletion.is_some() && self != Kill::Deletion {
+    /// The grace period the containers get, for a pod whose own is `pod_grace`, on a kubelet
+    /// of `version`; `deletion` is `kubectl delete --grace-period` (with `--force` when
+    /// `force`), which only a deletion takes. Each kind's override, then
+    /// `calculateEffectiveGracePeriod` (`pod_workers.go`), as the test bed's own reading of
+    /// the kubelet; checked against `kubelet-rules/grace.tsv`.
+    pub(crate) fn grace(
+        self,
+        pod_grace: i64,
+        deletion: Option<i64>,
+        force: bool,
+        version: KubeletVersion,
+    ) -> Result<i64, TestbedError> {
+        if (deletion.is_some() || force) && self != Kill::Deletion {
             return Err(TestbedError::BadSpec(format!(
-                "DeleteOptions::grace_period is a deletion's (kubectl delete --grace-period); a \
-                 {} sets its own grace",
+                "DeleteOptions::grace_period and force are a deletion's (kubectl delete \
+                 --grace-period, --force); a {} sets its own grace",
                 self.name()
             )));
         }
-        let grace = match self {
-            // As the runner always did: the API server makes a deletion's 0 a 1 (without
-            // --force), and the pod's own is taken as written.
-            Kill::Deletion => return Ok(deletion.map_or(pod_grace, |g| g.max(1))),
-            // eviction_manager.go `synchronize`: `immediateEvictionGracePeriodSeconds` = 1.
-            Kill::Eviction { hard: true, .. } => 1,
-            // `synchronize`: `min(MaxPodGracePeriodSeconds, *pod.Spec.TerminationGracePeriodSeconds)`.
+        if version < OLDEST_KUBELET {
+            return Err(TestbedError::BadSpec(format!(
+                "kubelet {}.{}: the test bed plays the kubelet's grace from {}.{} on (before \
+                 1.28 a kill's override came only after the preStop hook)",
+                version.0, version.1, OLDEST_KUBELET.0, OLDEST_KUBELET.1
+            )));
+        }
+        let overridden = match self {
+            // The API server sets deletionGracePeriodSeconds: the deletion's, its 0 made 1
+            // unless forced, else the spec's.
+            Kill::Deletion if force => Some(0),
+            Kill::Deletion => Some(deletion.map_or(pod_grace, |g| g.max(1))),
+            // eviction_manager.go `synchronize`: `immediateEvictionGracePeriodSeconds` (1)
+            // from 1.31 (kubernetes#124063), 0 before.
+            Kill::Eviction { hard: true, .. } => Some(i64::from(version >= (1, 31))),
+            // `synchronize`: `evictionMaxPodGracePeriod` (1.28-1.31, even above the pod's);
+            // from 1.32 no more than the pod's own (AllowOverwriteTerminationGracePeriodSeconds
+            // off, as by default).
             Kill::Eviction {
                 hard: false,
                 max_pod_grace_seconds,
-            } => max_pod_grace_seconds.min(pod_grace),
+            } if version < (1, 32) => Some(max_pod_grace_seconds),
+            Kill::Eviction {
+                hard: false,
+                max_pod_grace_seconds,
+            } => Some(max_pod_grace_seconds.min(pod_grace)),
             // nodeshutdown `killPods`: the group's seconds, or the pod's when it is not longer.
-            Kill::NodeShutdown { grace_seconds } => grace_seconds.min(pod_grace),
-            Kill::ActiveDeadline | Kill::Preemption | Kill::Silent => pod_grace,
+            Kill::NodeShutdown { grace_seconds } => Some(grace_seconds.min(pod_grace)),
+            // No override: the pod's own.
+            Kill::ActiveDeadline | Kill::Preemption | Kill::Silent => None,
         };
-        // pod_workers.go `calculateEffectiveGracePeriod`: "no matter what, we always supply a
-        // grace period of 1".
+        // `calculateEffectiveGracePeriod`: an override of 0 stays 0 from 1.31 (its
+        // `overridden` check), and became the spec's grace before; "no matter what, we
+        // always supply a grace period of 1".
+        let grace = match overridden {
+            Some(0) if version < (1, 31) => pod_grace,
+            Some(g) => g,
+            None => pod_grace,
+        };
         Ok(grace.max(1))
     }
 
@@ -210,27 +248,63 @@ impl ContainerKill {
 mod tests {
     use super::*;
 
+    /// Every row of `kubelet-rules/grace.tsv`, taken from the kubelet's source (the agent
+    /// is checked against it too).
     #[test]
-    fn each_kill_has_the_kubelets_grace() {
-        let soft = |max| Kill::Eviction {
-            hard: false,
-            max_pod_grace_seconds: max,
-        };
+    fn every_row_of_the_upstream_table_holds() {
+        for row in exitorder_kubelet_rules::GRACE.rows(5) {
+            let line = row.line;
+            let version = row.version(1);
+            let [kill, _, pod, value, want, ..] = row.fields[..] else {
+                unreachable!("rows(5)");
+            };
+            let pod: i64 = pod.parse().expect("the pod's grace");
+            let n = || value.parse::<i64>().expect("a number of seconds");
+            let (kill, deletion, force) = match kill {
+                "deletion" if value == "force" => (Kill::Deletion, Some(0), true),
+                "deletion" if value == "-" => (Kill::Deletion, None, false),
+                "deletion" => (Kill::Deletion, Some(n()), false),
+                "soft-eviction" => (
+                    Kill::Eviction {
+                        hard: false,
+                        max_pod_grace_seconds: n(),
+                    },
+                    None,
+                    false,
+                ),
+                "hard-eviction" => (
+                    Kill::Eviction {
+                        hard: true,
+                        max_pod_grace_seconds: 0,
+                    },
+                    None,
+                    false,
+                ),
+                "node-shutdown" => (Kill::NodeShutdown { grace_seconds: n() }, None, false),
+                "active-deadline" => (Kill::ActiveDeadline, None, false),
+                "preemption" => (Kill::Preemption, None, false),
+                other => panic!("kill {other:?} in {line:?}"),
+            };
+            let got = kill.grace(pod, deletion, force, version).expect("a grace");
+            assert_eq!(got, want.parse::<i64>().expect("seconds"), "row {line:?}");
+        }
+    }
+
+    #[test]
+    fn what_the_test_bed_does_not_play_is_refused() {
         let hard = Kill::Eviction {
             hard: true,
             max_pod_grace_seconds: 60,
         };
-        assert_eq!(Kill::Deletion.grace(30, None).ok(), Some(30));
-        assert_eq!(Kill::Deletion.grace(30, Some(0)).ok(), Some(1));
-        assert_eq!(hard.grace(30, None).ok(), Some(1));
-        assert_eq!(soft(10).grace(30, None).ok(), Some(10));
-        assert_eq!(soft(60).grace(30, None).ok(), Some(30));
-        assert_eq!(soft(0).grace(30, None).ok(), Some(1));
-        let shutdown = Kill::NodeShutdown { grace_seconds: 20 };
-        assert_eq!(shutdown.grace(30, None).ok(), Some(20));
-        assert_eq!(shutdown.grace(5, None).ok(), Some(5));
-        assert_eq!(Kill::Preemption.grace(0, None).ok(), Some(1));
-        assert!(hard.grace(30, Some(3)).is_err());
+        assert!(hard.grace(30, Some(3), false, NEWEST_KUBELET).is_err());
+        assert!(hard.grace(30, None, true, NEWEST_KUBELET).is_err());
+        assert!(Kill::Deletion.grace(30, None, false, (1, 27)).is_err());
+        assert_eq!(
+            Kill::Deletion
+                .grace(30, Some(0), false, NEWEST_KUBELET)
+                .ok(),
+            Some(1)
+        );
     }
 
     #[test]

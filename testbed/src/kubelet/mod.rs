@@ -13,7 +13,7 @@ mod container;
 pub mod fields;
 mod inplace;
 pub mod kills;
-mod ordering;
+pub mod ordering;
 pub mod plan;
 mod prestop;
 mod report;
@@ -36,7 +36,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 pub use crate::node::exits::ExitInfo;
 pub use api::{ApiSink, ApiStatus, EventType, KubeletEvent, PodRef};
 pub use kills::Kill;
-pub use plan::{Kind, PodPlan, RestartPolicy};
+pub use plan::{Kind, PodPlan, RestartPolicy, Restarts, Then};
 pub use termination::{ContainerRecord, Deletion, HookRecord};
 pub use timeline::{now_ns, Event, Phase, Timeline, What};
 pub use volumes::PathMap;
@@ -99,6 +99,12 @@ pub struct DeleteOptions {
     /// How much later than the others the runtime starts these containers' preStop execs
     /// (a node busy with other pods' execs, as when a node's pods are killed at once).
     pub exec_lag: Vec<(String, Duration)>,
+    /// `kubectl delete --force` (with `grace_period: Some(0)`): the API server keeps the
+    /// deletion's 0, which the kubelet makes 1 s from 1.31 and the pod's own grace before.
+    pub force: bool,
+    /// The kubelet whose grace rules the kill follows ([`kills::NEWEST_KUBELET`] when
+    /// `None`; from [`kills::OLDEST_KUBELET`]).
+    pub kubelet_version: Option<kills::KubeletVersion>,
 }
 
 /// A second `kubectl delete --grace-period` while the pod is being killed.
@@ -119,6 +125,8 @@ impl DeleteOptions {
             kill: Kill::Deletion,
             shorten: None,
             exec_lag: Vec::new(),
+            force: false,
+            kubelet_version: None,
         }
     }
 
@@ -499,8 +507,12 @@ impl RunningPod {
     /// period; then the sandbox is removed.
     pub async fn delete_with(self, opts: DeleteOptions) -> Result<Deletion, TestbedError> {
         // A kill that cannot be is refused before anything is killed.
-        opts.kill
-            .grace(self.ctx.plan.grace_seconds, opts.grace_period)?;
+        opts.kill.grace(
+            self.ctx.plan.grace_seconds,
+            opts.grace_period,
+            opts.force,
+            opts.kubelet_version.unwrap_or(kills::NEWEST_KUBELET),
+        )?;
         let (done, rx) = oneshot::channel();
         self.commands
             .send(Command::Delete { opts, done })

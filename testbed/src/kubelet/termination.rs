@@ -93,6 +93,23 @@ impl Deletion {
         self.container(name).map(|c| self.ms(c.finished_at_ns))
     }
 
+    /// The pod's last phase, as the kubelet's `getPhase` gives a terminal pod's once every
+    /// container stopped (`kubelet_pods.go`: "all regular containers are terminated in
+    /// success", `stopped == succeeded`): Succeeded when every main container's last exit
+    /// was 0, else Failed. Native sidecars do not count.
+    pub fn phase(&self) -> Phase {
+        let mains_ok = self
+            .containers
+            .iter()
+            .filter(|c| c.kind == Kind::Main)
+            .all(|c| c.exit_code == 0);
+        if mains_ok {
+            Phase::Succeeded
+        } else {
+            Phase::Failed
+        }
+    }
+
     /// Container names in the order the runtime saw them exit.
     pub fn exit_order(&self) -> Vec<&str> {
         let mut cs: Vec<&ContainerRecord> = self.containers.iter().collect();
@@ -319,7 +336,12 @@ where
 /// Event first and reports its final status once every container stopped.
 pub(super) async fn delete(ctx: &PodCtx, opts: &DeleteOptions) -> Result<Deletion, TestbedError> {
     let kill = opts.kill;
-    let grace = kill.grace(ctx.plan.grace_seconds, opts.grace_period)?;
+    let grace = kill.grace(
+        ctx.plan.grace_seconds,
+        opts.grace_period,
+        opts.force,
+        opts.kubelet_version.unwrap_or(super::kills::NEWEST_KUBELET),
+    )?;
     let names: Vec<String> = ctx.plan.all().map(|c| c.name.clone()).collect();
     // A probe that cannot start (inotify instances used up) only costs the exit-file
     // timeline, not the deletion.

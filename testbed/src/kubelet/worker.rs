@@ -349,7 +349,6 @@ async fn run(
             }
         }
     }
-    ctx.set_phase(Phase::Running);
     for c in &ctx.plan.containers {
         spawn(c);
         let name = c.name.clone();
@@ -360,6 +359,9 @@ async fn run(
         })
         .await;
     }
+    // `kubelet_pods.go` `getPhase`: Pending while a container is still waiting to start,
+    // Running once none is.
+    ctx.set_phase(Phase::Running);
     let mains: Vec<String> = ctx.plan.containers.iter().map(|c| c.name.clone()).collect();
     ctx.wait_until(|s| {
         mains

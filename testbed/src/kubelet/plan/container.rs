@@ -199,7 +199,7 @@ impl<E: Fn(&str, String) -> PlanError> Planner<'_, E> {
             ports_json,
             // A main container's is set from the pod's and its own by the caller; an init
             // container's retries follow the pod's policy alone.
-            restart: exitorder::decide::restart::Restart::pod(super::RestartPolicy::Never),
+            restart: super::Restarts::pod(super::RestartPolicy::Never),
             spec: c,
         })
     }

@@ -5,6 +5,7 @@
 
 mod actions;
 mod container;
+pub mod restart;
 mod security;
 mod volumes;
 
@@ -46,10 +47,8 @@ pub struct Placement {
     pub name_suffix: String,
 }
 
-/// The pod's restartPolicy; a main container's own restart (KEP-5307) is its plan's
-/// `restart`, told by the agent's own rules (`exitorder::decide::restart`).
-pub use exitorder::decide::restart::Policy as RestartPolicy;
-use exitorder::decide::restart::{Restart, RestartError};
+/// The pod's restartPolicy; a container's own (KEP-5307) is its plan's `restart`.
+pub use restart::{RestartPolicy, Restarts, Then};
 
 /// Where a container stands in the pod.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -148,7 +147,7 @@ pub struct ContainerPlan {
     /// Whether a main container starts again after an exit (the pod's policy, or its own
     /// and its rules). Of an init container or native sidecar, only its
     /// `RestartAllContainers` rules are played.
-    pub restart: Restart,
+    pub restart: Restarts,
 }
 
 #[derive(Debug, Clone)]
@@ -276,18 +275,12 @@ pub fn millicores(q: &str) -> Result<u64, String> {
 
 /// A container's restart rules, or the field that cannot be read.
 fn restart_of(
-    pod_policy: Option<&str>,
+    pod_policy: RestartPolicy,
     c: &k8s_openapi::api::core::v1::Container,
     field: &str,
     err: &impl Fn(&str, String) -> PlanError,
-) -> Result<Restart, PlanError> {
-    Restart::of(pod_policy, c).map_err(|e| {
-        let which = match e {
-            RestartError::Policy(_) => "restartPolicy",
-            _ => "restartPolicyRules",
-        };
-        err(&format!("{field}.{which}"), e.to_string())
-    })
+) -> Result<Restarts, PlanError> {
+    Restarts::of(pod_policy, c).map_err(|(which, why)| err(&format!("{field}.{which}"), why))
 }
 
 /// Checks and resolves `pod` (as written: the JSON of the YAML, before typing).
@@ -384,8 +377,8 @@ impl<E: Fn(&str, String) -> PlanError> Planner<'_, E> {
                 ));
             }
         }
-        let restart_policy = RestartPolicy::parse(spec.restart_policy.as_deref())
-            .map_err(|e| err("spec.restartPolicy", e.to_string()))?;
+        let restart_policy = RestartPolicy::of_pod(spec.restart_policy.as_deref())
+            .map_err(|e| err("spec.restartPolicy", e))?;
         let grace_seconds = spec
             .termination_grace_period_seconds
             .unwrap_or(DEFAULT_GRACE_SECONDS);
@@ -444,7 +437,7 @@ impl<E: Fn(&str, String) -> PlanError> Planner<'_, E> {
             // Only a rule's RestartAllContainers action is played for init containers and
             // native sidecars: a sidecar restarts anyway, and an init container's own
             // restarts follow the pod's policy.
-            let restart = restart_of(spec.restart_policy.as_deref(), &c, &field, &err)?;
+            let restart = restart_of(restart_policy, &c, &field, &err)?;
             let mut plan = self.container(c, kind, &field, &base, &volumes)?;
             plan.restart = restart;
             init.push(plan);
@@ -454,7 +447,7 @@ impl<E: Fn(&str, String) -> PlanError> Planner<'_, E> {
             let field = format!("spec.containers[{i}]");
             // Its own restartPolicy and restartPolicyRules (KEP-5307, Kubernetes 1.34+) over
             // the pod's, as the kubelet plays them.
-            let restart = restart_of(spec.restart_policy.as_deref(), &c, &field, &err)?;
+            let restart = restart_of(restart_policy, &c, &field, &err)?;
             let mut plan = self.container(c, Kind::Main, &field, &base, &volumes)?;
             plan.restart = restart;
             containers.push(plan);
@@ -701,7 +694,6 @@ mod tests {
     /// named.
     #[test]
     fn restart_all_containers_rules_are_planned_for_every_kind() {
-        use exitorder::decide::restart::Outcome;
         let all_on_88 = json!([
             {"action": "RestartAllContainers", "exitCodes": {"operator": "In", "values": [88]}}]);
         let mut v = pod(
@@ -712,7 +704,7 @@ mod tests {
             "restartPolicy": "Always", "restartPolicyRules": all_on_88}]);
         let p = plan(&v, &place()).expect("planned");
         for c in p.init.iter().chain(&p.containers) {
-            assert_eq!(c.restart.on_exit(88), Outcome::RestartAll, "{}", c.name);
+            assert_eq!(c.restart.after(88), Then::RestartAll, "{}", c.name);
         }
         v["spec"]["initContainers"][0]["restartPolicyRules"][0]["action"] = json!("Recreate");
         let e = plan(&v, &place()).unwrap_err();
