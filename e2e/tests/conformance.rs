@@ -915,8 +915,8 @@ async fn exceeds_grace(
             }
         }
     }
-    if d.phase() != phase {
-        return Err(format!("the pod ended {}, expected {phase}", d.phase()));
+    if d.phase != phase {
+        return Err(format!("the pod ended {}, expected {phase}", d.phase));
     }
     Ok(())
 }

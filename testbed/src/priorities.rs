@@ -12,8 +12,12 @@ use exitorder_contract::{annotation, env};
 /// The priorities a pod's annotation names.
 pub type Named = BTreeMap<String, u8>;
 
+/// The largest annotation value read: a larger one leaves the pod unordered (an API
+/// server's annotations may total 256 KiB; a priority map is a few hundred bytes).
+const MAX_ANNOTATION_BYTES: usize = 64 * 1024;
+
 /// The pod's annotation, ours first; `Ok(None)` when it has none. Anything but an object of
-/// integers 0..=255 is an error (the pod is not ordered at all).
+/// integers 0..=255, or a value over 64 KiB, is an error (the pod is not ordered at all).
 pub fn from_annotations(annotations: &BTreeMap<String, String>) -> Result<Option<Named>, String> {
     let Some((key, value)) = [annotation::PRIORITY, annotation::PRIORITY_KRUISE]
         .into_iter()
@@ -21,6 +25,9 @@ pub fn from_annotations(annotations: &BTreeMap<String, String>) -> Result<Option
     else {
         return Ok(None);
     };
+    if value.len() > MAX_ANNOTATION_BYTES {
+        return Err(format!("{key}: larger than {MAX_ANNOTATION_BYTES} bytes"));
+    }
     let object: serde_json::Map<String, serde_json::Value> =
         serde_json::from_str(value).map_err(|e| format!("{key}: {e}"))?;
     object
@@ -98,6 +105,9 @@ mod tests {
                 "{bad}"
             );
         }
+        // Valid but for its size.
+        let huge = format!(r#"{{"proxy": 1{}}}"#, " ".repeat(MAX_ANNOTATION_BYTES));
+        assert!(from_annotations(&with(annotation::PRIORITY, &huge)).is_err());
         assert_eq!(from_env([(env::PRIORITY, " 4 ")]), Ok(Some(4)));
         assert!(from_env([(env::PRIORITY_KRUISE, "x")]).is_err());
         assert_eq!(from_env([("OTHER", "1")]), Ok(None));

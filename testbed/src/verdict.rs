@@ -302,6 +302,7 @@ mod tests {
             sandbox_removed_ns: 4_000_000,
             exit_files: None,
             pod_dir_created_ns: None,
+            phase: crate::kubelet::Phase::Succeeded,
             timeline: Timeline::default(),
         };
         let v = judge_completed(&plan, &d);

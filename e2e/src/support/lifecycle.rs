@@ -51,9 +51,11 @@ pub fn exec_command(name: &str, c: &Exec) -> Value {
     );
     let say = |what: &str| format!("echo $(ts) '{name} {what}' | tee -a {log} >> /proc/1/fd/1; ");
     let sleep = |s: u32| format!("exec sleep {s} & wait $!; ");
+    // Upstream's `ts`, but where a clock daemon set the kernel's STA_NANO (0x2000) the
+    // `tv_usec` field holds nanoseconds.
     let mut sh = String::from(
-        "ts() { adjtimex | awk '/tv_sec/ {s=$2} /tv_usec/ {u=$2} \
-         END {printf \"%d%03d\", s, u/1000}'; }; ",
+        "ts() { adjtimex | awk '/status/ {st=$2} /tv_sec/ {s=$2} /tv_usec/ {u=$2} \
+         END {printf \"%d%03d\", s, u/(and(st, 8192) ? 1000000 : 1000)}'; }; ",
     );
     sh += &format!("touch {log}; ");
     if c.container_name.is_none() {

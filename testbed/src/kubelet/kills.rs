@@ -83,6 +83,18 @@ impl Kill {
                 self.name()
             )));
         }
+        if force && deletion != Some(0) {
+            return Err(TestbedError::BadSpec(format!(
+                "force is `kubectl delete --force --grace-period=0`: grace_period must be \
+                 Some(0), not {deletion:?}"
+            )));
+        }
+        if version > NEWEST_KUBELET {
+            return Err(TestbedError::BadSpec(format!(
+                "kubelet {}.{}: the test bed plays the kubelet's grace up to {}.{}",
+                version.0, version.1, NEWEST_KUBELET.0, NEWEST_KUBELET.1
+            )));
+        }
         if version < OLDEST_KUBELET {
             return Err(TestbedError::BadSpec(format!(
                 "kubelet {}.{}: the test bed plays the kubelet's grace from {}.{} on (before \
@@ -299,6 +311,10 @@ mod tests {
         assert!(hard.grace(30, Some(3), false, NEWEST_KUBELET).is_err());
         assert!(hard.grace(30, None, true, NEWEST_KUBELET).is_err());
         assert!(Kill::Deletion.grace(30, None, false, (1, 27)).is_err());
+        assert!(Kill::Deletion.grace(30, None, false, (1, 37)).is_err());
+        assert!(Kill::Deletion
+            .grace(30, Some(5), true, NEWEST_KUBELET)
+            .is_err());
         assert_eq!(
             Kill::Deletion
                 .grace(30, Some(0), false, NEWEST_KUBELET)

@@ -74,6 +74,12 @@ pub struct Deletion {
     pub exit_files: Option<BTreeMap<String, ExitFileEvents>>,
     /// When the pod's share directory appeared during the deletion, if it did.
     pub pod_dir_created_ns: Option<i64>,
+    /// The pod's last phase, as the kubelet's `getPhase` gives a terminal pod's once every
+    /// container stopped (`kubelet_pods.go`: "all regular containers are terminated in
+    /// success", `stopped == succeeded`): Succeeded when every main container ran and its
+    /// last exit was 0, else Failed (a pod deleted during its initialisation too). Native
+    /// sidecars do not count.
+    pub phase: Phase,
     /// The pod's whole life.
     pub timeline: Timeline,
 }
@@ -91,23 +97,6 @@ impl Deletion {
     /// Milliseconds from the start of the deletion to when the runtime saw `name` exit.
     pub fn finished_ms(&self, name: &str) -> Option<f64> {
         self.container(name).map(|c| self.ms(c.finished_at_ns))
-    }
-
-    /// The pod's last phase, as the kubelet's `getPhase` gives a terminal pod's once every
-    /// container stopped (`kubelet_pods.go`: "all regular containers are terminated in
-    /// success", `stopped == succeeded`): Succeeded when every main container's last exit
-    /// was 0, else Failed. Native sidecars do not count.
-    pub fn phase(&self) -> Phase {
-        let mains_ok = self
-            .containers
-            .iter()
-            .filter(|c| c.kind == Kind::Main)
-            .all(|c| c.exit_code == 0);
-        if mains_ok {
-            Phase::Succeeded
-        } else {
-            Phase::Failed
-        }
     }
 
     /// Container names in the order the runtime saw them exit.
@@ -417,7 +406,17 @@ pub(super) async fn delete(ctx: &PodCtx, opts: &DeleteOptions) -> Result<Deletio
                 reason: exit.reason,
             })
         })
-        .collect();
+        .collect::<Vec<ContainerRecord>>();
+    let mains_ok = ctx.plan.containers.iter().all(|m| {
+        containers
+            .iter()
+            .any(|c| c.name == m.name && c.exit_code == 0)
+    });
+    let phase = if mains_ok {
+        Phase::Succeeded
+    } else {
+        Phase::Failed
+    };
     Ok(Deletion {
         pod_uid: ctx.plan.uid.clone(),
         pod_name: ctx.plan.name.clone(),
@@ -428,6 +427,7 @@ pub(super) async fn delete(ctx: &PodCtx, opts: &DeleteOptions) -> Result<Deletio
         sandbox_removed_ns,
         exit_files,
         pod_dir_created_ns,
+        phase,
         timeline: status.timeline,
     })
 }

@@ -349,20 +349,32 @@ async fn run(
             }
         }
     }
-    for c in &ctx.plan.containers {
-        spawn(c);
-        let name = c.name.clone();
+    let mains: Vec<String> = ctx.plan.containers.iter().map(|c| c.name.clone()).collect();
+    let start_mains = async {
+        for c in &ctx.plan.containers {
+            spawn(c);
+            let name = c.name.clone();
+            ctx.wait_until(|s| {
+                s.containers
+                    .get(&name)
+                    .is_none_or(|c| c.started || c.finished)
+            })
+            .await;
+        }
+    };
+    // `kubelet_pods.go` `getPhase`: Pending while a main container is still waiting (not
+    // created and run yet), Running once none is; a container whose startup probe has not
+    // passed yet is running.
+    let running = async {
         ctx.wait_until(|s| {
-            s.containers
-                .get(&name)
-                .is_none_or(|c| c.started || c.finished)
+            mains
+                .iter()
+                .all(|m| s.containers.get(m).is_none_or(|c| c.running || c.finished))
         })
         .await;
-    }
-    // `kubelet_pods.go` `getPhase`: Pending while a container is still waiting to start,
-    // Running once none is.
-    ctx.set_phase(Phase::Running);
-    let mains: Vec<String> = ctx.plan.containers.iter().map(|c| c.name.clone()).collect();
+        ctx.set_phase(Phase::Running);
+    };
+    tokio::join!(start_mains, running);
     ctx.wait_until(|s| {
         mains
             .iter()
