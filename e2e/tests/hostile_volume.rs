@@ -144,6 +144,21 @@ async fn victims_ordered(bed: &Bed, n: usize, bound_us: u64) -> Vec<u64> {
         p["metadata"]["name"] = format!("victim-{i}").into();
         let running = bed.run_ready(&p).await;
         let uid = running.uid().to_owned();
+        // Served before it goes, as a pod that lived more than a moment is: the flood may
+        // delay the agent's first mark of a new pod past the sidecar's 1 s presence wait on
+        // a busy machine (a deadline, not a span).
+        let served = if i % 2 == 0 {
+            bed.node.share_dir().join("pods").join(&uid).join("proxy")
+        } else {
+            volume(bed, &running).join("proxy")
+        }
+        .join(exitorder_contract::handshake::AGENT_FILE);
+        support::until(
+            "the agent serves the victim",
+            Duration::from_secs(30),
+            || std::future::ready(served.exists()),
+        )
+        .await;
         let d = running.delete().await.expect("delete victim");
         bed.assert_ordered(&d, &uid, "proxy", "app").await;
         let us = decided_us(bed, &uid);
