@@ -9,8 +9,9 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn, Instrument};
 
-use crate::agent::{Agent, AgentError, Config, Farewell};
+use crate::agent::{Agent, AgentError, Config};
 use crate::cluster;
+use crate::cluster::owner::Farewell;
 use crate::serve::Limits;
 use crate::stats::Stats;
 

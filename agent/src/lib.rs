@@ -3,6 +3,28 @@
 //! The node agent answers the exit handshake: a sidecar's preStop creates
 //! `pods/<uid>/<name>/exit` in the host share, and the agent writes `allow` once every
 //! lower-priority container of the pod has exited (or the grace deadline comes).
+//!
+//! Parts:
+//! - `agent`: the decision loop: waits in, answers out;
+//! - `app`: the agent's tasks, started and stopped together within a bounded time;
+//! - `backoff`: the one back-off rule for whatever is retried;
+//! - `cli`: the command line, `exitorder explain`, manifests;
+//! - `cluster`: the API server: pod watch, Node, Events, the agent's own DaemonSet;
+//! - `config`: the agent's settings and their defaults;
+//! - `decide`: the pure decision: priorities, stop order, restarts, bounded numbers;
+//! - `faults`: faults the tests inject into the real binary (`fault-hooks` only);
+//! - `handshake`: the share on the node: layout, waits, marks, inotify, guards;
+//! - `jobs`: Jobs that finish: completion rules, sidecar shutdown;
+//! - `kubelet`: the agent's model of the kubelet: kills, their Events, their grace;
+//! - `pod`: a pod's identity, checked where it enters;
+//! - `podspec`: which containers a pod spec has, and which are ordered;
+//! - `presets`: the sidecars people run, as data;
+//! - `runtime`: the container runtime: CRI client, exit sources, cgroups, the view's reads;
+//! - `serve`: HTTP: the one accept loop, the metrics endpoint, the metrics encoder;
+//! - `stats`: counters of the agent's own work, plain atomics;
+//! - `telemetry`: log set-up and the shutdown signal;
+//! - `view`: the node view, and the facts a decision reads from it;
+//! - `webhook`: admission: the mutation, its review, TLS, Pod Security.
 
 // The agent serves every tenant of its node as root: nothing a pod or the runtime sends may
 // panic it. These keep panicking operations out of its code (tests may use them).
@@ -20,27 +42,27 @@
 )]
 
 // One folder per role; each folder's module doc lists its parts.
-pub mod agent; // the decision loop: waits in, answers out
-pub mod app; // the agent's tasks, started and stopped together
+pub mod agent;
+pub mod app;
 pub mod backoff;
-pub mod cli; // the command line, `exitorder explain`, manifests
-pub mod cluster; // the API server: pod watch, Events
+pub mod cli;
+pub mod cluster;
 pub mod config;
-pub mod decide; // the pure decision: facts, priorities, stop order, restarts
+pub mod decide;
 #[cfg(feature = "fault-hooks")]
-pub mod faults; // faults the tests inject into the real binary
-pub mod handshake; // the share on the node: layout, waits, inotify, guards
-pub mod jobs; // Jobs that finish: completion rules, sidecar shutdown
-pub mod kubelet; // the agent's model of the kubelet: kills, their Events, their grace
-pub mod pod; // a pod's identity, checked where it enters
-pub mod podspec; // which containers a pod spec has, and which are ordered
-pub mod presets; // the sidecars people run, as data
-pub mod runtime; // the container runtime: CRI client, exit sources, cgroups
-pub mod serve; // HTTP: the one server helper, the agent's metrics endpoint
+pub mod faults;
+pub mod handshake;
+pub mod jobs;
+pub mod kubelet;
+pub mod pod;
+pub mod podspec;
+pub mod presets;
+pub mod runtime;
+pub mod serve;
 pub mod stats;
 pub mod telemetry;
-pub mod view; // the node view and the reads that keep it current
-pub mod webhook; // admission: the mutation, its review, TLS, Pod Security
+pub mod view;
+pub mod webhook;
 
 /// Generated from proto/runtime/v1/api.proto: the CRI v1 subset exitorder calls.
 #[allow(clippy::all, clippy::pedantic)]

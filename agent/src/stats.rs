@@ -85,7 +85,7 @@ pub struct Stats {
     view_containers: AtomicU64,
     view_pods: AtomicU64,
     /// The HTTP endpoint's connections.
-    pub http: std::sync::Arc<crate::serve::ConnStats>,
+    pub http: std::sync::Arc<ConnStats>,
     /// Completing pods the Jobs task keeps state for.
     job_pods: AtomicU64,
     job_restarts_in_place: AtomicU64,
@@ -470,4 +470,29 @@ impl Stats {
     pub fn runtime_ok(&self) -> bool {
         self.runtime_ok.load(Ordering::Relaxed)
     }
+}
+
+impl crate::handshake::ShareTally for Stats {
+    fn share_error(&self) {
+        Stats::share_error(self);
+    }
+    fn share_rejected(&self, why: Rejection) {
+        Stats::share_rejected(self, why);
+    }
+    fn exit_churn(&self) {
+        Stats::exit_churn(self);
+    }
+    fn wait_withdrawn(&self) {
+        Stats::wait_withdrawn(self);
+    }
+    fn set_pending(&self, n: usize) {
+        Stats::set_pending(self, n);
+    }
+}
+
+/// What an HTTP server's accept loop counts (`serve`).
+#[derive(Debug, Default)]
+pub struct ConnStats {
+    pub open: AtomicU64,
+    pub evicted: AtomicU64,
 }

@@ -1,5 +1,7 @@
 //! What exitorder's integration and end-to-end tests share (each test file in `tests/` is its
-//! own binary):
+//! own binary, and its own doc says what it tests).
+//!
+//! Parts:
 //! - [`support`]: a test-bed node with the real agent on it, the static entrypoint and the
 //!   agent built once per process, assertions on deletion timelines;
 //! - [`fakecri`]: a CRI runtime served over a Unix socket, whose state a test sets;

@@ -98,7 +98,7 @@ async fn bench_reports_every_figure() {
     .expect("bench flags")
     .bench;
     let args = exitorder_testbed::bench::BenchArgs {
-        binaries: exitorder_testbed::demo::BinaryArgs {
+        binaries: exitorder_testbed::binaries::BinaryArgs {
             entrypoint_binary: Some(entrypoint.to_owned()),
             agent_binary: Some(support::agent_bin().into()),
         },

@@ -17,7 +17,7 @@ use exitorder_testbed::verdict::Verdict;
 
 fn args(pod: Option<&str>, without_agent: bool) -> DemoArgs {
     DemoArgs {
-        binaries: exitorder_testbed::demo::BinaryArgs {
+        binaries: exitorder_testbed::binaries::BinaryArgs {
             entrypoint_binary: Some(support::static_entrypoint().to_owned()),
             agent_binary: Some(support::agent_bin().into()),
         },

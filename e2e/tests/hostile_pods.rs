@@ -29,13 +29,13 @@ use exitorder::cri::{
     PodSandbox, PodSandboxMetadata,
 };
 use exitorder::decide::bounds::{Later as _, MAX_SPAN};
-use exitorder::decide::facts::{self, Clock, DEFAULT_GRACE};
 use exitorder::decide::restart::{Policy, Restart};
 use exitorder::decide::{self, Deletion, Reason, RunState, Verdict};
 use exitorder::jobs::completion::{self, Member, Participation, Step};
 use exitorder::pod::PodUid;
 use exitorder::runtime::source;
 use exitorder::runtime::{self, ANNOTATION_GRACE, LABEL_CONTAINER_NAME, LABEL_POD_UID};
+use exitorder::view::facts::{self, Clock, DEFAULT_GRACE};
 use exitorder::view::{Change, ContainerInfo, EnvPriority, Listing, NodeView, SandboxInfo};
 use exitorder::webhook::{review, Settings};
 use exitorder_contract::annotation;

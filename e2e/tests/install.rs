@@ -922,13 +922,6 @@ fn the_plain_manifests_are_the_chart_rendered() {
     );
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("0.0.0.0:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
-}
-
 #[tokio::test]
 async fn the_charts_agent_from_the_image_orders_the_examples() {
     let Some(helm) = helm() else { return };
@@ -947,7 +940,7 @@ async fn the_charts_agent_from_the_image_orders_the_examples() {
         helm,
         chart: chart(),
         image,
-        metrics_port: free_port(),
+        metrics_port: exitorder_e2e::support::killbed::free_port(),
         values: Vec::new(),
         ready_timeout: Duration::from_secs(60),
     };

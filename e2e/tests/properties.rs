@@ -13,12 +13,12 @@
 
 use std::time::{Duration, Instant};
 
-use exitorder::decide::facts::unsettled_exits;
 use exitorder::decide::stoporder::StopOrder;
 use exitorder::decide::{
     decide, newest_attempts, Attempt, Deletion, PodFacts, Reason, RunState, Verdict,
 };
 use exitorder::pod::PodUid;
+use exitorder::view::facts::unsettled_exits;
 use exitorder::view::{Change, ContainerInfo, Listing, NodeView, SandboxInfo};
 use proptest::prelude::*;
 

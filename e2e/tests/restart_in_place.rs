@@ -6,7 +6,7 @@
 use exitorder_e2e::fakecri;
 use exitorder_e2e::rig;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use exitorder::cri::{ContainerEventType, ContainerState};
 use exitorder::decide::restart::RestartRecord;
@@ -16,11 +16,11 @@ use rig::{source_becomes, Rig, APP_UID};
 
 /// Waits for `check`, at most 5 s.
 async fn until(what: &str, check: impl Fn() -> bool) {
-    let end = Instant::now() + Duration::from_secs(5);
-    while !check() {
-        assert!(Instant::now() < end, "{what}: not within 5 s");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    exitorder_e2e::support::until(what, Duration::from_secs(5), || {
+        let holds = check();
+        async move { holds }
+    })
+    .await;
 }
 
 /// A rig whose runtime tells of every change (as the kubelet's own does) and has the Job pod

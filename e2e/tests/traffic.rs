@@ -8,7 +8,7 @@
 
 use exitorder_e2e::support::{self, agent_bin, skip_or_fail};
 use exitorder_testbed::bench::traffic::{self, Strategy, TrafficSettings};
-use exitorder_testbed::bench::Binaries;
+use exitorder_testbed::binaries::Binaries;
 
 #[tokio::test]
 async fn requests_and_lines_are_lost_without_exitorder_and_kept_with_it() {

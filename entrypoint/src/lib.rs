@@ -10,6 +10,20 @@
 //! The binary is copied into arbitrary images and has to be small and fully
 //! static, so the crate does without Rust's std: `core` and `alloc`, over the
 //! C library (linked statically into the shipped binary), see [`sys`].
+//!
+//! Parts:
+//! - `cli`: the command line into a typed command, both spellings of `wait`;
+//! - `prestop`: `wait`: ask for exit permission, wait, then run the old hook;
+//! - `wait`: the exit-file handshake with the node agent, over inotify;
+//! - `endpoint`: `await`, `shutdown` and the GET of `wait --http-get`;
+//! - `install`: `install DIR`: the binary copied into a pod's own volume;
+//! - `exec`: handing the process over to the wrapped command;
+//! - `http`: a minimal HTTP/1.1 client, the status line only, one deadline;
+//! - `url`: the loopback-only URLs the HTTP subcommands take;
+//! - `duration`: durations as the webhook writes them, strictly parsed;
+//! - `log`: diagnostics on stderr, few and short;
+//! - `lossy`: bytes shown as text, for the diagnostics;
+//! - `sys`: the little of the operating system needed, over the C library.
 
 #![no_std]
 

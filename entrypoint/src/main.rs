@@ -6,6 +6,10 @@
 //! runtime.rs supplies what std otherwise would. `cargo test` builds this
 //! binary with unwinding panics, which only std implements, so those builds
 //! link std for that alone; the code that runs is the same.
+//!
+//! Parts:
+//! - `runtime`: what std would supply: the C library to link, an allocator,
+//!   what a panic does.
 
 #![no_std]
 #![no_main]

@@ -31,10 +31,7 @@ fn pod(yaml: &str) -> Value {
 }
 
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("0.0.0.0:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
+    exitorder_testbed::node::free_port().expect("a free port")
 }
 
 /// The first event of `container` matching `pred`, Unix ns.

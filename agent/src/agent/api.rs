@@ -4,9 +4,10 @@
 use tokio::sync::mpsc;
 
 use crate::cluster::nodewatch::NodeView;
-use crate::cluster::podwatch::{PodSignal, PodView};
+use crate::cluster::podwatch::PodView;
 use crate::cluster::recorder::EventSink;
 use crate::cluster::Cluster;
+use crate::cluster::PodSignal;
 
 #[derive(Default)]
 pub(super) struct ApiLink {

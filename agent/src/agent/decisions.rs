@@ -8,17 +8,18 @@ use tracing::{debug, info, warn};
 
 use crate::agent::Agent;
 use crate::backoff::Backoff;
-use crate::cluster::podwatch::{ApiPod, PodSignal};
+use crate::cluster::podwatch::ApiPod;
 use crate::cluster::recorder::{ExitNotice, PodRef};
+use crate::cluster::PodSignal;
 use crate::decide::bounds::{unix_of_instant, Later as _};
-use crate::decide::facts::{self, Clock};
 use crate::decide::stoporder::StopOrder;
 use crate::decide::{self, Deletion, PodFacts, Reason, RunState, Verdict};
 use crate::handshake::share::ExitKey;
 use crate::kubelet::grace;
 use crate::kubelet::kills::{Kill, PodKill};
 use crate::pod::PodUid;
-use crate::view::reader::Read;
+use crate::runtime::reader::Read;
+use crate::view::facts::{self, Clock};
 
 /// How far behind the clock a file's timestamp may be (a kernel tick is 1 to 10 ms).
 const FILE_CLOCK_SLACK: Duration = Duration::from_millis(50);

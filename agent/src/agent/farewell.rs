@@ -9,16 +9,6 @@ use tracing::{debug, info, warn};
 use super::Agent;
 use crate::handshake::share::{ExitKey, PresenceState};
 
-/// Why the agent stops.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Farewell {
-    /// Restarted, upgraded or stopped by hand, or not known: waits stay for the next agent.
-    #[default]
-    Restart,
-    /// exitorder is being uninstalled from the node.
-    Uninstall,
-}
-
 impl Agent {
     /// Lets every waiting sidecar go and marks every directory served as left for good.
     /// Pending waits first: a sidecar of an earlier release reads only its `exit`.

@@ -6,13 +6,13 @@ use tracing::{debug, info, warn};
 use super::Agent;
 use crate::cluster::podwatch::ApiPod;
 use crate::cluster::recorder::PodRef;
-use crate::decide::facts;
 use crate::decide::restart::RestartError;
 use crate::decide::stoporder::StopOrder;
 use crate::decide::{self, RunState};
 use crate::jobs::completion::{self, Participation};
 use crate::jobs::{JobSnapshot, SnapMember};
 use crate::pod::PodUid;
+use crate::view::facts;
 use crate::view::PodEntry;
 
 /// The containers whose exits can restart the whole pod, as the runtime shows them: each
@@ -184,14 +184,14 @@ mod tests {
         state: RunState,
         env: Option<u8>,
     ) -> ContainerEntry {
-        crate::decide::facts::tests::entry(id, name, attempt, state, EnvPriority::Known(Ok(env)))
+        crate::view::facts::tests::entry(id, name, attempt, state, EnvPriority::Known(Ok(env)))
     }
 
     #[test]
     fn members_are_the_newest_attempts_with_their_own_priority() {
         // The sidecar's priority comes from its env, which only its newest attempt has read.
         let pod = PodEntry::new(
-            Some(crate::decide::facts::tests::sandbox(Default::default())),
+            Some(crate::view::facts::tests::sandbox(Default::default())),
             vec![
                 attempt("a0", "app", 0, RunState::Exited, None),
                 attempt("l0", "logs", 0, RunState::Exited, None),

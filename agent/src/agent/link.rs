@@ -7,10 +7,10 @@ use tokio::task::JoinHandle;
 use tracing::{error, info, warn, Instrument};
 
 use crate::cri::VersionResponse;
+use crate::runtime::reader::{self, Read, Reader, ReaderTask, Reply};
 use crate::runtime::source::{self, SourceChoice, SourceKind, SourceSignal};
 use crate::runtime::{Runtime, RuntimeError};
 use crate::stats::Stats;
-use crate::view::reader::{self, Read, Reader, ReaderTask, Reply};
 
 pub(super) struct RuntimeLink {
     pub(super) runtime: Runtime,

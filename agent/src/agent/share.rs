@@ -1,5 +1,6 @@
 //! The share and the kubelet's directory of pods as the loop holds them: opened at start with
-//! the entrypoint installed, opened again when replaced under the agent.
+//! the entrypoint installed, opened again when replaced under the agent; and what a breach
+//! of its exit directories found by the mount audit is told as.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -7,6 +8,8 @@ use std::sync::Arc;
 use tracing::{error, info, warn};
 
 use super::{Agent, AgentError};
+use crate::cluster::recorder::{BreachNotice, EventSink, PodRef};
+use crate::handshake::breach::{Breach, Reached};
 use crate::handshake::share::{Place, Share};
 use crate::pod::PodUid;
 use crate::stats::Stats;
@@ -118,4 +121,59 @@ pub(super) fn open_local(root: &std::path::Path) -> Option<Share> {
             None
         }
     }
+}
+
+/// Tells of a breach: the log, the metric, and an Event on the intruder's pod and on the pod it
+/// reaches (when the pods are known: `pod_ref` from the view's sandboxes).
+pub(super) fn report_breach(
+    b: &Breach,
+    pod_ref: impl Fn(&PodUid) -> Option<PodRef>,
+    events: Option<&EventSink>,
+    stats: &Stats,
+) {
+    stats.share_breach();
+    tracing::warn!(
+        event = "share_breach",
+        pod = %b.pod_uid,
+        container = %b.container,
+        host_path = %b.host_path,
+        reached = %b.reached,
+        "a container can write in exit directories that are not its own pod's; reported, and the waits there go on being answered in order (admit the share only as the webhook injects it: its guard)"
+    );
+    let Some(events) = events else { return };
+    let at = std::time::SystemTime::now();
+    let intruder = pod_ref(&b.pod_uid);
+    if let Some(pod) = &intruder {
+        events.emit(BreachNotice {
+            pod: pod.clone(),
+            container: b.container.clone(),
+            note: format!(
+                "container {} can write in {} through its mount of {}: it could let other \
+                 pods' sidecars leave early; mount only the container's own exit directory",
+                b.container, b.reached, b.host_path
+            ),
+            at,
+        });
+    }
+    let Some(victim) = b.reached.pod().and_then(&pod_ref) else {
+        return;
+    };
+    let who = intruder.map_or_else(
+        || format!("pod {}", b.pod_uid),
+        |p| format!("pod {}/{}", p.namespace, p.name),
+    );
+    let container = match &b.reached {
+        Reached::Container(_, _, name) => name.clone(),
+        _ => String::new(),
+    };
+    events.emit(BreachNotice {
+        pod: victim,
+        container,
+        note: format!(
+            "container {} of {who} can write in this pod's exit directories ({}): it could let \
+             this pod's sidecars leave before the containers they serve",
+            b.container, b.host_path
+        ),
+        at,
+    });
 }

@@ -46,7 +46,7 @@ impl Agent {
         };
         let clock = WallClock::at(now);
         let now_ns = clock.ns(now);
-        let newest = crate::decide::facts::newest(v);
+        let newest = crate::view::facts::newest(v);
         let marked: BTreeMap<&str, i64> = self
             .waits
             .marks

@@ -178,14 +178,21 @@ pub struct TestbedArgs {
 /// tree's `target/<profile>/`), else on PATH.
 pub fn testbed_binary() -> PathBuf {
     const NAME: &str = "exitorder-testbed";
-    std::env::current_exe()
-        .ok()
-        .and_then(|p| p.parent().map(|d| d.join(NAME)))
+    Some(beside_this_executable(NAME))
         .filter(|p| p.is_file())
         .unwrap_or_else(|| PathBuf::from(NAME))
 }
 
-fn parse_duration(s: &str) -> Result<Duration, String> {
+/// `name` in this executable's directory (the bare name when that cannot be known).
+pub fn beside_this_executable(name: &str) -> PathBuf {
+    std::env::current_exe()
+        .ok()
+        .and_then(|p| p.parent().map(|d| d.join(name)))
+        .unwrap_or_else(|| PathBuf::from(name))
+}
+
+/// A command line's duration (`500ms`, `5s`, `1m`), for every command's flags.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s).map_err(|e| format!("{e} (examples: 500ms, 5s, 1m)"))
 }
 

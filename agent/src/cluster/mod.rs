@@ -20,6 +20,7 @@ pub mod recorder;
 pub mod watchloop;
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
@@ -28,8 +29,10 @@ use tracing::Instrument;
 
 use crate::cluster::nodewatch::{NodeView, NodeWatch};
 use crate::cluster::podevents::Confirmer;
-use crate::cluster::podwatch::{PodSignal, PodView, PodWatch};
+use crate::cluster::podwatch::{PodView, PodWatch};
 use crate::cluster::recorder::{EventSink, Recorder};
+use crate::kubelet::kills::Word;
+use crate::pod::PodUid;
 use crate::stats::Stats;
 
 /// Where the API server's address and credentials come from.
@@ -148,6 +151,25 @@ pub fn start(client: Client, node: &str, stats: Arc<Stats>) -> (Cluster, Tasks) 
             recorder,
         },
     )
+}
+
+/// What the watch tells the decision loop.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PodSignal {
+    /// This pod changed (or was deleted): decide its waits again.
+    Changed(PodUid),
+    /// The view became current or stopped being so: decide every wait again.
+    Resync,
+    /// The node's own Node changed (see [`nodewatch`]): decide every wait
+    /// again.
+    Node,
+    /// The answer to a [`podevents::ConfirmRequest`]: what the kubelet of this node said about the pod
+    /// since the wait began, as read at or after `asked_at`; `None` when the read failed.
+    Confirmed {
+        uid: PodUid,
+        asked_at: Instant,
+        word: Option<Word>,
+    },
 }
 
 #[cfg(test)]

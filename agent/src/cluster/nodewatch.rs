@@ -21,8 +21,8 @@ use tokio::sync::{mpsc, watch};
 use tracing::{info, warn};
 
 use crate::backoff::Backoff;
-use crate::cluster::podwatch::PodSignal;
 use crate::cluster::watchloop;
+use crate::cluster::PodSignal;
 
 /// `nodeshutdown` `nodeShutdownNotAdmittedReason`'s companion: the message the shutdown
 /// manager's `ShutdownStatus()` returns while the node shuts down, which the Ready condition

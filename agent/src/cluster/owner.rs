@@ -21,9 +21,18 @@ use kube::runtime::watcher;
 use kube::{Api, Client};
 use tracing::{info, warn};
 
-use crate::agent::Farewell;
 use crate::backoff::Backoff;
 use crate::cluster::watchloop;
+
+/// Why the agent stops.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Farewell {
+    /// Restarted, upgraded or stopped by hand, or not known: waits stay for the next agent.
+    #[default]
+    Restart,
+    /// exitorder is being uninstalled from the node.
+    Uninstall,
+}
 
 /// The watch's consumer: what it sees goes into the owner's [`Seen`].
 struct Watching<'a>(&'a Owner);

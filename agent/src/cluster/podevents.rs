@@ -14,7 +14,7 @@ use kube::Client;
 use tokio::sync::mpsc;
 use tracing::debug;
 
-use crate::cluster::podwatch::PodSignal;
+use crate::cluster::PodSignal;
 use crate::kubelet::kills::{self, SeenEvent, Word};
 use crate::pod::PodUid;
 use crate::stats::Stats;

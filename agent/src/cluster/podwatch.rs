@@ -23,10 +23,11 @@ use tracing::{debug, info, warn};
 use crate::backoff::Backoff;
 use crate::cluster::podevents::{ConfirmRequest, Confirmer};
 use crate::cluster::watchloop;
+use crate::cluster::PodSignal;
 use crate::decide::restart::{Policy, RecordError, Restart, RestartError, RestartRecord};
 use crate::decide::stoporder::StopOrder;
 use crate::kubelet::grace;
-use crate::kubelet::kills::{PodKill, Word};
+use crate::kubelet::kills::PodKill;
 use crate::pod::PodUid;
 use crate::stats::Stats;
 use crate::view::SandboxInfo;
@@ -240,25 +241,6 @@ pub fn grace_of(pod: &Pod) -> Option<Duration> {
                 .and_then(|s| s.termination_grace_period_seconds),
         ),
     )
-}
-
-/// What the watch tells the decision loop.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum PodSignal {
-    /// This pod changed (or was deleted): decide its waits again.
-    Changed(PodUid),
-    /// The view became current or stopped being so: decide every wait again.
-    Resync,
-    /// The node's own Node changed (see [`crate::cluster::nodewatch`]): decide every wait
-    /// again.
-    Node,
-    /// The answer to a [`ConfirmRequest`]: what the kubelet of this node said about the pod
-    /// since the wait began, as read at or after `asked_at`; `None` when the read failed.
-    Confirmed {
-        uid: PodUid,
-        asked_at: Instant,
-        word: Option<Word>,
-    },
 }
 
 struct Shared {

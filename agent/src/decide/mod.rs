@@ -6,13 +6,11 @@
 //!
 //! Parts:
 //! - [`bounds`]: numbers from pods, bounded before arithmetic;
-//! - [`facts`]: what a decision knows about a pod;
 //! - [`priority`]: exit priorities: annotation, env, presets;
 //! - [`restart`]: whether the kubelet starts a container again;
 //! - [`stoporder`]: the kubelet's stop order for native sidecars.
 
 pub mod bounds;
-pub mod facts;
 pub mod priority;
 pub mod restart;
 pub mod stoporder;

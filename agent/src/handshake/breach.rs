@@ -232,61 +232,6 @@ impl Audit {
     }
 }
 
-/// Tells of a breach: the log, the metric, and an Event on the intruder's pod and on the pod it
-/// reaches (when the pods are known: `pod_ref` from the view's sandboxes).
-pub fn report(
-    b: &Breach,
-    pod_ref: impl Fn(&PodUid) -> Option<crate::cluster::recorder::PodRef>,
-    events: Option<&crate::cluster::recorder::EventSink>,
-    stats: &crate::stats::Stats,
-) {
-    stats.share_breach();
-    tracing::warn!(
-        event = "share_breach",
-        pod = %b.pod_uid,
-        container = %b.container,
-        host_path = %b.host_path,
-        reached = %b.reached,
-        "a container can write in exit directories that are not its own pod's; reported, and the waits there go on being answered in order (admit the share only as the webhook injects it: its guard)"
-    );
-    let Some(events) = events else { return };
-    let at = std::time::SystemTime::now();
-    let intruder = pod_ref(&b.pod_uid);
-    if let Some(pod) = &intruder {
-        events.emit(crate::cluster::recorder::BreachNotice {
-            pod: pod.clone(),
-            container: b.container.clone(),
-            note: format!(
-                "container {} can write in {} through its mount of {}: it could let other \
-                 pods' sidecars leave early; mount only the container's own exit directory",
-                b.container, b.reached, b.host_path
-            ),
-            at,
-        });
-    }
-    let Some(victim) = b.reached.pod().and_then(&pod_ref) else {
-        return;
-    };
-    let who = intruder.map_or_else(
-        || format!("pod {}", b.pod_uid),
-        |p| format!("pod {}/{}", p.namespace, p.name),
-    );
-    let container = match &b.reached {
-        Reached::Container(_, _, name) => name.clone(),
-        _ => String::new(),
-    };
-    events.emit(crate::cluster::recorder::BreachNotice {
-        pod: victim,
-        container,
-        note: format!(
-            "container {} of {who} can write in this pod's exit directories ({}): it could let \
-             this pod's sidecars leave before the containers they serve",
-            b.container, b.host_path
-        ),
-        at,
-    });
-}
-
 /// One round: the index built once for every check queued. Blocking (it reads directories).
 pub fn round(places: &[&Share], checks: &[MountCheck]) -> Vec<Breach> {
     if checks.iter().all(|c| c.writable.is_empty()) {

@@ -209,7 +209,8 @@ impl FsQueue {
     }
 
     /// Pods with changes waiting.
-    pub fn pods_waiting(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn pods_waiting(&self) -> usize {
         self.lock().order.len()
     }
 }

@@ -3,7 +3,8 @@
 //!
 //! Parts:
 //! - [`share`]: the share's layout, read and written without following a link;
-//! - [`waits`]: the pending waits, found through inotify and rescans;
+//! - [`waits`]: the pending waits, and what is known of each pod's kill;
+//! - [`sync`]: the waits kept current through inotify, rescans and polls;
 //! - [`marks`]: when each container last said it is being stopped;
 //! - [`watch`]: inotify on the share, one directory level at a time, each watch on the
 //!   directory opened and checked;
@@ -22,5 +23,21 @@ pub mod fsqueue;
 pub mod hostpath;
 pub mod marks;
 pub mod share;
+pub mod sync;
 pub mod waits;
 pub mod watch;
+
+/// What reading the share counts: kept by the agent's `Stats` (its metrics), told through this
+/// so that the share's code needs nothing of the metrics.
+pub trait ShareTally: Send + Sync {
+    /// An operation on the share failed (not a rejected entry).
+    fn share_error(&self);
+    /// An entry of the share was refused, and why.
+    fn share_rejected(&self, why: share::Rejection);
+    /// An `exit` appeared again after being withdrawn.
+    fn exit_churn(&self);
+    /// A sidecar withdrew its wait.
+    fn wait_withdrawn(&self);
+    /// How many waits are pending now.
+    fn set_pending(&self, n: usize);
+}

@@ -23,6 +23,9 @@
 //! No inotify instance at all (root's `fs.inotify.max_user_instances`, 128, shared with every
 //! root process of the node): the watcher runs without one and says so ([`ShareWatcher::polling`]);
 //! the agent then rescans on a timer instead.
+//!
+//! Parts:
+//! - `reader`: the thread that reads both instances and files each event in the queue.
 
 use std::collections::{BTreeSet, HashMap};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
@@ -485,7 +488,8 @@ impl ShareWatcher {
     }
 
     /// Watches held on the pod whose directory is `pod_dir`.
-    pub fn pod_watches(&self, pod_dir: &Path) -> usize {
+    #[cfg(test)]
+    pub(crate) fn pod_watches(&self, pod_dir: &Path) -> usize {
         self.per_pod.get(pod_dir).copied().unwrap_or(0)
     }
 

@@ -6,10 +6,12 @@
 //! Parts:
 //! - [`kernel`]: exits as the kernel sees them (a pidfd per container);
 //! - [`podcgroup`]: which containers a pod has started, from its cgroup;
+//! - [`reader`]: the reads that keep the node view current, off the decision path;
 //! - [`source`]: how the agent learns of exits on this runtime: containerd's events or the CRI stream.
 
 pub mod kernel;
 pub mod podcgroup;
+pub mod reader;
 pub mod source;
 
 use std::collections::HashMap;

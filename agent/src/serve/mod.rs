@@ -28,7 +28,7 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -41,6 +41,8 @@ use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{debug, Instrument};
+
+use crate::stats::ConnStats;
 
 /// What a server allows its clients.
 #[derive(Debug, Clone, Copy)]
@@ -74,13 +76,6 @@ impl Limits {
         max_header_bytes: 64 * 1024,
         drain: Duration::from_secs(6),
     };
-}
-
-/// What the accept loop counts.
-#[derive(Debug, Default)]
-pub struct ConnStats {
-    pub open: AtomicU64,
-    pub evicted: AtomicU64,
 }
 
 /// What a connection's handler gets besides its socket.

@@ -14,7 +14,7 @@ use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 
-use crate::serve::ConnStats;
+use crate::stats::ConnStats;
 use crate::stats::{Histogram, LATENCY_BUCKETS};
 
 /// The `Content-Type` of what [`render`] returns. Prometheus asks for it first and reads the

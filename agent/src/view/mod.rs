@@ -12,10 +12,10 @@
 //!
 //! Parts:
 //! - `entry`: what the view holds of a pod and of a container;
-//! - [`reader`]: runtime reads for the view, off the decision path.
+//! - [`facts`]: what a decision knows about a pod, assembled from the view;
 
 mod entry;
-pub mod reader;
+pub mod facts;
 
 use entry::SandboxRead;
 pub use entry::{ContainerEntry, ContainerInfo, EnvPriority, Listing, PodEntry, SandboxInfo};

@@ -472,7 +472,7 @@ fn presence_env(c: &mut Container, presence: Duration) {
     });
 }
 
-/// The entrypoint's env for its presence wait (`entrypoint/src/cli.rs`).
+/// The entrypoint's env for its presence wait (`entrypoint/src/cli/mod.rs`).
 pub const ENV_PRESENCE: &str = "EXITORDER_PRESENCE";
 
 fn pod_uid_env(c: &mut Container) -> Result<(), String> {

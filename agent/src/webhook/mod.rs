@@ -1,6 +1,7 @@
 //! The admission webhook (`exitorder webhook`): pods that opt in with one annotation get the
 //! share, the mounts, `POD_UID` and a preStop that waits for the agent, on every sidecar.
 //!
+//! Parts:
 //! - [`mutate`](mod@mutate): the mutation, a pure function of the pod;
 //! - [`inject`]: what one sidecar gets;
 //! - [`presets`]: what a sidecar known by its image only gets;

@@ -29,7 +29,8 @@ use prometheus_client::encoding::DescriptorEncoder;
 use prometheus_client::metrics::MetricType;
 
 use crate::serve::openmetrics::{self, Families, Read};
-use crate::serve::{self, ConnStats, Limits};
+use crate::serve::{self, Limits};
+use crate::stats::ConnStats;
 use crate::stats::Histogram;
 
 /// Larger than any pod the API server accepts (its request limit is 3 MiB), with room for

@@ -10,7 +10,7 @@ use std::time::{Duration, SystemTime};
 use exitorder_testbed::KubeletEvent;
 use serde_json::{json, Value};
 
-use super::select::{parse_selector, to_core, to_events_v1};
+use super::select::{parse_selector, to_core, to_events_v1, Group};
 
 /// `events_cache.go`: "more than 10 times in a 10 minute period, aggregate the event".
 const AGGREGATE_MAX_EVENTS: usize = 10;
@@ -437,22 +437,6 @@ impl EventStore {
             "metadata": metadata,
             "items": page,
         }))
-    }
-}
-
-/// The two APIs Events are served by.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Group {
-    Core,
-    EventsV1,
-}
-
-impl Group {
-    fn api_version(self) -> &'static str {
-        match self {
-            Group::Core => "v1",
-            Group::EventsV1 => "events.k8s.io/v1",
-        }
     }
 }
 

@@ -6,6 +6,16 @@
 //! It is also the API server of the test bed's kubelet ([`exitorder_testbed::ApiSink`], in
 //! `sink`): the kubelet's core/v1 Events (`events`, through client-go's recorder pipeline),
 //! its pod status writes and its Node's Ready condition (`node`).
+//!
+//! Parts:
+//! - `requests`: the requests answered, their queries decoded, each kind counted;
+//! - `events`: one store of Events, served as core/v1 and events.k8s.io/v1, the kubelet's
+//!   through client-go's correlator;
+//! - `select`: Event field selectors and the two shapes of one stored Event;
+//! - `node`: the kubelet's Node and its `Ready` condition;
+//! - `daemonsets`: the agent's own DaemonSet, read and watched by name, made forbidden as an
+//!   uninstall leaves it;
+//! - `sink`: the API server of the test bed's kubelet: its Events, pod status and Node.
 
 mod daemonsets;
 mod events;
@@ -331,19 +341,19 @@ impl FakeApi {
     /// The reads besides pods and DaemonSets: Event lists and the Node.
     fn get_more(&self, path: &str, q: &Query) -> Option<Response<Body>> {
         let (group, ns) = if path == "/api/v1/events" {
-            (events::Group::Core, None)
+            (select::Group::Core, None)
         } else if path == "/apis/events.k8s.io/v1/events" {
-            (events::Group::EventsV1, None)
+            (select::Group::EventsV1, None)
         } else if let Some(ns) = path
             .strip_prefix("/api/v1/namespaces/")
             .and_then(|r| r.strip_suffix("/events"))
         {
-            (events::Group::Core, Some(ns))
+            (select::Group::Core, Some(ns))
         } else if let Some(ns) = path
             .strip_prefix("/apis/events.k8s.io/v1/namespaces/")
             .and_then(|r| r.strip_suffix("/events"))
         {
-            (events::Group::EventsV1, Some(ns))
+            (select::Group::EventsV1, Some(ns))
         } else if let Some(name) = path.strip_prefix("/api/v1/nodes/") {
             let s = self.lock();
             return Some(if s.node.name == name {

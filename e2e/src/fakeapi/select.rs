@@ -5,7 +5,21 @@
 
 use serde_json::{json, Value};
 
-use super::events::Group;
+/// The two APIs Events are served by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Group {
+    Core,
+    EventsV1,
+}
+
+impl Group {
+    pub(super) fn api_version(self) -> &'static str {
+        match self {
+            Group::Core => "v1",
+            Group::EventsV1 => "events.k8s.io/v1",
+        }
+    }
+}
 
 /// core/v1 and events.k8s.io/v1 field names (`pkg/apis/events/v1` conversion): core first.
 const RENAMES: [(&str, &str); 6] = [

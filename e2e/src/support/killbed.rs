@@ -17,8 +17,7 @@ pub const NODE: &str = "kills-node";
 
 /// A port nothing listens on.
 pub fn free_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    l.local_addr().expect("addr").port()
+    exitorder_testbed::node::free_port().expect("a free port")
 }
 
 pub fn secs(s: u64) -> Duration {

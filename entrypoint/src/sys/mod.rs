@@ -8,9 +8,13 @@
 //! and exec. Each call into the C library sits in a small function of its
 //! own, next to the reason it is sound.
 //!
-//! Parts: descriptors, files, inotify and poll here; `time` (the monotonic clock, sleeping),
-//! `signal` (signals read from a signalfd), `net` (non-blocking TCP), `process` (arguments,
-//! environment, the set-up before `main`, exec, detached closes).
+//! Descriptors, files, inotify and poll are in this file, the rest in its parts.
+//!
+//! Parts:
+//! - `time`: the monotonic clock, sleeping;
+//! - `signal`: signals read from a signalfd;
+//! - `net`: non-blocking TCP;
+//! - `process`: arguments, environment, the set-up before `main`, exec, detached closes.
 
 mod net;
 mod process;

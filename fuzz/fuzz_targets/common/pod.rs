@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use exitorder::cluster::podwatch::ApiPod;
 use exitorder::decide::bounds::{Later as _, MAX_SPAN};
-use exitorder::decide::facts::{self, Clock};
+use exitorder::view::facts::{self, Clock};
 use exitorder::decide::restart::{Policy, Restart};
 use exitorder::decide::{self, Deletion, Reason, RunState, Verdict};
 use exitorder::jobs::completion::{self, Member, Participation, Step};

@@ -14,8 +14,9 @@ use serde::Serialize;
 use tracing::Instrument;
 
 use super::proc::{mib, Sample};
-use super::{bench_pod, Binaries, APP, PROXY, READY_TIMEOUT};
+use super::{bench_pod, APP, PROXY, READY_TIMEOUT};
 use crate::agentlog::AllowLog;
+use crate::binaries::Binaries;
 use crate::kubelet::{DeleteOptions, RunOptions};
 use crate::node::{AgentProcess, Node, TestbedError};
 

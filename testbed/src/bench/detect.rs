@@ -11,9 +11,10 @@ use super::measure::{self, assess, Allow, PreStop, Trial};
 use super::report::DetectRow;
 use super::{
     agent_allows, bench_pod, connected_source, delete_all, random_fraction, start_agent,
-    start_pods, watch_apps, AgentSource, BenchArgs, Binaries, APP, BATCH_JITTER, PROXY,
+    start_pods, watch_apps, AgentSource, BenchArgs, APP, BATCH_JITTER, PROXY,
 };
 use crate::agentlog::AllowLog;
+use crate::binaries::Binaries;
 use crate::kubelet::Deletion;
 use crate::node::{Node, TestbedError};
 use exitorder::handshake::share::{ContainerName, ExitKey, Share};

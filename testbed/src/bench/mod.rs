@@ -9,16 +9,33 @@
 //! 4. The admission webhook's answer time over HTTPS (no containerd needed).
 //! 5. Only when asked for (`--only churn`, minutes): the agent's memory while thousands of
 //!    pods are created and deleted.
+//! 6. Only when asked for (`--only traffic`): requests and log lines lost through pod
+//!    deletion with a real proxy and log shipper, per strategy.
+//! 7. Only when asked for (`--only skew`): how far apart one pod kill's hooks reach the agent
+//!    with many pods killed at once.
 //!
-//! Parts: `detect` (1), `returns` (2), `resources` (3), `webhook` (4), `churn` (5); the
-//! measures (`measure`, `summary`), the table and JSON (`report`), the baseline
-//! (`baseline`), the kernel's exit stamps (`kernelclock`) and the agent's usage (`proc`).
+//! Parts:
+//! - `detect`: (1) exit to `allow`, per source, each pod's trigger as the kernel saw it;
+//! - `returns`: (2) `allow` to the waiter's return;
+//! - `resources`: (3) the agent's memory and CPU, idle and in a burst;
+//! - `webhook`: (4) the webhook's answer time over HTTPS;
+//! - `churn`: (5) the agent's memory while thousands of pods come and go;
+//! - `traffic`: (6) what users keep through a pod's deletion, with real parts;
+//! - `skew`: (7) the spread of one pod kill's marks, which the kill evidence window must exceed;
+//! - `agent`: the agent as the benchmark runs it: its exit source, its log's allows;
+//! - `baseline`: the OpenKruise proposal's daemon, built as it describes it;
+//! - `kernelclock`: the app's exit as the kernel sees it, the benchmark's trigger;
+//! - `measure`: one pod deletion's facts to a delay, or the reason it gives none;
+//! - `summary`: percentiles of latency samples;
+//! - `proc`: a process's memory and CPU, from /proc;
+//! - `report`: the table for people, one JSON object for tools.
 
 /// Progress goes to stderr: stdout holds the table and the JSON line only.
 macro_rules! progress {
     ($($arg:tt)*) => { eprintln!("bench: {}", format_args!($($arg)*)) };
 }
 
+mod agent;
 pub mod baseline;
 pub mod churn;
 mod detect;
@@ -33,22 +50,24 @@ pub mod summary;
 pub mod traffic;
 pub mod webhook;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context};
 use tracing::Instrument;
 
+use crate::binaries::Binaries;
 use crate::kubelet::{DeleteOptions, Deletion, RunOptions, RunningPod};
-use crate::node::{AgentOptions, AgentProcess, Node, NodeOptions, TestbedError};
+use crate::node::{Node, NodeOptions, TestbedError};
 use exitorder::handshake::share::Share;
 
-use crate::agentlog::AllowLog;
 use baseline::KRUISE_SCAN;
 use detect::{detect_with_agent, detect_with_kruise};
 use kernelclock::KernelClock;
 use report::{DetectSection, Report, ReturnRow, ReturnSection, Settings};
 use resources::resources;
+
+use agent::{agent_allows, connected_source, start_agent, start_agent_with, AgentSource};
 
 const APP: &str = "app";
 const PROXY: &str = "proxy";
@@ -110,7 +129,7 @@ pub struct BenchArgs {
     pub batch: usize,
     /// Time between the starts of the deletions of a batch, so that their apps do not all
     /// exit in the same millisecond (0: all at once; the burst measures that case).
-    #[arg(long, default_value = "100ms", value_parser = crate::demo::parse_duration)]
+    #[arg(long, default_value = "100ms", value_parser = exitorder::cli::parse_duration)]
     pub stagger: Duration,
     /// allow -> return measurements per waiter.
     #[arg(long, default_value_t = 200, value_parser = positive)]
@@ -119,7 +138,7 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 50, value_parser = positive)]
     pub poller_batch: usize,
     /// How long the agent is watched idle.
-    #[arg(long, default_value = "60s", value_parser = crate::demo::parse_duration)]
+    #[arg(long, default_value = "60s", value_parser = exitorder::cli::parse_duration)]
     pub idle: Duration,
     /// Opted-in pods running while the agent is idle.
     #[arg(long, default_value_t = 110)]
@@ -131,13 +150,13 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 4, value_parser = positive)]
     pub start_concurrency: usize,
     /// How long each app takes to finish after TERM: its sidecar is waiting by then.
-    #[arg(long, default_value = "500ms", value_parser = crate::demo::parse_duration)]
+    #[arg(long, default_value = "500ms", value_parser = exitorder::cli::parse_duration)]
     pub app_drain: Duration,
     /// Print the report as one JSON object on the last line of stdout, after the table.
     #[arg(long)]
     pub json: bool,
     #[command(flatten)]
-    pub binaries: crate::demo::BinaryArgs,
+    pub binaries: crate::binaries::BinaryArgs,
     /// Admission reviews sent to the webhook, one after another on one connection.
     #[arg(long, default_value_t = 1000, value_parser = positive)]
     pub reviews: usize,
@@ -217,7 +236,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
 /// Runs the benchmark on a private containerd and returns the report.
 pub async fn measure(args: &BenchArgs) -> anyhow::Result<Report> {
     let started = Instant::now();
-    let agent = crate::demo::agent_binary(args.binaries.agent_binary.clone())?;
+    let agent = crate::binaries::agent_binary(args.binaries.agent_binary.clone())?;
     let mut report = if [
         Part::Detect,
         Part::Return,
@@ -231,7 +250,9 @@ pub async fn measure(args: &BenchArgs) -> anyhow::Result<Report> {
     {
         let bin = Binaries {
             agent: agent.clone(),
-            entrypoint: crate::demo::static_entrypoint(args.binaries.entrypoint_binary.clone())?,
+            entrypoint: crate::binaries::static_entrypoint(
+                args.binaries.entrypoint_binary.clone(),
+            )?,
         };
         progress!("starting a private containerd (a one-node test bed)");
         let node = Node::start(node_options(args.runtime.as_deref())?)
@@ -259,12 +280,6 @@ pub async fn measure(args: &BenchArgs) -> anyhow::Result<Report> {
     }
     report.total_seconds = (started.elapsed().as_secs_f64() * 10.0).round() / 10.0;
     Ok(report)
-}
-
-/// The agent and the static entrypoint the benchmark runs.
-pub struct Binaries {
-    pub agent: PathBuf,
-    pub entrypoint: PathBuf,
 }
 
 /// The node on containerd `runtime` (`None` or `1.6`: the machine's own).
@@ -447,86 +462,6 @@ async fn delete_all(
         }
     }
     out
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum AgentSource {
-    Events,
-    Poll,
-}
-
-impl AgentSource {
-    /// `EXITORDER_EXIT_SOURCE` takes clap's value names (`containerd-events`); the agent
-    /// reports the source as `containerd_events`.
-    fn env_value(self) -> &'static str {
-        match self {
-            AgentSource::Events => "containerd-events",
-            AgentSource::Poll => "poll",
-        }
-    }
-
-    fn name(self) -> &'static str {
-        match self {
-            AgentSource::Events => "containerd_events",
-            AgentSource::Poll => "poll",
-        }
-    }
-}
-
-/// Starts the agent; `source` forces its exit source, `None` lets it choose.
-async fn start_agent(
-    node: &Node,
-    bin: &Binaries,
-    source: Option<AgentSource>,
-) -> anyhow::Result<AgentProcess> {
-    match source {
-        Some(s) => start_agent_with(node, bin, &[("EXITORDER_EXIT_SOURCE", s.env_value())]).await,
-        None => start_agent_with(node, bin, &[]).await,
-    }
-}
-
-/// Starts the agent with these environment variables besides its defaults.
-async fn start_agent_with(
-    node: &Node,
-    bin: &Binaries,
-    env: &[(&str, &str)],
-) -> anyhow::Result<AgentProcess> {
-    let mut opts = AgentOptions::new(&bin.agent, node, &bin.entrypoint);
-    opts.poll_interval = AGENT_POLL;
-    opts.env
-        .extend(env.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())));
-    AgentProcess::start(&opts)
-        .await
-        .context("starting the agent")
-}
-
-/// The event source the agent connected, if it did within a short wait.
-async fn connected_source(agent: &AgentProcess) -> Option<String> {
-    agent
-        .wait_for("\"exit source connected\"", Duration::from_secs(3), |l| {
-            l.message() == Some("exit source connected")
-        })
-        .await
-        .ok()
-        .and_then(|l| l.field("source"))
-}
-
-/// Waits (up to [`LOG_LAG`]) until the agent has logged an allow for every pod's proxy, then
-/// reads its log.
-async fn agent_allows(agent: &AgentProcess, uids: &[String]) -> anyhow::Result<AllowLog> {
-    let deadline = Instant::now() + LOG_LAG;
-    loop {
-        let lines = agent.lines();
-        let log = AllowLog::from_lines(lines.iter().filter_map(|l| l.json.as_ref()))
-            .context("reading the agent's log")?;
-        let all = uids
-            .iter()
-            .all(|u| log.allows.contains_key(&(u.clone(), PROXY.to_owned())));
-        if all || Instant::now() >= deadline {
-            return Ok(log);
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 /// Has the kernel clock await every pod's app.

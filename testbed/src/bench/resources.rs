@@ -14,8 +14,9 @@ use super::proc::{mib, Sample};
 use super::report::{BurstRow, IdleRow, Usage};
 use super::{
     agent_allows, bench_pod, connected_source, delete_all, start_agent, start_pods, watch_apps,
-    BenchArgs, Binaries, PROBE_PERIOD,
+    BenchArgs, PROBE_PERIOD,
 };
+use crate::binaries::Binaries;
 use crate::node::Node;
 use exitorder::handshake::share::Share;
 

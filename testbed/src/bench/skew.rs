@@ -16,7 +16,8 @@ use anyhow::Context;
 use serde::Serialize;
 
 use super::summary::summarize;
-use super::{start_agent_with, Binaries, READY_TIMEOUT};
+use super::{start_agent_with, READY_TIMEOUT};
+use crate::binaries::Binaries;
 use crate::kubelet::{DeleteOptions, Kill, RunOptions, RunningPod};
 use crate::node::Node;
 

@@ -3,6 +3,11 @@
 //! With `--pod FILE.yaml`, a user's own pod; without, the two-level example of
 //! `deploy/examples/`. With `--inject MODE`, the pod is first passed through the admission
 //! webhook's own mutation, as a cluster with the webhook admits it.
+//!
+//! Parts:
+//! - `mutation`: the webhook's pass and what it added, in words;
+//! - `job`: a Job's pod run until its work is done, then deleted;
+//! - `kill`: how `--kill` ends the pod: a deletion, or one of the kubelet's own kills.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -14,6 +19,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::agentlog::{parse_allow, ALLOWED};
+use crate::binaries::{agent_binary, static_entrypoint, BinaryArgs};
 use crate::install::{ChartAgent, ChartOptions, Helm};
 use crate::kubelet::{DeleteOptions, Kill, Kind, RunOptions, RunningPod, What};
 use crate::node::{AgentOptions, AgentProcess, LogLine, Node, NodeOptions, TestbedError};
@@ -25,10 +31,6 @@ mod mutation;
 
 pub use job::JobRun;
 pub use kill::DemoKill;
-
-pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
-    humantime::parse_duration(s).map_err(|e| format!("{e} (examples: 500ms, 2s)"))
-}
 
 /// The demo's own pod: the two-level example users start from.
 pub const EXAMPLE_POD: &str = include_str!("../../../deploy/examples/two-level.yaml");
@@ -75,11 +77,11 @@ pub struct DemoArgs {
     #[arg(long, value_name = "KIND", default_value = "deletion")]
     pub kill: DemoKill,
     /// How long the pod may take to become ready.
-    #[arg(long, default_value = "60s", value_parser = parse_duration)]
+    #[arg(long, default_value = "60s", value_parser = exitorder::cli::parse_duration)]
     pub ready_timeout: Duration,
     /// How long a Job's pod (restartPolicy Never or OnFailure) may take to complete before it
     /// is deleted anyway.
-    #[arg(long, default_value = "120s", value_parser = parse_duration)]
+    #[arg(long, default_value = "120s", value_parser = exitorder::cli::parse_duration)]
     pub complete_timeout: Duration,
     /// Run the same pod without the agent (and without the entrypoint in the share): what a
     /// node without exitorder does.
@@ -106,18 +108,6 @@ pub struct DemoArgs {
     /// it).
     #[arg(long, value_name = "FILE.tar", default_value = crate::install::IMAGE_IN_TREE)]
     pub agent_image: PathBuf,
-}
-
-/// The binaries the agent runs from, as a process on the test node.
-#[derive(Debug, Clone, Default, clap::Args)]
-pub struct BinaryArgs {
-    /// The static exitorder-entrypoint the agent installs for the pods' preStop hooks
-    /// (default: beside this executable).
-    #[arg(long, env = "EXITORDER_ENTRYPOINT_BINARY")]
-    pub entrypoint_binary: Option<PathBuf>,
-    /// The `exitorder` agent binary (default: beside this executable).
-    #[arg(long, env = "EXITORDER_AGENT_BINARY")]
-    pub agent_binary: Option<PathBuf>,
 }
 
 /// What `--json` prints.
@@ -234,7 +224,7 @@ pub async fn demo(args: &DemoArgs, out: &mut dyn FnMut(&str)) -> anyhow::Result<
     ));
     let run = async {
         if let (true, Some((agent, entrypoint))) = (args.traffic, &binaries) {
-            let bin = crate::bench::Binaries {
+            let bin = crate::binaries::Binaries {
                 agent: agent.clone(),
                 entrypoint: entrypoint.clone(),
             };
@@ -256,7 +246,7 @@ pub async fn demo(args: &DemoArgs, out: &mut dyn FnMut(&str)) -> anyhow::Result<
 /// `--traffic`: the traffic benchmark's pod deleted once without the agent and once with.
 async fn traffic(
     node: &Node,
-    bin: &crate::bench::Binaries,
+    bin: &crate::binaries::Binaries,
     out: &mut dyn FnMut(&str),
 ) -> anyhow::Result<()> {
     use crate::bench::traffic::{self, Strategy, TrafficSettings};
@@ -376,7 +366,8 @@ async fn scenario(
                 helm: Helm::find(&std::env::current_dir().unwrap_or_default())?,
                 chart: chart.clone(),
                 image: args.agent_image.clone(),
-                metrics_port: free_port()?,
+                metrics_port: crate::node::free_port()
+                    .context("finding a free port for the agent's metrics")?,
                 values: Vec::new(),
                 ready_timeout: args.ready_timeout,
             };
@@ -579,45 +570,4 @@ impl DemoAgent {
             DemoAgent::Chart(a) => a.wait_for(what, timeout, pred).await,
         }
     }
-}
-
-fn free_port() -> anyhow::Result<u16> {
-    Ok(std::net::TcpListener::bind("0.0.0.0:0")
-        .and_then(|l| l.local_addr())
-        .context("finding a free port for the agent's metrics")?
-        .port())
-}
-
-/// The static entrypoint given (default: beside this executable), refused with the command
-/// that builds it when it is missing or dynamically linked (busybox containers run it).
-pub fn static_entrypoint(given: Option<PathBuf>) -> anyhow::Result<PathBuf> {
-    let path = given
-        .unwrap_or_else(|| beside_this_executable(exitorder::handshake::share::ENTRYPOINT_NAME));
-    const BUILD: &str = "build it with scripts/static entrypoint (scripts/demo and \
-                         scripts/bench do)";
-    match exitorder::handshake::elf::check_static_executable(&path) {
-        Ok(()) => Ok(path),
-        Err(e) => bail!("entrypoint {}: {e}; {BUILD}", path.display()),
-    }
-}
-
-/// The agent binary given (default: `exitorder` beside this executable).
-pub fn agent_binary(given: Option<PathBuf>) -> anyhow::Result<PathBuf> {
-    let path = given.unwrap_or_else(|| beside_this_executable("exitorder"));
-    if path.is_file() {
-        Ok(path)
-    } else {
-        bail!(
-            "agent binary {} not found; build it with `cargo build --release -p exitorder` or \
-             give --agent-binary",
-            path.display()
-        )
-    }
-}
-
-fn beside_this_executable(name: &str) -> PathBuf {
-    std::env::current_exe()
-        .ok()
-        .and_then(|p| p.parent().map(|d| d.join(name)))
-        .unwrap_or_else(|| PathBuf::from(name))
 }

@@ -5,6 +5,28 @@
 //! A [`RunningPod`] has one worker task (the kubelet's pod worker: start order, completion,
 //! deletion) and one supervisor task per container (create, start, postStart, probes, exit,
 //! restart with backoff). Everything is recorded in the pod's [`Timeline`].
+//!
+//! Parts:
+//! - `fields`: which fields of a Pod the runner honours, accepts as no-ops, or refuses;
+//! - `plan`: a Pod resolved as the kubelet resolves it (containers, actions, security,
+//!   volumes apart), and whether a container starts again;
+//! - `config`: the CRI requests, with the kubelet's labels and annotations;
+//! - `volumes`: hostPath, emptyDir and subPath set up before a container starts;
+//! - `run`: pods run on a node, one or many;
+//! - `worker`: the pod worker: start order, completion, deletion;
+//! - `container`: one container's life: attempts, postStart, probes, restarts;
+//! - `actions`: hooks and probes run the kubelet's way;
+//! - `termination`: a deletion the kubelet's way, attempts started over when the grace is
+//!   shortened or a kill failed;
+//! - `ordering`: the native sidecars' stop order;
+//! - `prestop`: a preStop hook run as `executePreStopHook` runs it;
+//! - `kills`: the kubelet's own kills (eviction, node shutdown, `activeDeadlineSeconds`,
+//!   preemption, a silent one) with their grace;
+//! - `update`: an in-place image update;
+//! - `inplace`: in-place restarts of every container (`RestartAllContainers`);
+//! - `api`: what the kubelet tells the API server: its Events' texts, the pod's status;
+//! - `report`: the pod's tasks reporting through `api`, each report in the timeline;
+//! - `timeline`: what happened to a pod, in order, on the wall clock.
 
 pub mod actions;
 pub mod api;

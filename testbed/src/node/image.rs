@@ -21,21 +21,37 @@ pub const PRESET_STAND_IN_IMAGE: &str = "docker.io/istio/proxyv2:exitorder-stand
 
 const BUSYBOX_PATHS: &[&str] = &["/bin/busybox", "/usr/bin/busybox"];
 
-/// Built once per process; each node gets a copy in its own directory.
-static ARCHIVE: Mutex<Option<Arc<Vec<u8>>>> = Mutex::new(None);
+/// An image archive built once per process, on first use; each node gets a copy in its own
+/// directory. A build that failed is tried again by the next caller.
+pub(crate) struct Cached(Mutex<Option<Arc<Vec<u8>>>>);
+
+impl Cached {
+    pub(crate) const fn new() -> Self {
+        Cached(Mutex::new(None))
+    }
+
+    pub(crate) fn get(
+        &self,
+        build: impl FnOnce() -> Result<Vec<u8>, TestbedError>,
+    ) -> Result<Arc<Vec<u8>>, TestbedError> {
+        let mut cached = match self.0.lock() {
+            Ok(g) => g,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        if let Some(a) = cached.as_ref() {
+            return Ok(Arc::clone(a));
+        }
+        let built = Arc::new(build()?);
+        *cached = Some(Arc::clone(&built));
+        Ok(built)
+    }
+}
+
+static ARCHIVE: Cached = Cached::new();
 
 /// The image archive, built on first use.
 pub(crate) fn archive() -> Result<Arc<Vec<u8>>, TestbedError> {
-    let mut cached = match ARCHIVE.lock() {
-        Ok(g) => g,
-        Err(poisoned) => poisoned.into_inner(),
-    };
-    if let Some(a) = cached.as_ref() {
-        return Ok(Arc::clone(a));
-    }
-    let built = Arc::new(build()?);
-    *cached = Some(Arc::clone(&built));
-    Ok(built)
+    ARCHIVE.get(build)
 }
 
 /// The host's static busybox (what the images are built from; also a shell for host-side

@@ -6,6 +6,16 @@
 //! creates lives under one temporary directory and one cgroup subtree, so several nodes can
 //! run side by side, and all of it goes away on [`Node::shutdown`] or on drop (also when a
 //! test panics).
+//!
+//! Parts:
+//! - `containerd`: the node's private containerd: its configuration, process, readiness;
+//! - `image`: images without a registry: busybox, a shell and a pause image, imported;
+//! - `traffic_image`: the traffic benchmark's image, with a real haproxy and rsyslog;
+//! - `cpu`: the node's CPU weights, laid out as the kubelet lays them out;
+//! - `agent`: the agent as a child process, its JSON log lines captured;
+//! - `exits`: the relist that tells the runner of exits, as the kubelet's PLEG does;
+//! - `exitfiles`: a pod's exit files watched while it is deleted, for its timeline;
+//! - `cleanup`: nothing left behind: sandboxes, shims, cgroups, mounts, directories.
 
 mod agent;
 pub(crate) mod cleanup;
@@ -387,11 +397,6 @@ impl Node {
         self.shared.client()
     }
 
-    /// The last `lines` lines of containerd's log, for failure messages.
-    pub fn containerd_log_tail(&self, lines: usize) -> String {
-        containerd::log_tail(&self.shared.dir.join(containerd::LOG_FILE), lines)
-    }
-
     /// Imports the traffic benchmark's image ([`TRAFFIC_IMAGE`]: haproxy and rsyslog from
     /// the host's Debian packages), built on first use.
     pub fn import_traffic_image(&self) -> Result<(), TestbedError> {
@@ -576,6 +581,14 @@ pub(crate) fn random_bytes<const N: usize>() -> [u8; N] {
         }
     }
     out
+}
+
+/// A port nothing listens on, as the kernel hands one out (the pods and the agent run on the
+/// host's network, so each listener needs a port of its own).
+pub fn free_port() -> std::io::Result<u16> {
+    Ok(std::net::TcpListener::bind("0.0.0.0:0")?
+        .local_addr()?
+        .port())
 }
 
 #[cfg(test)]

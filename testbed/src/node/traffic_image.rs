@@ -4,11 +4,11 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use super::cleanup::{make_temp_dir, DirGuard};
 use super::containerd::run_command;
-use super::image::{busybox_rootfs, mkdir, pack, ArchiveImage};
+use super::image::{busybox_rootfs, mkdir, pack, ArchiveImage, Cached};
 use super::TestbedError;
 
 /// The image the traffic benchmark's sidecars (and its app) run.
@@ -18,20 +18,11 @@ const HAPROXY: &str = "/usr/sbin/haproxy";
 const RSYSLOGD: &str = "/usr/sbin/rsyslogd";
 const HINT: &str = "install them with `apt-get install -y haproxy rsyslog`";
 
-static ARCHIVE: Mutex<Option<Arc<Vec<u8>>>> = Mutex::new(None);
+static ARCHIVE: Cached = Cached::new();
 
 /// The image archive, built on first use.
 pub(crate) fn archive() -> Result<Arc<Vec<u8>>, TestbedError> {
-    let mut cached = match ARCHIVE.lock() {
-        Ok(g) => g,
-        Err(poisoned) => poisoned.into_inner(),
-    };
-    if let Some(a) = cached.as_ref() {
-        return Ok(Arc::clone(a));
-    }
-    let built = Arc::new(build()?);
-    *cached = Some(Arc::clone(&built));
-    Ok(built)
+    ARCHIVE.get(build)
 }
 
 /// Whether the host has what the image is built from; why not, when it does not.

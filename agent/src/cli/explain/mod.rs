@@ -1,9 +1,9 @@
 //! `exitorder explain`: what exitorder will do with a pod, before it runs. Pure: a pod (or a
 //! workload's template) in, an [`Explanation`] out, computed by the very functions the webhook
 //! and the agent run (the mutation, priority resolution, the kubelet's stop order, Job
-//! completion, the presets), so that what it says is what happens.
+//! completion, the presets), so that what it says is what happens. [`explain`] takes one pod.
 //!
-//! - [`explain`]: one pod;
+//! Parts:
 //! - [`model`]: what is said, as data (`-o json` is its serde form);
 //! - `exit`: who waits for whom on deletion;
 //! - `job`: how a completing pod's sidecars are ended;
@@ -204,13 +204,13 @@ fn grace(
     // The agent's own reading of the pod's grace and its own deadline.
     let api_grace = crate::cluster::podwatch::grace_of(pod);
     let now = std::time::Instant::now();
-    let clock = crate::decide::facts::Clock {
+    let clock = crate::view::facts::Clock {
         first_seen: now,
         api_grace,
         runtime_grace: None,
         reserve,
     };
-    let grace = api_grace.unwrap_or(crate::decide::facts::DEFAULT_GRACE);
+    let grace = api_grace.unwrap_or(crate::view::facts::DEFAULT_GRACE);
     let release_by = clock.deadline().saturating_duration_since(now);
     if grace <= reserve {
         warnings.push(Warning {
@@ -240,8 +240,8 @@ fn grace(
         };
         let g =
             crate::kubelet::grace::of_kill(Some(Kill::Pod(k)), pod_grace, None, kubelet, version)
-                .unwrap_or(crate::decide::facts::DEFAULT_GRACE);
-        let clock = crate::decide::facts::Clock {
+                .unwrap_or(crate::view::facts::DEFAULT_GRACE);
+        let clock = crate::view::facts::Clock {
             api_grace: Some(g),
             ..clock
         };

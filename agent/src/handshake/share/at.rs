@@ -11,7 +11,9 @@ use std::time::SystemTime;
 
 use rustix::fs::{self as rfs, AtFlags, FileType, Mode, OFlags};
 
-use super::{Budget, Removal, ShareError, EXIT_FILE, MAX_LISTED, MAX_REMOVE_DEPTH, TEMP_SEQ};
+use super::{
+    Budget, Removal, ShareError, EXIT_FILE, MAX_EXIT_BYTES, MAX_LISTED, MAX_REMOVE_DEPTH, TEMP_SEQ,
+};
 
 fn temp_name(prefix: &str) -> String {
     let nanos = SystemTime::now()
@@ -227,6 +229,22 @@ fn check_exit_file(st: &rfs::Stat, path: &Path) -> Result<(), ShareError> {
 }
 
 /// Names of the real (not symlinked) subdirectories of `dir`.
+/// What an opened file of a container's directory holds, up to [`MAX_EXIT_BYTES`]: the
+/// handshake's files are words; whatever a container writes beyond that is not read.
+pub(super) fn read_capped(fd: &OwnedFd, path: &Path) -> Result<Vec<u8>, ShareError> {
+    let mut buf = [0u8; MAX_EXIT_BYTES];
+    let mut len = 0usize;
+    while let Some(rest) = buf.get_mut(len..).filter(|r| !r.is_empty()) {
+        match rustix::io::read(fd, rest) {
+            Ok(0) => break,
+            Ok(n) => len = len.saturating_add(n),
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(e) => return Err(ShareError::io("read", path, e)),
+        }
+    }
+    Ok(buf.get(..len).unwrap_or_default().to_vec())
+}
+
 pub(super) fn subdirs(dir: &OwnedFd, path: &Path) -> Result<Vec<OsString>, ShareError> {
     let mut out = Vec::new();
     for name in entries(dir, path)? {

@@ -7,6 +7,13 @@
 //! other hard link before it is opened for reading (a FIFO must not block the agent, a device
 //! must not be opened at all), reads are capped, and writes go to an `O_EXCL` temp file
 //! renamed into place inside the same directory.
+//!
+//! Parts:
+//! - `at`: the file operations, each relative to an open directory, none following a link;
+//! - `names`: container names, trees and exit states, checked before they become paths;
+//! - `presence`: the agent's presence and the containers' marks in their directories;
+//! - `retire`: replaced exit files removed off the decision path, one thread per share;
+//! - `error`: what can go wrong in the share, and what the agent refused to touch there.
 
 use std::ffi::OsStr;
 use std::os::fd::OwnedFd;
@@ -32,29 +39,6 @@ pub use exitorder_contract::share::ENTRYPOINT as ENTRYPOINT_NAME;
 pub use exitorder_contract::handshake::AGENT_FILE;
 /// The file by which a container says it is being stopped, and the agent's note of one.
 pub use exitorder_contract::handshake::{MARK_FILE, MARK_SEEN_FILE};
-
-/// What the agent's presence file says of it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PresenceState {
-    /// The agent serves the directory: a waiting sidecar waits for its answer, however long
-    /// the agent is away.
-    Serving,
-    /// exitorder was uninstalled from the node: a waiting sidecar proceeds at once.
-    Uninstalled,
-}
-
-impl PresenceState {
-    /// The file's content: the format's version, then the state.
-    ///
-    /// Spelt out (`version=AGENT_VERSION`, `state=STATE_*` of the contract), so that marking
-    /// every directory of a node allocates nothing; a unit test holds it to the contract.
-    pub fn content(self) -> &'static str {
-        match self {
-            PresenceState::Serving => "version=1\nstate=serving\n",
-            PresenceState::Uninstalled => "version=1\nstate=uninstalled\n",
-        }
-    }
-}
 
 /// More than any valid content; the rest of a larger file is never read.
 const MAX_EXIT_BYTES: usize = 64;
@@ -108,14 +92,17 @@ pub enum Removal {
 mod at;
 mod error;
 mod names;
+mod presence;
 mod retire;
 
 pub(crate) use at::write_replace;
 use at::{
-    mkdir_at, open_checked, open_dir_at, open_exit_file, remove_tree_at, subdirs, swap_in, utf8,
+    mkdir_at, open_checked, open_dir_at, open_exit_file, read_capped, remove_tree_at, subdirs,
+    swap_in, utf8,
 };
 pub use error::{Rejection, ShareError};
 pub use names::{ContainerName, ExitKey, ExitState, Place, ShareEntry};
+pub use presence::PresenceState;
 
 use crate::pod::PodUid;
 
@@ -360,45 +347,6 @@ impl Share {
         Ok(dir)
     }
 
-    /// Makes the agent's presence known in a container's directory (`dir`, as opened by
-    /// [`Self::prepare_container_dir`]), in `state`; `true` when the file was written, `false`
-    /// when one of the same size was there already. The size is all that is checked: a
-    /// container that rewrites its own presence file can only mislead its own preStop.
-    pub fn mark_presence(
-        &self,
-        dir: &OwnedFd,
-        key: &ExitKey,
-        state: PresenceState,
-    ) -> Result<bool, ShareError> {
-        let want = state.content();
-        if let Ok(st) = rfs::statat(dir, AGENT_FILE, AtFlags::SYMLINK_NOFOLLOW) {
-            if FileType::from_raw_mode(st.st_mode) == FileType::RegularFile
-                && usize::try_from(st.st_size).ok() == Some(want.len())
-            {
-                return Ok(false);
-            }
-        }
-        write_replace(
-            dir,
-            &self.container_path(key),
-            AGENT_FILE,
-            want.as_bytes(),
-            0o644,
-            false,
-        )?;
-        Ok(true)
-    }
-
-    /// [`Self::mark_presence`] by the container's key.
-    pub fn mark_presence_of(
-        &self,
-        key: &ExitKey,
-        state: PresenceState,
-    ) -> Result<bool, ShareError> {
-        let dir = self.open_container(key)?;
-        self.mark_presence(&dir, key, state)
-    }
-
     /// Reads a container's exit file.
     pub fn read_exit(&self, key: &ExitKey) -> Result<ExitState, ShareError> {
         self.read_request(key).map(|(state, _)| state)
@@ -423,17 +371,8 @@ impl Share {
                 .saturating_mul(1_000_000_000)
                 .saturating_add(i128::from(st.st_mtime_nsec)),
         });
-        let mut buf = [0u8; MAX_EXIT_BYTES];
-        let mut len = 0usize;
-        while let Some(rest) = buf.get_mut(len..).filter(|r| !r.is_empty()) {
-            match rustix::io::read(&fd, rest) {
-                Ok(0) => break,
-                Ok(n) => len = len.saturating_add(n),
-                Err(rustix::io::Errno::INTR) => continue,
-                Err(e) => return Err(ShareError::io("read", path, e)),
-            }
-        }
-        Ok((ExitState::parse(buf.get(..len).unwrap_or(&buf)), id))
+        let bytes = read_capped(&fd, &path)?;
+        Ok((ExitState::parse(&bytes), id))
     }
 
     /// How long ago the exit file was written, by its own modification time: for
@@ -446,71 +385,6 @@ impl Share {
         let nanos = u32::try_from(st.st_mtime_nsec).unwrap_or(0);
         let mtime = SystemTime::UNIX_EPOCH.checked_add(std::time::Duration::new(secs, nanos))?;
         SystemTime::now().duration_since(mtime).ok()
-    }
-
-    /// Takes a container's mark (`stopping`): true when there was one, which is removed, so
-    /// that the next one is seen anew and a rescan never takes an old one for a new one. A
-    /// directory or anything else by that name is no mark (only the container's own preStop
-    /// pays for what it puts there); nothing is followed or opened.
-    /// In its place the agent leaves `stopping.seen`, saying when it saw it (`seen_ns`), for a
-    /// later agent ([`Share::mark_seen`]); a failure to write it is the caller's to say.
-    pub fn take_mark(&self, key: &ExitKey, seen_ns: i64) -> Result<bool, ShareError> {
-        let dir = match self.open_container(key) {
-            Ok(d) => d,
-            Err(e) if e.is_not_found() => return Ok(false),
-            Err(e) => return Err(e),
-        };
-        match rfs::unlinkat(&dir, MARK_FILE, AtFlags::empty()) {
-            Ok(()) => {
-                let path = self.container_path(key);
-                let note = format!("seen={seen_ns}\n");
-                // Not durable: a node that loses it in a crash lost the pod's kill with it. One
-                // that cannot be written (the container's own doing: a directory by its name)
-                // costs only a later agent's memory of this pod's kill.
-                if let Err(e) =
-                    write_replace(&dir, &path, MARK_SEEN_FILE, note.as_bytes(), 0o644, false)
-                {
-                    tracing::debug!(container = %key, error = %e, "cannot note the container's mark");
-                }
-                Ok(true)
-            }
-            Err(rustix::io::Errno::NOENT | rustix::io::Errno::ISDIR) => Ok(false),
-            Err(e) => Err(ShareError::io(
-                "remove",
-                self.container_path(key).join(MARK_FILE),
-                e,
-            )),
-        }
-    }
-
-    /// When an agent last took a mark of the container (Unix ns, its `stopping.seen`), if
-    /// one did. The file is the container's to change, as everything in its directory: what
-    /// it says decides only its own pod's waits.
-    pub fn mark_seen(&self, key: &ExitKey) -> Result<Option<i64>, ShareError> {
-        let dir = match self.open_container(key) {
-            Ok(d) => d,
-            Err(e) if e.is_not_found() => return Ok(None),
-            Err(e) => return Err(e),
-        };
-        let path = self.container_path(key).join(MARK_SEEN_FILE);
-        let Some(fd) = open_checked(&dir, MARK_SEEN_FILE, &path)? else {
-            return Ok(None);
-        };
-        let mut buf = [0u8; MAX_EXIT_BYTES];
-        let mut len = 0usize;
-        while let Some(rest) = buf.get_mut(len..).filter(|r| !r.is_empty()) {
-            match rustix::io::read(&fd, rest) {
-                Ok(0) => break,
-                Ok(n) => len = len.saturating_add(n),
-                Err(rustix::io::Errno::INTR) => continue,
-                Err(e) => return Err(ShareError::io("read", path, e)),
-            }
-        }
-        let text = std::str::from_utf8(buf.get(..len).unwrap_or_default()).unwrap_or("");
-        Ok(text
-            .trim()
-            .strip_prefix("seen=")
-            .and_then(|n| n.parse::<i64>().ok()))
     }
 
     /// Lets a container exit: `allow` goes to a temp file that takes the place of `exit` in

@@ -6,19 +6,25 @@
 //! of requests through the proxy. The same pods and load run under each way of ordering the
 //! sidecars' exits; per strategy the report counts inbound and outbound requests failed, the
 //! app's log lines the sink never got, and the time from the deletion to the pod gone.
+//!
+//! Parts:
+//! - `pod`: the traffic pod as each way of ordering the sidecars' exits has it;
+//! - `net`: the host's side: the service called out to, the log sink, the clients.
 
 mod net;
 mod pod;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use anyhow::{anyhow, Context};
+use anyhow::Context;
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::baseline::{KruiseDaemon, KRUISE_SCAN};
-use super::{start_agent, Binaries};
+use super::start_agent;
+use crate::binaries::Binaries;
+use crate::clock::until;
 use crate::kubelet::{DeleteOptions, Deletion, Kill, RunOptions, RunningPod};
 use crate::node::Node;
 
@@ -299,24 +305,6 @@ impl Drop for World {
     }
 }
 
-/// Waits until `check` holds, up to `within`.
-async fn until<F, Fut>(what: &str, within: Duration, mut check: F) -> anyhow::Result<()>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = Instant::now() + within;
-    loop {
-        if check().await {
-            return Ok(());
-        }
-        if Instant::now() >= deadline {
-            return Err(anyhow!("{what}: not within {within:?}"));
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 /// Starts `pod` and waits until traffic flows both ways and the shipper forwards.
 async fn bring_up(
     node: &Node,
@@ -376,9 +364,9 @@ async fn one_deletion(
     let log_dir = world.logs.path().join(&name);
     std::fs::create_dir_all(&log_dir).with_context(|| format!("{}", log_dir.display()))?;
     let ports = Ports {
-        app: net::free_port()?,
-        inbound: net::free_port()?,
-        outbound: net::free_port()?,
+        app: crate::node::free_port()?,
+        inbound: crate::node::free_port()?,
+        outbound: crate::node::free_port()?,
     };
     let pod = traffic_pod(&name, strategy, settings, &ports, world, &log_dir)?;
     let running = bring_up(node, &pod, &name, &ports, world).await?;

@@ -13,13 +13,6 @@ use tracing::Instrument;
 /// answers in well under a millisecond, so a slow answer is a lost one.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(3);
 
-/// A free port on 127.0.0.1, as the kernel hands one out (the pods run on the host's
-/// network, so each pod's listeners need ports of their own).
-pub fn free_port() -> std::io::Result<u16> {
-    let l = std::net::TcpListener::bind("127.0.0.1:0")?;
-    Ok(l.local_addr()?.port())
-}
-
 /// Serves until `stop`, answering every connection with `answer` from `handle`.
 fn spawn_server<F, Fut>(
     listener: TcpListener,

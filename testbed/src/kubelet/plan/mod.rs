@@ -2,6 +2,13 @@
 //! env values expanded and fieldRefs filled in, subPathExpr expanded from the container's env,
 //! named ports looked up, security settings merged from pod and container. Pure: no runtime,
 //! no files; every problem is an error that names the field.
+//!
+//! Parts:
+//! - `container`: one container resolved: env expanded, command, mounts, handlers, probes;
+//! - `actions`: lifecycle handlers and probes: exec, httpGet, tcpSocket, sleep;
+//! - `security`: a container's security settings, as the runtime gets them;
+//! - `volumes`: the pod's volumes the test bed supports: hostPath and emptyDir;
+//! - `restart`: whether a container starts again, read apart from the agent.
 
 mod actions;
 mod container;

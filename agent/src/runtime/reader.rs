@@ -13,10 +13,10 @@ use tokio::sync::{mpsc, Semaphore};
 use tokio::task::JoinSet;
 use tracing::{debug, Instrument};
 
+use super::{Runtime, RuntimeError};
 use crate::decide::bounds::Later as _;
 use crate::decide::RunState;
 use crate::pod::PodUid;
-use crate::runtime::{Runtime, RuntimeError};
 use crate::view::{Change, Need};
 
 /// Container descriptions in flight at once.

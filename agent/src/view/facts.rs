@@ -4,11 +4,11 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
+use super::{ContainerEntry, EnvPriority, PodEntry};
 use crate::decide::bounds::Later as _;
 use crate::decide::priority::{self, PodPriorities, PriorityError};
 use crate::decide::stoporder::{StopOrder, StopOrderError};
 use crate::decide::{self, Attempt, Deletion, PodFacts};
-use crate::view::{ContainerEntry, EnvPriority, PodEntry};
 
 /// Kubernetes' default terminationGracePeriodSeconds, used when nothing says otherwise.
 pub const DEFAULT_GRACE: Duration = Duration::from_secs(30);
