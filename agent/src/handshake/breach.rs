@@ -9,8 +9,8 @@
 //!
 //! A pod may only harm its own order, so a breach is a writable mount that reaches another
 //! pod's exit directory, or all of them (the share, its `pods/`, the kubelet's `pods/`, or a
-//! parent of those). It is reported (log, `exitorder_share_breaches_total`, Events on both
-//! pods); the victim's waits go on being answered in order.
+//! parent of those). The agent reports it (log, `exitorder_share_breaches_total`, Events on
+//! both pods; `agent/share.rs`); the victim's waits go on being answered in order.
 
 use std::collections::HashMap;
 use std::os::unix::fs::MetadataExt;

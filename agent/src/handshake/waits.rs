@@ -1,5 +1,5 @@
-//! The waits in the share: which containers' preStop hooks wait for an answer, found through
-//! inotify (and a rescan when events were lost), and the share's directories kept watched.
+//! The waits in the share: which containers' preStop hooks wait for an answer, their churn
+//! history, and what is known of each pod's kill (kept current by [`super::sync`]).
 //!
 //! A container rewriting its `exit` file in a loop must not make the agent re-decide (or read
 //! the runtime) per write: a wait that is already known is not news, and a wait that keeps

@@ -12,7 +12,7 @@
 //!
 //! Parts:
 //! - `entry`: what the view holds of a pod and of a container;
-//! - [`facts`]: what a decision knows about a pod, assembled from the view;
+//! - [`facts`]: what a decision knows about a pod, assembled from the view.
 
 mod entry;
 pub mod facts;

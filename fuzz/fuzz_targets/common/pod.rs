@@ -7,10 +7,10 @@ use std::time::{Duration, Instant};
 
 use exitorder::cluster::podwatch::ApiPod;
 use exitorder::decide::bounds::{Later as _, MAX_SPAN};
-use exitorder::view::facts::{self, Clock};
 use exitorder::decide::restart::{Policy, Restart};
 use exitorder::decide::{self, Deletion, Reason, RunState, Verdict};
 use exitorder::jobs::completion::{self, Member, Participation, Step};
+use exitorder::view::facts::{self, Clock};
 use exitorder::view::PodEntry;
 
 /// The agent's default grace reserve.

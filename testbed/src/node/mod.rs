@@ -584,7 +584,8 @@ pub(crate) fn random_bytes<const N: usize>() -> [u8; N] {
 }
 
 /// A port nothing listens on, as the kernel hands one out (the pods and the agent run on the
-/// host's network, so each listener needs a port of its own).
+/// host's network, so each listener needs a port of its own). Taken on every address, so it is
+/// free on the loopback too.
 pub fn free_port() -> std::io::Result<u16> {
     Ok(std::net::TcpListener::bind("0.0.0.0:0")?
         .local_addr()?

@@ -228,7 +228,6 @@ fn check_exit_file(st: &rfs::Stat, path: &Path) -> Result<(), ShareError> {
     }
 }
 
-/// Names of the real (not symlinked) subdirectories of `dir`.
 /// What an opened file of a container's directory holds, up to [`MAX_EXIT_BYTES`]: the
 /// handshake's files are words; whatever a container writes beyond that is not read.
 pub(super) fn read_capped(fd: &OwnedFd, path: &Path) -> Result<Vec<u8>, ShareError> {
@@ -245,6 +244,7 @@ pub(super) fn read_capped(fd: &OwnedFd, path: &Path) -> Result<Vec<u8>, ShareErr
     Ok(buf.get(..len).unwrap_or_default().to_vec())
 }
 
+/// Names of the real (not symlinked) subdirectories of `dir`.
 pub(super) fn subdirs(dir: &OwnedFd, path: &Path) -> Result<Vec<OsString>, ShareError> {
     let mut out = Vec::new();
     for name in entries(dir, path)? {
