@@ -745,7 +745,11 @@ async fn a_pod_kill_the_marks_show_stays_ordered_without_reading_events() {
     // The app's mark first, taken by the agent (it removes what it took)...
     l.rig.mark(APP_UID, "app");
     let mark = l.rig.dir(APP_UID, "app").join("stopping");
-    support_until("the app's mark taken", || !mark.exists()).await;
+    exitorder_testbed::clock::until("the app's mark taken", Duration::from_secs(5), || async {
+        !mark.exists()
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
     let f = l.rig.request_exit(APP_UID, "proxy");
     l.held_until_app_exits(&f, Duration::from_millis(1_500))
         .await;
@@ -837,13 +841,4 @@ async fn a_pod_churning_its_exit_costs_a_bounded_number_of_reads() {
     assert!(toggles >= 50, "{toggles} toggles");
     assert!(reads <= 3, "{reads} Event reads for {toggles} toggles");
     l.stop().await;
-}
-
-/// Waits until `done` holds (5 s at most).
-async fn support_until(what: &str, done: impl Fn() -> bool) {
-    let end = Instant::now() + Duration::from_secs(5);
-    while !done() {
-        assert!(Instant::now() < end, "{what}: not within 5 s");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
 }

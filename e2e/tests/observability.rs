@@ -586,10 +586,7 @@ impl Scraper {
     async fn start(binary: &Path, target: std::net::SocketAddr) -> Scraper {
         let mut said = String::new();
         for _ in 0..3 {
-            let port = std::net::TcpListener::bind("127.0.0.1:0")
-                .and_then(|l| l.local_addr())
-                .expect("a free port")
-                .port();
+            let port = exitorder_testbed::node::free_port().expect("a free port");
             let dir = tempfile::tempdir().expect("tempdir");
             let config = dir.path().join("prometheus.yml");
             let yaml = format!(

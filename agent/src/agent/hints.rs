@@ -139,14 +139,18 @@ impl Hints {
     }
 
     /// Gives up the first read of attempt `id` (noted by [`Self::waited`]) when it is not
-    /// made yet: the next one is the second, at [`SECOND_AFTER`].
-    pub fn forfeit_first(&mut self, pod: &PodUid, id: &str) {
+    /// made yet: the next one is the second, at [`SECOND_AFTER`]. Whether it was given up now.
+    pub fn forfeit_first(&mut self, pod: &PodUid, id: &str) -> bool {
         let attempt = self
             .pods
             .get_mut(pod)
             .and_then(|p| p.attempts.iter_mut().find(|a| a.id == id));
-        if let Some(a) = attempt.filter(|a| a.reads == 0) {
-            a.reads = 1;
+        match attempt.filter(|a| a.reads == 0) {
+            Some(a) => {
+                a.reads = 1;
+                true
+            }
+            None => false,
         }
     }
 

@@ -205,8 +205,10 @@ impl Agent {
             // way, whose hooks the runtime starts late on a busy node, so this pod's own
             // marks are likely only behind. The quick first read would mostly ask the API
             // server what the marks tell a moment later: only the later one is kept.
-            if node_marked.is_some_and(|t| t.later(hints::FIRST_AFTER) >= u.since) {
-                self.hints.forfeit_first(pod, &u.attempt);
+            if node_marked.is_some_and(|t| t.later(hints::FIRST_AFTER) >= u.since)
+                && self.hints.forfeit_first(pod, &u.attempt)
+            {
+                debug!(pod = %pod, container = %u.name, "other pods are being killed: the first read of the kubelet's word is given up");
             }
         }
         let due: Vec<(&Undecided, Instant)> = undecided
@@ -229,6 +231,7 @@ impl Agent {
                 let since = ready.iter().map(|u| u.since).min().unwrap_or(now);
                 self.confirm(pod, since, attempts, now);
             } else {
+                debug!(pod = %pod, "no read of the kubelet's word left in the budget");
                 self.stats.api_read_skipped();
             }
         }

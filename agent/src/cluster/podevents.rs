@@ -106,12 +106,9 @@ impl Confirmer {
                     .filter(|e| e.involved_object.uid.as_deref() == Some(req.uid.as_str()))
                     .map(seen)
                     .collect();
-                Some(kills::read_word(
-                    &seen,
-                    &self.node,
-                    req.since_unix,
-                    &req.attempts,
-                ))
+                let word = kills::read_word(&seen, &self.node, req.since_unix, &req.attempts);
+                debug!(pod = %req.name, events = seen.len(), word = ?word, "the pod's Events read");
+                Some(word)
             }
             Ok(Err(e)) => {
                 self.stats.api_error("events_list");

@@ -195,7 +195,7 @@ pub(super) async fn churn(
     plan: ChurnPlan,
 ) -> anyhow::Result<ChurnRow> {
     use futures_util::StreamExt;
-    let mut agent = super::start_agent(node, bin, None).await?;
+    let mut agent = super::agent::start_agent(node, bin, None).await?;
     let pid = agent
         .pid()
         .ok_or_else(|| anyhow::anyhow!("the agent has no pid"))?;
@@ -285,7 +285,7 @@ async fn allows_of(
     agent: &AgentProcess,
     uids: &[String],
 ) -> anyhow::Result<BTreeMap<String, usize>> {
-    let log: AllowLog = super::agent_allows(agent, uids).await?;
+    let log: AllowLog = super::agent::agent_allows(agent, uids).await?;
     let mut by_reason = BTreeMap::new();
     for uid in uids {
         let reason = log

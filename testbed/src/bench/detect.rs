@@ -5,13 +5,14 @@
 use anyhow::{bail, Context};
 use tracing::Instrument;
 
+use super::agent::{agent_allows, connected_source, start_agent, AgentSource};
 use super::baseline::{KruiseDaemon, KRUISE_SCAN};
 use super::kernelclock::KernelClock;
 use super::measure::{self, assess, Allow, PreStop, Trial};
 use super::report::DetectRow;
 use super::{
-    agent_allows, bench_pod, connected_source, delete_all, random_fraction, start_agent,
-    start_pods, watch_apps, AgentSource, BenchArgs, APP, BATCH_JITTER, PROXY,
+    bench_pod, delete_all, random_fraction, start_pods, watch_apps, BenchArgs, APP, BATCH_JITTER,
+    PROXY,
 };
 use crate::agentlog::AllowLog;
 use crate::binaries::Binaries;

@@ -67,7 +67,7 @@ use kernelclock::KernelClock;
 use report::{DetectSection, Report, ReturnRow, ReturnSection, Settings};
 use resources::resources;
 
-use agent::{agent_allows, connected_source, start_agent, start_agent_with, AgentSource};
+use agent::AgentSource;
 
 const APP: &str = "app";
 const PROXY: &str = "proxy";

@@ -7,15 +7,13 @@ use std::time::{Duration, Instant};
 use anyhow::anyhow;
 use tracing::Instrument;
 
+use super::agent::{agent_allows, connected_source, start_agent};
 use super::detect::{agent_trials, forget_pods};
 use super::kernelclock::KernelClock;
 use super::measure::assess;
 use super::proc::{mib, Sample};
 use super::report::{BurstRow, IdleRow, Usage};
-use super::{
-    agent_allows, bench_pod, connected_source, delete_all, start_agent, start_pods, watch_apps,
-    BenchArgs, PROBE_PERIOD,
-};
+use super::{bench_pod, delete_all, start_pods, watch_apps, BenchArgs, PROBE_PERIOD};
 use crate::binaries::Binaries;
 use crate::node::Node;
 use exitorder::handshake::share::Share;

@@ -15,8 +15,9 @@ use std::time::Duration;
 use anyhow::Context;
 use serde::Serialize;
 
+use super::agent::start_agent_with;
 use super::summary::summarize;
-use super::{start_agent_with, READY_TIMEOUT};
+use super::READY_TIMEOUT;
 use crate::binaries::Binaries;
 use crate::kubelet::{DeleteOptions, Kill, RunOptions, RunningPod};
 use crate::node::Node;

@@ -90,9 +90,10 @@ fn review(uid: usize, pod: &Value) -> Vec<u8> {
 pub async fn measure(binary: &Path, reviews: usize) -> anyhow::Result<WebhookRow> {
     let dir = tempfile_dir()?;
     let ca = certificates(dir.path())?;
-    let addr: SocketAddr = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .context("a free port")?;
+    let addr = SocketAddr::from((
+        [127, 0, 0, 1],
+        crate::node::free_port().context("a free port")?,
+    ));
     let mut child = tokio::process::Command::new(binary)
         .arg("webhook")
         .arg("--cert")

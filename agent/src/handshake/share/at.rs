@@ -228,10 +228,15 @@ fn check_exit_file(st: &rfs::Stat, path: &Path) -> Result<(), ShareError> {
     }
 }
 
-/// What an opened file of a container's directory holds, up to [`MAX_EXIT_BYTES`]: the
-/// handshake's files are words; whatever a container writes beyond that is not read.
-pub(super) fn read_capped(fd: &OwnedFd, path: &Path) -> Result<Vec<u8>, ShareError> {
-    let mut buf = [0u8; MAX_EXIT_BYTES];
+/// Reads an opened file of a container's directory into `buf` (sized [`MAX_EXIT_BYTES`]: the
+/// handshake's files are words; whatever a container writes beyond that is not read) and
+/// returns how many bytes it holds. The caller's buffer, on its stack: this is on the
+/// decision's path, once per exit file read, and allocates nothing.
+pub(super) fn read_capped(
+    fd: &OwnedFd,
+    path: &Path,
+    buf: &mut [u8; MAX_EXIT_BYTES],
+) -> Result<usize, ShareError> {
     let mut len = 0usize;
     while let Some(rest) = buf.get_mut(len..).filter(|r| !r.is_empty()) {
         match rustix::io::read(fd, rest) {
@@ -241,7 +246,7 @@ pub(super) fn read_capped(fd: &OwnedFd, path: &Path) -> Result<Vec<u8>, ShareErr
             Err(e) => return Err(ShareError::io("read", path, e)),
         }
     }
-    Ok(buf.get(..len).unwrap_or_default().to_vec())
+    Ok(len)
 }
 
 /// Names of the real (not symlinked) subdirectories of `dir`.

@@ -371,8 +371,9 @@ impl Share {
                 .saturating_mul(1_000_000_000)
                 .saturating_add(i128::from(st.st_mtime_nsec)),
         });
-        let bytes = read_capped(&fd, &path)?;
-        Ok((ExitState::parse(&bytes), id))
+        let mut buf = [0u8; MAX_EXIT_BYTES];
+        let len = read_capped(&fd, &path, &mut buf)?;
+        Ok((ExitState::parse(buf.get(..len).unwrap_or_default()), id))
     }
 
     /// How long ago the exit file was written, by its own modification time: for

@@ -8,7 +8,7 @@ use rustix::fs::{self as rfs, AtFlags, FileType};
 
 use super::{
     open_checked, read_capped, write_replace, ExitKey, Share, ShareError, AGENT_FILE, MARK_FILE,
-    MARK_SEEN_FILE,
+    MARK_SEEN_FILE, MAX_EXIT_BYTES,
 };
 
 /// What the agent's presence file says of it.
@@ -122,8 +122,9 @@ impl Share {
         let Some(fd) = open_checked(&dir, MARK_SEEN_FILE, &path)? else {
             return Ok(None);
         };
-        let bytes = read_capped(&fd, &path)?;
-        let text = std::str::from_utf8(&bytes).unwrap_or("");
+        let mut buf = [0u8; MAX_EXIT_BYTES];
+        let len = read_capped(&fd, &path, &mut buf)?;
+        let text = std::str::from_utf8(buf.get(..len).unwrap_or_default()).unwrap_or("");
         Ok(text
             .trim()
             .strip_prefix("seen=")

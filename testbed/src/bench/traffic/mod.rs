@@ -21,8 +21,8 @@ use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
+use super::agent::start_agent;
 use super::baseline::{KruiseDaemon, KRUISE_SCAN};
-use super::start_agent;
 use crate::binaries::Binaries;
 use crate::clock::until;
 use crate::kubelet::{DeleteOptions, Deletion, Kill, RunOptions, RunningPod};
