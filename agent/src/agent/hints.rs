@@ -4,7 +4,8 @@
 //! Each read is a LIST of the pod's Events that the API server serves from etcd (Events have no
 //! watch cache by default), multiplied by every node of the cluster. So a read is asked:
 //! - only for the first wait of a container attempt (a hook run again, or a pod re-creating its
-//!   `exit`, is the same attempt: the kubelet's word on it was read already), at most
+//!   `exit`, is the same attempt: the kubelet's word on it was read already; a wait made anew
+//!   before any read was made takes the first one's place, or the attempt would get none), at most
 //!   [`PER_ATTEMPT`] times, at [`FIRST_AFTER`] and [`SECOND_AFTER`] (a pod kill's marks come
 //!   first and make the read unneeded; the kubelet's recorder sends its Event within that),
 //!   and only at the second while other pods of the node are being killed (their marks and
@@ -76,12 +77,14 @@ impl Bucket {
     }
 }
 
-/// One attempt: when its first wait began, and the reads made for it.
+/// One attempt: when its first wait began, and the reads counted for it (a forfeited first
+/// read counts, but is not a read made).
 #[derive(Debug, Clone)]
 struct Attempt {
     id: String,
     first_wait: Instant,
     reads: u8,
+    made: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -122,10 +125,15 @@ impl Hints {
         }
     }
 
-    /// Notes that attempt `id`'s wait began at `since` (its first, if none was noted).
+    /// Notes that attempt `id`'s wait began at `since`: its first, if none was noted or no read
+    /// was made for the one noted (that wait was replaced before its read came due, and its
+    /// reads are this one's).
     pub fn waited(&mut self, pod: &PodUid, id: &str, since: Instant, now: Instant) {
         let p = self.pod(pod, now);
-        if p.attempts.iter().any(|a| a.id == id) {
+        if let Some(a) = p.attempts.iter_mut().find(|a| a.id == id) {
+            if !a.made {
+                a.first_wait = since;
+            }
             return;
         }
         if p.attempts.len() >= MAX_ATTEMPTS {
@@ -135,6 +143,7 @@ impl Hints {
             id: id.to_owned(),
             first_wait: since,
             reads: 0,
+            made: false,
         });
     }
 
@@ -170,6 +179,7 @@ impl Hints {
             .filter(|a| ids.contains(&a.id.as_str()))
         {
             a.reads = a.reads.saturating_add(1);
+            a.made = true;
         }
         self.node.take();
         true
@@ -254,6 +264,31 @@ mod tests {
         assert!(h.spend(&p, &["b"], t + FIRST_AFTER));
         h.forfeit_first(&p, "b");
         assert_eq!(h.due(&p, "b", t), Some(t + SECOND_AFTER));
+    }
+
+    /// A wait made anew (its `exit` seen again as the hook began) before the first wait's read
+    /// came due: the new wait gets the attempt's reads, or none would be made at all.
+    #[test]
+    fn a_wait_made_anew_before_its_first_read_keeps_its_reads() {
+        let t = Instant::now();
+        let mut h = Hints::new(t);
+        let p = pod(1);
+        h.waited(&p, "a", t, t);
+        let anew = t + Duration::from_millis(5);
+        h.waited(&p, "a", anew, anew);
+        assert_eq!(h.due(&p, "a", t), None);
+        assert_eq!(h.due(&p, "a", anew), Some(anew + FIRST_AFTER));
+        // A forfeited first read is not a read made: a later wait still takes its place.
+        h.forfeit_first(&p, "a");
+        let again = anew + Duration::from_millis(5);
+        h.waited(&p, "a", again, again);
+        assert_eq!(h.due(&p, "a", again), Some(again + SECOND_AFTER));
+        // Once a read was made, a later wait of the attempt gets none.
+        assert!(h.spend(&p, &["a"], again + SECOND_AFTER));
+        let late = again + Duration::from_secs(2);
+        h.waited(&p, "a", late, late);
+        assert_eq!(h.due(&p, "a", late), None);
+        assert_eq!(h.due(&p, "a", again), None);
     }
 
     #[test]
