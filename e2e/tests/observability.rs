@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
 
-use exitorder_testbed::install::{tool_candidates, Helm, CHART_IN_TREE, NAMESPACE};
+use exitorder_testbed::install::{tool_candidates, tools_dir, Helm, CHART_IN_TREE, NAMESPACE};
 use exitorder_testbed::manifest;
 use serde_json::Value;
 use support::skip_or_fail;
@@ -45,7 +45,7 @@ fn root() -> &'static Path {
 
 /// The chart rendered (after `helm lint --strict`) with `values`.
 fn render(values: &[(&str, &str)]) -> Option<Vec<Value>> {
-    let helm = match Helm::find(root()) {
+    let helm = match Helm::find() {
         Ok(h) => h,
         Err(e) => {
             skip_or_fail(&format!("the chart tests need helm: {e}"));
@@ -74,7 +74,7 @@ fn promtool() -> Option<PathBuf> {
     let candidates = tool_candidates(
         "EXITORDER_PROMTOOL",
         "promtool",
-        root().join("target/tools/prometheus/usr/bin/promtool"),
+        tools_dir().join("prometheus/usr/bin/promtool"),
     );
     for c in candidates {
         let works = Command::new(&c)
@@ -511,7 +511,7 @@ fn the_alerts_fire_where_they_should() {
 
 #[test]
 fn the_rules_need_the_agents_pod_monitor_and_the_webhooks_come_with_its_own() {
-    let helm = match Helm::find(root()) {
+    let helm = match Helm::find() {
         Ok(h) => h,
         Err(e) => {
             skip_or_fail(&format!("the chart tests need helm: {e}"));

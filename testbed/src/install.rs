@@ -13,8 +13,8 @@ use crate::kubelet::{RunOptions, RunningPod};
 use crate::manifest;
 use crate::node::{LogLine, Node, TestbedError};
 
-/// Where `scripts/tools.sh` puts helm, relative to the repository.
-pub const HELM_IN_TREE: &str = "target/tools/helm/helm";
+/// Where `scripts/tools.sh` puts helm, under [`tools_dir`].
+pub const HELM_IN_TOOLS: &str = "helm/helm";
 /// The chart, relative to the repository.
 pub const CHART_IN_TREE: &str = "deploy/helm/exitorder";
 /// What `scripts/image` writes, relative to the repository.
@@ -26,6 +26,26 @@ pub const NAMESPACE: &str = "exitorder";
 #[derive(Debug, Clone)]
 pub struct Helm {
     pub path: PathBuf,
+}
+
+/// What the tests and scripts keep across clones on a machine (fetched tools, the previous
+/// release's binaries): `EXITORDER_CACHE`, else `$XDG_CACHE_HOME/exitorder`, else
+/// `~/.cache/exitorder`, as `scripts/tools.sh` says.
+pub fn cache_dir() -> PathBuf {
+    let var = |name: &str| {
+        std::env::var_os(name)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    };
+    var("EXITORDER_CACHE")
+        .or_else(|| var("XDG_CACHE_HOME").map(|d| d.join("exitorder")))
+        .or_else(|| var("HOME").map(|d| d.join(".cache/exitorder")))
+        .unwrap_or_else(|| std::env::temp_dir().join("exitorder-cache"))
+}
+
+/// Where `scripts/tools.sh` keeps the tools it fetches.
+pub fn tools_dir() -> PathBuf {
+    cache_dir().join("tools")
 }
 
 /// Where a tool the tests run may be, in order: the file `env` names, `name` on PATH, then
@@ -44,9 +64,9 @@ pub fn tool_candidates(env: &str, name: &str, in_tree: PathBuf) -> Vec<PathBuf> 
 }
 
 impl Helm {
-    /// `EXITORDER_HELM`, else `helm` on PATH, else `target/tools/helm/helm` under `root`.
-    pub fn find(root: &Path) -> Result<Helm, TestbedError> {
-        for path in tool_candidates("EXITORDER_HELM", "helm", root.join(HELM_IN_TREE)) {
+    /// `EXITORDER_HELM`, else `helm` on PATH, else the one `scripts/tools.sh` fetched.
+    pub fn find() -> Result<Helm, TestbedError> {
+        for path in tool_candidates("EXITORDER_HELM", "helm", tools_dir().join(HELM_IN_TOOLS)) {
             if path.is_file() {
                 return Ok(Helm { path });
             }

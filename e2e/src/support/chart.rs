@@ -15,7 +15,7 @@ pub fn chart() -> PathBuf {
 
 /// helm, or `None` (the test skips; in CI it fails).
 pub fn helm() -> Option<Helm> {
-    match Helm::find(crate::repo()) {
+    match Helm::find() {
         Ok(h) => Some(h),
         Err(e) => {
             skip_or_fail(&format!("the chart tests need helm: {e}"));

@@ -3,7 +3,8 @@
 //!
 //! Parts:
 //! - `chart`: the in-tree chart rendered by a real helm, into documents;
-//! - `compat`: the previous release's agent and entrypoint, built from its commit;
+//! - `compat`: the previous release's agent and entrypoint, built from its commit into a cache
+//!   outside the clone;
 //! - `killbed`: a node whose kubelet reports to a fake API server, the agent watching it;
 //! - `lifecycle`: the kubelet's node-conformance lifecycle cases, ported;
 //! - `flood`: idle and slow-loris connections from one peer, kept up;
@@ -143,12 +144,18 @@ pub(crate) fn build_static_entrypoint(
 /// Builds `exitorder-entrypoint` statically (it runs inside busybox containers) into
 /// target/static, once per test process. A target dir of its own: its flags (static,
 /// `panic=abort`) would otherwise make the workspace's artifacts be built again.
+/// `EXITORDER_ENTRYPOINT_BIN` names one built elsewhere instead (`scripts/test` builds it once
+/// for every test process), checked as static all the same.
 pub fn static_entrypoint() -> &'static Path {
     static BUILT: OnceLock<Result<PathBuf, String>> = OnceLock::new();
     let built = BUILT.get_or_init(|| {
-        let root = crate::repo();
-        build_static_entrypoint("the static entrypoint's build", None, "target/static")?;
-        let bin = root.join("target/static/release/exitorder-entrypoint");
+        let bin = match std::env::var_os("EXITORDER_ENTRYPOINT_BIN") {
+            Some(bin) => PathBuf::from(bin),
+            None => {
+                build_static_entrypoint("the static entrypoint's build", None, "target/static")?;
+                crate::repo().join("target/static/release/exitorder-entrypoint")
+            }
+        };
         match check_static_executable(&bin) {
             Ok(()) => Ok(bin),
             Err(e) => Err(format!("{}: {e}", bin.display())),

@@ -363,7 +363,7 @@ async fn scenario(
     let agent = match (&binaries, &args.chart) {
         (_, Some(chart)) if !args.without_agent => {
             let opts = ChartOptions {
-                helm: Helm::find(&std::env::current_dir().unwrap_or_default())?,
+                helm: Helm::find()?,
                 chart: chart.clone(),
                 image: args.agent_image.clone(),
                 metrics_port: crate::node::free_port()
