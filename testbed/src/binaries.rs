@@ -44,8 +44,8 @@ pub fn agent_binary(given: Option<PathBuf>) -> anyhow::Result<PathBuf> {
         Ok(path)
     } else {
         bail!(
-            "agent binary {} not found; build it with `cargo build --release -p exitorder` or \
-             give --agent-binary",
+            "agent binary {} not found; build it with `scripts/static agent` (scripts/demo and \
+             scripts/bench do) or give --agent-binary",
             path.display()
         )
     }

@@ -52,11 +52,12 @@ fn build() -> Result<Previous, String> {
             entrypoint,
         });
     }
+    // Whatever an earlier build left (an unpacking cut short, a failed build) is not trusted:
+    // the build starts from the commit again.
     let work = out.join("build");
+    let _ = std::fs::remove_dir_all(&work);
     let src = work.join("src");
-    if !src.join("Cargo.toml").is_file() {
-        extract(root, &commit, &src)?;
-    }
+    extract(root, &commit, &src)?;
     let manifest = src.join("Cargo.toml");
     let manifest = manifest.to_string_lossy();
     let target = work.join("target");

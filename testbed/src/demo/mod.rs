@@ -100,7 +100,7 @@ pub struct DemoArgs {
     #[command(flatten)]
     pub binaries: BinaryArgs,
     /// Install the agent the way a cluster does instead: this Helm chart rendered by helm
-    /// (`EXITORDER_HELM`, PATH, or target/tools/helm/helm), its DaemonSet's pod run from the
+    /// (`EXITORDER_HELM`, PATH, or the one scripts/tools.sh keeps), its DaemonSet's pod run from the
     /// image archive given by --agent-image.
     #[arg(long, value_name = "CHART_DIR")]
     pub chart: Option<PathBuf>,
