@@ -52,6 +52,18 @@ _stamped() {
         (cd "$dir" && sha256sum --quiet --status -c .sha256)
 }
 
+# For a build directory DIR that clones share: the first time this clone ($PWD) builds there,
+# runs COMMAND... to take out the crates of the clone before, so DIR keeps the dependencies and
+# one clone's own crates, not a copy per clone.
+forget_other_clone() {
+    local dir=$1
+    shift
+    [ "$(cat "$dir/.clone" 2>/dev/null)" = "$PWD" ] && return 0
+    "$@"
+    mkdir -p "$dir"
+    echo "$PWD" >"$dir/.clone"
+}
+
 # Installs Debian package $2 (default: $1) when command $1 is missing.
 ensure_command() {
     local cmd=$1 pkg=${2:-$1}
