@@ -393,11 +393,12 @@ impl<'a> ShareSync<'a> {
                     // Its kill is new: what was known of the last one is not known of this one.
                     pod.confirm.restarting.remove(key.container.as_str());
                     pod.confirm.alone.remove(key.container.as_str());
-                    dirty.insert(key.pod.clone());
                 }
                 debug!(event = "waiting", pod = %key.pod, container = %key.container, "exit file waiting");
                 if churning {
-                    // Decided at the end of the window, with whatever came meanwhile.
+                    // Decided at the end of the window, with whatever came meanwhile: a
+                    // container remaking its exit file in a loop is a rerun each time, and
+                    // would otherwise cost a decision (and a runtime listing) per write.
                     self.stats.exit_churn();
                     let at = now.later(CHURN_WINDOW);
                     pod.wake = Some(pod.wake.map_or(at, |w| w.min(at)));
@@ -581,6 +582,54 @@ mod tests {
         let pod = f.waits.get(&uid).unwrap();
         assert!(pod.rerun_at.is_some_and(|r| r >= before));
         assert_eq!(f.waits.count(), 2);
+    }
+
+    /// A container remaking its exit file in a loop: each remade file is a rerun, decided at
+    /// the end of the churn window rather than at once (a decision, and a runtime listing, per
+    /// write); a rerun after the window is decided at once.
+    #[test]
+    fn a_wait_remade_within_the_churn_window_is_decided_at_its_end() {
+        let mut f = Fixture::new();
+        let uid = PodUid::parse(UID).unwrap();
+        let dir = f.pods().join(UID).join("proxy");
+        std::fs::create_dir_all(&dir).unwrap();
+        let exit = dir.join("exit");
+        std::fs::write(&exit, "wait\n").unwrap();
+        assert!(
+            f.changed(&exit).contains(&uid),
+            "a first wait is decided at once"
+        );
+
+        // Removed and made anew at once, the events coalesced before the agent read.
+        std::thread::sleep(Duration::from_millis(5));
+        ask_again(&exit);
+        let before = Instant::now();
+        let dirty = f.changed(&exit);
+        let pod = f.waits.get(&uid).unwrap();
+        assert!(pod.rerun_at.is_some(), "a rerun");
+        assert!(
+            !dirty.contains(&uid),
+            "decided at the window's end, not at once"
+        );
+        assert!(
+            pod.wake
+                .is_some_and(|w| w >= before && w <= Instant::now() + CHURN_WINDOW),
+            "woken at the window's end: {:?}",
+            pod.wake
+        );
+
+        std::thread::sleep(CHURN_WINDOW + Duration::from_millis(20));
+        ask_again(&exit);
+        assert!(
+            f.changed(&exit).contains(&uid),
+            "a rerun after the window is decided at once"
+        );
+        assert!(f
+            .waits
+            .get(&uid)
+            .unwrap()
+            .rerun_at
+            .is_some_and(|r| r > before));
     }
 
     #[test]
