@@ -703,3 +703,37 @@ fn no_source_file_passes_600_lines_before_its_tests() {
         long.join("\n")
     );
 }
+
+/// `cargo clean -p PACKAGE`, which CI and `scripts/fuzz` use to take another clone's crates
+/// out of a shared build directory, removes the build of every target named as one of the
+/// package's targets: a test target named as a dependency (`entrypoint/tests/http.rs` was)
+/// takes that dependency's build with it, and everything built on it is compiled again.
+#[test]
+fn no_test_target_is_named_as_a_dependency() {
+    let mut dependencies = BTreeSet::new();
+    for lock in ["Cargo.lock", "fuzz/Cargo.lock"] {
+        for line in read(&repo().join(lock)).lines() {
+            if let Some(name) = line.strip_prefix("name = \"") {
+                dependencies.insert(name.trim_end_matches('"').replace('-', "_"));
+            }
+        }
+    }
+    assert!(dependencies.contains("tokio"), "Cargo.lock read");
+    let mut clashes = Vec::new();
+    for dir in ["entrypoint/tests", "e2e/tests", "testbed/tests"] {
+        let entries = std::fs::read_dir(repo().join(dir)).unwrap_or_else(|e| panic!("{dir}: {e}"));
+        for entry in entries {
+            let path = entry.unwrap_or_else(|e| panic!("{dir}: {e}")).path();
+            let Some(stem) = path.file_stem().and_then(|s| s.to_str()) else {
+                continue;
+            };
+            if path.extension().is_some_and(|e| e == "rs") && dependencies.contains(stem) {
+                clashes.push(relative(&path));
+            }
+        }
+    }
+    assert!(
+        clashes.is_empty(),
+        "test targets named as a dependency (rename them): {clashes:?}"
+    );
+}
