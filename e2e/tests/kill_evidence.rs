@@ -409,6 +409,58 @@ async fn a_pod_kill_whose_app_exec_is_late_stays_ordered() {
     kb.finish().await;
 }
 
+/// A deletion the agent cannot see (the API server unreachable, the pod watch re-listing),
+/// whose app's preStop exec fails to start (no mark: the kubelet records `FailedPreStopHook`
+/// and sends TERM; the app drains 8 s): the app's silence is no restart's proof while the view
+/// is not current, and the proxy leaves after the app.
+#[tokio::test]
+async fn a_deletion_while_the_pod_watch_is_down_and_the_apps_mark_failing_stays_ordered() {
+    let Some(kb) = KillBed::start().await else {
+        return;
+    };
+    let p = injected("watch-down", "8");
+    let running = kb.run(&p).await;
+    let uid = running.uid().to_owned();
+    kb.served.api.set_down(true);
+    kb.bed
+        .agent
+        .wait_for("the pod watch down", secs(10), |l| {
+            l.message()
+                .is_some_and(|m| m.starts_with("pod watch failed"))
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let d = running
+        .delete_with(DeleteOptions {
+            exec_fails: vec!["app".to_owned()],
+            ..DeleteOptions::probed()
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    kb.bed.show("watch-down", &d);
+    let app_hook = d
+        .timeline
+        .first("app", |w| matches!(w, What::PreStopEnded { ok: false, .. }));
+    assert!(
+        app_hook.is_some(),
+        "the app's hook did not fail:\n{}",
+        d.describe()
+    );
+    support::assert_exited_after(&kb.bed, &d, "proxy", "app");
+    let allow = kb.bed.allowed(&uid, "proxy").await;
+    support::assert_reason_ordered(&allow, "a deletion unseen, the app's mark failing");
+    assert!(
+        kb.bed.agent.lines().iter().any(|l| l.is(
+            "silence_held",
+            &[("pod", uid.as_str()), ("container", "proxy")]
+        )),
+        "{}",
+        kb.bed.agent.log_tail(60)
+    );
+    kb.served.api.set_down(false);
+    kb.finish().await;
+}
+
 /// Above the longest the runtime was measured to go without returning any preStop exec while
 /// 110 pods were killed at once (1.9 s, `scripts/bench --only skew`, docs/architecture.md).
 const WORST_MEASURED_SPREAD: Duration = Duration::from_millis(2_000);

@@ -19,6 +19,10 @@ use crate::pod::PodUid;
 /// A silence judged while file events were still queued is judged again this soon after.
 const UNREAD_RETRY: std::time::Duration = std::time::Duration::from_millis(20);
 
+/// A silence judged while the pod watch was not current is judged again this soon after: the
+/// watch says current again within a re-list, and a deletion it then shows decides.
+const BEHIND_RETRY: std::time::Duration = std::time::Duration::from_millis(250);
+
 /// A wait the evidence has not decided, for which the kubelet's word may help.
 struct Undecided {
     name: String,
@@ -94,10 +98,16 @@ impl Agent {
         // silence is only silence once they were read (the loop reads them next). Another
         // pod's events, however many, hold nothing of this one's.
         let unread = self.fs.holds_pod(pod.as_str());
+        // The pod watch not current (after a watch error, until its re-list): a deletion the
+        // API server holds may be what the view does not show, and a deletion's exits are
+        // never let go by silence. The marks of a pod kill still decide, and the kubelet's
+        // word for the attempt; silence waits for the watch.
+        let behind = self.api.pods.as_ref().is_some_and(|w| !w.is_current());
         let mut stopping = Vec::new();
         let mut alone = BTreeMap::new();
         let mut judging = Vec::new();
         let mut undecided = Vec::new();
+        let mut held_behind = Vec::new();
         let mut next: Option<Instant> = None;
         for (name, w) in &p.waiting {
             let name = name.as_str();
@@ -124,6 +134,16 @@ impl Agent {
                 Judgement::Alone(evidence::Alone::Silence) if unread => {
                     judging.push(name.to_owned());
                     next = [next, Some(now.later(UNREAD_RETRY))]
+                        .into_iter()
+                        .flatten()
+                        .min();
+                }
+                Judgement::Alone(evidence::Alone::Silence) if behind => {
+                    if !p.confirm.behind.contains(name) {
+                        info!(event = "silence_held", pod = %pod, container = %name, "the pod watch is not current: the others' silence does not let this wait go until it is");
+                    }
+                    held_behind.push(name.to_owned());
+                    next = [next, Some(now.later(BEHIND_RETRY))]
                         .into_iter()
                         .flatten()
                         .min();
@@ -159,6 +179,7 @@ impl Agent {
             }
             p.confirm.stopping = stopping;
             p.confirm.judging.clear();
+            p.confirm.behind.clear();
             facts.deletion = Deletion::Deleting;
             self.ask_kind(pod, now);
             return None;
@@ -172,6 +193,7 @@ impl Agent {
             }
         }
         p.confirm.judging = judging.into_iter().collect();
+        p.confirm.behind = held_behind.into_iter().collect();
         p.confirm.judged = true;
         let due = self.ask_word(pod, &undecided, node_marked, now);
         if let Some(p) = self.waits.pending.get_mut(pod) {

@@ -82,6 +82,9 @@ pub struct Confirmation {
     pub alone: BTreeMap<String, Alone>,
     /// The waits the evidence has not decided yet (a hold of theirs is not worth telling yet).
     pub judging: BTreeSet<String>,
+    /// The waits the others' silence would let go, held while the pod watch is not current
+    /// (told once each).
+    pub behind: BTreeSet<String>,
     /// The pod's waits were judged at least once (the view knew the pod).
     pub judged: bool,
     /// When the waits must be judged again (the others' marks may still come until then).

@@ -121,6 +121,10 @@ pub struct DeleteOptions {
     /// How much later than the others the runtime starts these containers' preStop execs
     /// (a node busy with other pods' execs, as when a node's pods are killed at once).
     pub exec_lag: Vec<(String, Duration)>,
+    /// These containers' preStop execs fail: the runtime cannot start the hook's program (an
+    /// exec at a container's `pids.max`, a binary gone from the share). The kubelet records
+    /// `FailedPreStopHook` and goes on to TERM; the hook's own program never runs.
+    pub exec_fails: Vec<String>,
     /// `kubectl delete --force` (with `grace_period: Some(0)`): the API server keeps the
     /// deletion's 0, which the kubelet makes 1 s from 1.31 and the pod's own grace before.
     pub force: bool,
@@ -147,6 +151,7 @@ impl DeleteOptions {
             kill: Kill::Deletion,
             shorten: None,
             exec_lag: Vec::new(),
+            exec_fails: Vec::new(),
             force: false,
             kubelet_version: None,
         }
@@ -246,9 +251,16 @@ pub(crate) struct PodCtx {
     /// inside `SyncPod` (`kuberuntime_manager.go`, step 3: `m.killContainer(...)` in a plain
     /// loop), so the pod's other containers start and restart only once it ended.
     sync: tokio::sync::Mutex<()>,
-    /// The lag of each named container's preStop exec in the pod's kill (see
-    /// [`DeleteOptions::exec_lag`]).
-    exec_lag: Mutex<Vec<(String, Duration)>>,
+    /// How the runtime plays the preStop execs of the pod's kill (see
+    /// [`DeleteOptions::exec_lag`] and [`DeleteOptions::exec_fails`]).
+    execs: Mutex<ExecPlay>,
+}
+
+/// The preStop execs of a pod's kill as the runtime plays them.
+#[derive(Debug, Default)]
+struct ExecPlay {
+    lag: Vec<(String, Duration)>,
+    fails: Vec<String>,
 }
 
 impl PodCtx {

@@ -59,6 +59,34 @@ impl Drop for Hook {
     }
 }
 
+/// The program a failing preStop exec asks for (see [`super::DeleteOptions::exec_fails`]): no
+/// image has it.
+const MISSING_HOOK: &str = "/.exitorder-test-bed/no-such-hook";
+
+/// The hook `h` of container `name` as the runtime plays it in this pod's kill: started late
+/// (this returns after the lag), or failing to start.
+pub(super) async fn as_played(ctx: &PodCtx, name: &str, h: &Handler) -> Handler {
+    let (lag, fails) = ctx
+        .execs
+        .lock()
+        .map(|e| {
+            (
+                e.lag.iter().find(|(n, _)| n == name).map(|(_, d)| *d),
+                e.fails.iter().any(|n| n == name),
+            )
+        })
+        .unwrap_or_default();
+    if let Some(lag) = lag {
+        tokio::time::sleep(lag).await;
+    }
+    match h {
+        // The runtime is asked to exec a program that is not there: the exec fails to start,
+        // as the hook's would.
+        Handler::Exec(_) if fails => Handler::Exec(vec![MISSING_HOOK.to_owned()]),
+        _ => h.clone(),
+    }
+}
+
 /// Runs `h` in container `name` (`id`) with `grace` seconds to go, with its Event when
 /// `events`; the record, the seconds it took, and the hook if it still runs.
 pub(super) async fn run(

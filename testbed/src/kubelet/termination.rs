@@ -214,15 +214,8 @@ async fn kill_one(
     let mut prestop = None;
     let mut hook = None;
     if let (Some(h), true) = (spec.and_then(|c| c.pre_stop.as_ref()), grace > 0) {
-        let lag = ctx
-            .exec_lag
-            .lock()
-            .map(|l| l.iter().find(|(n, _)| n == name).map(|(_, d)| *d))
-            .unwrap_or_default();
-        if let Some(lag) = lag {
-            tokio::time::sleep(lag).await;
-        }
-        let (record, took, still) = prestop::run(ctx, name, id, h, grace, events).await;
+        let h = prestop::as_played(ctx, name, h).await;
+        let (record, took, still) = prestop::run(ctx, name, id, &h, grace, events).await;
         grace -= took;
         prestop = Some(record);
         hook = Some(still);
@@ -339,8 +332,9 @@ pub(super) async fn delete(ctx: &PodCtx, opts: &DeleteOptions) -> Result<Deletio
     } else {
         None
     };
-    if let Ok(mut lag) = ctx.exec_lag.lock() {
-        lag.clone_from(&opts.exec_lag);
+    if let Ok(mut execs) = ctx.execs.lock() {
+        execs.lag.clone_from(&opts.exec_lag);
+        execs.fails.clone_from(&opts.exec_fails);
     }
     if let Kill::NodeShutdown { .. } = kill {
         // nodeshutdown_manager_linux.go: `go m.syncNodeStatus()` just before the pods are

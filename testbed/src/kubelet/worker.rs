@@ -169,7 +169,7 @@ pub(crate) async fn start(
         api: opts.api.clone(),
         api_status: Mutex::new(ApiStatus::phase("Pending")),
         sync: tokio::sync::Mutex::new(()),
-        exec_lag: std::sync::Mutex::new(Vec::new()),
+        execs: std::sync::Mutex::new(super::ExecPlay::default()),
     });
     ctx.record(None, What::SandboxReady);
     let (commands, rx) = mpsc::channel(4);
