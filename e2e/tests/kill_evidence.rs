@@ -52,29 +52,35 @@ fn injected(name: &str, drain: &str) -> Value {
 /// A proxy whose liveness probe fails on its first attempt only: the attempt before the
 /// first restart never says it is alive; every later one does (an emptyDir remembers).
 fn restarted_once(mut p: Value) -> Value {
-    support::edit_script(
-        &mut p,
-        "proxy",
-        "touch /tmp/serving",
-        "if [ -e /state/once ]; then touch /tmp/alive; else touch /state/once; fi; touch /tmp/serving",
-    );
-    let proxy = support::container_mut(&mut p, "proxy");
-    proxy["livenessProbe"] = json!({
-        "exec": {"command": ["test", "-e", "/tmp/alive"]},
-        "initialDelaySeconds": 1, "periodSeconds": 1, "failureThreshold": 1,
-    });
-    let mounts = proxy["volumeMounts"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default();
-    let mut mounts = mounts;
-    mounts.push(json!({"name": "state", "mountPath": "/state"}));
-    proxy["volumeMounts"] = json!(mounts);
-    let volumes = p["spec"]["volumes"].as_array().cloned().unwrap_or_default();
-    let mut volumes = volumes;
-    volumes.push(json!({"name": "state", "emptyDir": {}}));
-    p["spec"]["volumes"] = json!(volumes);
+    fails_liveness_once(&mut p, "proxy", 1);
     p
+}
+
+/// `container`'s liveness probe fails `delay_s` seconds after its first attempt started, on
+/// that attempt only: every later one says it is alive (the emptyDir `state` remembers).
+fn fails_liveness_once(p: &mut Value, container: &str, delay_s: u64) {
+    let once = format!("/state/{container}.once");
+    support::edit_script(
+        p,
+        container,
+        "touch /tmp/serving",
+        &format!(
+            "if [ -e {once} ]; then touch /tmp/alive; else touch {once}; fi; touch /tmp/serving"
+        ),
+    );
+    let c = support::container_mut(p, container);
+    c["livenessProbe"] = json!({
+        "exec": {"command": ["test", "-e", "/tmp/alive"]},
+        "initialDelaySeconds": delay_s, "periodSeconds": 1, "failureThreshold": 1,
+    });
+    let mut mounts = c["volumeMounts"].as_array().cloned().unwrap_or_default();
+    mounts.push(json!({"name": "state", "mountPath": "/state"}));
+    c["volumeMounts"] = json!(mounts);
+    let mut volumes = p["spec"]["volumes"].as_array().cloned().unwrap_or_default();
+    if !volumes.iter().any(|v| v["name"] == "state") {
+        volumes.push(json!({"name": "state", "emptyDir": {}}));
+    }
+    p["spec"]["volumes"] = json!(volumes);
 }
 
 /// The time of `container`'s `n`-th (0-based) preStop hook, start to return (ms), once it
@@ -90,6 +96,20 @@ fn prestop_ms(t: &Timeline, container: &str, n: usize) -> Option<i64> {
     let started = of(|w| matches!(w, What::PreStopStarted { .. }));
     let ended = of(|w| matches!(w, What::PreStopEnded { .. }));
     Some((ended.get(n)? - started.get(n)?) / 1_000_000)
+}
+
+/// The pod's status once the proxy's timeline holds what `what` matches (within 60 s).
+async fn proxy_reached(
+    running: &RunningPod,
+    label: &str,
+    what: fn(&What) -> bool,
+) -> exitorder_testbed::PodStatus {
+    running
+        .wait_for(label, secs(60), |s| {
+            s.timeline.first("proxy", what).is_some()
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{label}: {e}"))
 }
 
 fn pod_ref(running: &RunningPod) -> PodRef {
@@ -124,14 +144,10 @@ async fn a_restart_then_a_silent_pod_kill_keeps_the_new_attempt_ordered() {
     ] {
         let running = kb.run(&pod).await;
         let uid = running.uid().to_owned();
-        let s = running
-            .wait_for("the proxy's liveness kill", secs(60), |s| {
-                s.timeline
-                    .first("proxy", |w| matches!(w, What::Killing { .. }))
-                    .is_some()
-            })
-            .await
-            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let s = proxy_reached(&running, "the proxy's liveness kill", |w| {
+            matches!(w, What::Killing { .. })
+        })
+        .await;
         let killing_ns = s
             .timeline
             .first("proxy", |w| matches!(w, What::Killing { .. }))
@@ -164,6 +180,62 @@ async fn a_restart_then_a_silent_pod_kill_keeps_the_new_attempt_ordered() {
             kb.bed.agent.log_tail(60)
         );
     }
+    kb.finish().await;
+}
+
+/// Two liveness restarts in a row, in one sync as `SyncPod` runs them (one `killContainer`
+/// after the other, each with its `Killing` Event): the app's (it marks, drains 1 s, exits,
+/// and its next attempt starts), then the proxy's, while app2 runs on. The app's mark, from a
+/// kill that ended before the proxy's wait began, makes nothing a pod kill: the proxy's own
+/// Event for this attempt lets it go, at the latest at the second read of its wait (1.25 s).
+#[tokio::test]
+async fn two_restarts_in_a_row_are_two_restarts() {
+    let Some(kb) = KillBed::start().await else {
+        return;
+    };
+    kb.served.api.send_kubelet_events_after(EVENT_LATENCY);
+    let mut base = bare(two_level("in-a-row", "1"));
+    let mut app2 = support::container_mut(&mut base, "app").clone();
+    app2["name"] = "app2".into();
+    if let Some(cs) = base["spec"]["containers"].as_array_mut() {
+        cs.push(app2);
+    }
+    let mut p = support::injected(&base);
+    // 3 s apart: the app's kill has ended, its next attempt started, when the proxy's begins.
+    fails_liveness_once(&mut p, "app", 1);
+    fails_liveness_once(&mut p, "proxy", 4);
+    let running = kb.run(&p).await;
+    let uid = running.uid().to_owned();
+    let s = proxy_reached(&running, "the proxy's restart", |w| {
+        matches!(w, What::PreStopEnded { .. })
+    })
+    .await;
+    let t = &s.timeline;
+    let at = |c: &str, f: fn(&What) -> bool| t.first(c, f).map(|e| e.at_ns);
+    let app_marked = at("app", |w| matches!(w, What::PreStopEnded { .. }));
+    let app_again = at("app", |w| matches!(w, What::Started { attempt: 1 }));
+    let proxy_wait = at("proxy", |w| matches!(w, What::PreStopStarted { .. }));
+    assert!(
+        matches!((app_marked, app_again, proxy_wait), (Some(m), Some(a), Some(w)) if m < a && a < w),
+        "not two restarts in a row, the app's first:\n{}",
+        t.render(0)
+    );
+    let took = prestop_ms(t, "proxy", 0).unwrap_or(i64::MAX);
+    eprintln!("the second restart in a row: the proxy's preStop returned after {took} ms");
+    let allows = kb.allows(&uid, "proxy");
+    assert!(
+        took < 2_000
+            && allows
+                .first()
+                .is_some_and(|l| l.is("allow", &[("evidence", "kubelet_event")])),
+        "{took} ms, {allows:?}\n{}\nEvent reads: {}\n{}",
+        t.render(0),
+        kb.event_reads(),
+        kb.bed.agent.log_tail(80)
+    );
+    let app2 = running.status().container("app2").cloned().expect("app2");
+    assert!(app2.running && app2.attempt == 0, "{app2:?}");
+    running.delete().await.unwrap_or_else(|e| panic!("{e}"));
     kb.finish().await;
 }
 
@@ -321,14 +393,10 @@ async fn a_restart_whose_event_was_aggregated_is_let_go() {
             },
         );
     }
-    let s = running
-        .wait_for("the proxy's restart", secs(60), |s| {
-            s.timeline
-                .first("proxy", |w| matches!(w, What::PreStopEnded { .. }))
-                .is_some()
-        })
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    let s = proxy_reached(&running, "the proxy's restart", |w| {
+        matches!(w, What::PreStopEnded { .. })
+    })
+    .await;
     let combined = kb.served.api.kubelet_events().into_iter().any(|e| {
         e["message"]
             .as_str()

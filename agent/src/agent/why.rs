@@ -65,6 +65,7 @@ impl Agent {
                 created_ns: c.info.created_at,
                 marks: c.info.marks,
                 marked_ns: marked.get(c.info.name.as_str()).copied(),
+                exited_ns: c.exit_seen.map(|t| clock.ns(t)),
             })
             .collect();
         // A container that marked and that the view does not hold (yet): its mark still says
@@ -77,6 +78,7 @@ impl Agent {
                     created_ns: i64::MAX,
                     marks: true,
                     marked_ns: Some(*at),
+                    exited_ns: None,
                 });
             }
         }

@@ -21,7 +21,12 @@
 //! container's exit directory. A wait is judged:
 //! - a pod kill when another container, whose current attempt still runs, marked since that
 //!   attempt began (it is being stopped now, and the two kills overlap), or another container
-//!   marked within [`Rule::window`] of the wait (its kill began with this one's);
+//!   marked within [`Rule::window`] of the wait (its kill began with this one's) and its kill
+//!   had not ended (exited, or a new attempt created) before the wait began;
+//! - undecided, whatever the others' silence, when such a kill had ended before: a restart
+//!   just before this one in the same sync (`SyncPod` kills `ContainersToKill` one after the
+//!   other), or a pod kill whose other hooks the runtime started late. The kubelet's word for
+//!   this attempt decides then: two restarts in a row are two restarts;
 //! - this container's kill alone when none of the containers it waits for marked within the
 //!   window after the wait began, every one of them being one that marks (a pod kill would
 //!   have run their hooks too), on a node quiet that long (no other pod's mark within the
@@ -75,6 +80,22 @@ pub struct Peer {
     pub marks: bool,
     /// When the agent last saw it mark (Unix ns, the node's clock), if it did.
     pub marked_ns: Option<i64>,
+    /// When the agent saw its newest attempt exit (Unix ns), if it did.
+    pub exited_ns: Option<i64>,
+}
+
+impl Peer {
+    /// When the kill its mark was made in ended, as the node shows it: a newer attempt was
+    /// created since, or the attempt exited.
+    fn kill_ended_ns(&self, marked_ns: i64) -> Option<i64> {
+        if marked_ns < self.created_ns {
+            Some(self.created_ns)
+        } else if self.running {
+            None
+        } else {
+            self.exited_ns
+        }
+    }
 }
 
 /// One waiting container, as the judgement needs it.
@@ -129,15 +150,23 @@ pub enum Judgement {
 pub fn judge(rule: Rule, waiter: &Waiter<'_>, peers: &[Peer], now_ns: i64) -> Judgement {
     let window = i64::try_from(rule.window.as_nanos()).unwrap_or(i64::MAX);
     let near = |at: i64| at.abs_diff(waiter.since_ns) <= window.unsigned_abs();
-    let mut stopping: Vec<String> = peers
-        .iter()
-        .filter(|p| p.name != waiter.name)
-        .filter(|p| {
-            p.marked_ns
-                .is_some_and(|at| (p.running && at >= p.created_ns) || near(at))
-        })
-        .map(|p| p.name.clone())
-        .collect();
+    let mut stopping = Vec::new();
+    let mut ended = false;
+    for p in peers.iter().filter(|p| p.name != waiter.name) {
+        let Some(at) = p.marked_ns else { continue };
+        if p.running && at >= p.created_ns {
+            stopping.push(p.name.clone());
+        } else if near(at) {
+            // A kill that began with this wait's overlaps it, unless it had ended before the
+            // wait began: then it may be the restart before this one in the same sync
+            // (`SyncPod` kills one container after another), or a pod kill whose other
+            // hooks the runtime started late. The marks cannot tell which.
+            match p.kill_ended_ns(at) {
+                Some(end) if end <= waiter.since_ns => ended = true,
+                _ => stopping.push(p.name.clone()),
+            }
+        }
+    }
     if !stopping.is_empty() {
         stopping.sort();
         stopping.dedup();
@@ -145,6 +174,11 @@ pub fn judge(rule: Rule, waiter: &Waiter<'_>, peers: &[Peer], now_ns: i64) -> Ju
     }
     if let Some(kind) = waiter.kubelet_says {
         return Judgement::Alone(Alone::Kubelet(kind));
+    }
+    if ended {
+        // Only the kubelet's word for this attempt tells a restart from a pod kill here;
+        // never the others' silence.
+        return Judgement::Unknown;
     }
     let all_mark = waiter
         .blockers
@@ -217,7 +251,20 @@ mod tests {
             created_ns: 100 * S,
             marks,
             marked_ns: marked,
+            exited_ns: None,
         }
+    }
+
+    /// `name` marked at `marked` and its kill ended at `ended`: it exited (`running` false),
+    /// or its next attempt was created then.
+    fn ended(name: &str, running: bool, marked: i64, ended: i64) -> Peer {
+        let mut p = peer(name, running, true, Some(marked));
+        if running {
+            p.created_ns = ended;
+        } else {
+            p.exited_ns = Some(ended);
+        }
+        p
     }
 
     fn waiter<'a>(blockers: &'a [String], says: Option<ContainerKill>) -> Waiter<'a> {
@@ -272,6 +319,48 @@ mod tests {
                 since,
                 Judgement::PodKill {
                     stopping: vec!["app".into()],
+                },
+            ),
+            (
+                "the app marked and exited before the wait began: only the kubelet tells",
+                vec![ended("app", false, since - S, since - S / 2)],
+                None,
+                since + 10 * S,
+                Judgement::Unknown,
+            ),
+            (
+                "the app marked and restarted before the wait began: only the kubelet tells",
+                vec![ended("app", true, since - S, since - S / 2)],
+                None,
+                since + 10 * S,
+                Judgement::Unknown,
+            ),
+            (
+                "a kill that ended before the wait, and the kubelet's word for this attempt",
+                vec![ended("app", true, since - S, since - S / 2)],
+                Some(ContainerKill::Liveness),
+                since,
+                Judgement::Alone(Alone::Kubelet(ContainerKill::Liveness)),
+            ),
+            (
+                "a kill that ended after the wait began overlaps it: a pod kill",
+                vec![ended("app", false, since - S, since + S / 2)],
+                Some(ContainerKill::Liveness),
+                since + S,
+                Judgement::PodKill {
+                    stopping: vec!["app".into()],
+                },
+            ),
+            (
+                "a kill that ended before the wait, another container marking now: a pod kill",
+                vec![
+                    ended("app", false, since - S, since - S / 2),
+                    peer("app2", true, true, Some(since + S / 10)),
+                ],
+                Some(ContainerKill::Liveness),
+                since + S,
+                Judgement::PodKill {
+                    stopping: vec!["app2".into()],
                 },
             ),
             (
