@@ -239,6 +239,81 @@ async fn two_restarts_in_a_row_are_two_restarts() {
     kb.finish().await;
 }
 
+/// The agent down while the app is restarted (its liveness): the app's mark stays in its
+/// directory, and the agent started again finds it by a sweep, after the app's next attempt
+/// began. Dated by when the app made it, it is no kill of that attempt: the proxy's own
+/// restart later is let go within 5 s (by its Event, or the app's silence), not held to the
+/// deadline as a pod kill (which the kubelet's word never undoes).
+#[tokio::test]
+async fn a_mark_made_while_the_agent_was_down_is_dated_by_the_container() {
+    let Some(mut kb) = KillBed::start().await else {
+        return;
+    };
+    let mut p = injected("mark-while-down", "1");
+    fails_liveness_once(&mut p, "app", 5);
+    fails_liveness_once(&mut p, "proxy", 16);
+    let running = kb.run(&p).await;
+    let uid = running.uid().to_owned();
+    kb.bed.agent.kill();
+    let down_ns = exitorder_testbed::kubelet::now_ns();
+    let s = running
+        .wait_for("the app's next attempt", secs(60), |s| {
+            s.timeline
+                .first("app", |w| matches!(w, What::Started { attempt: 1 }))
+                .is_some()
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let app_hook = s
+        .timeline
+        .first("app", |w| matches!(w, What::PreStopStarted { .. }))
+        .map_or(0, |e| e.at_ns);
+    assert!(
+        app_hook > down_ns,
+        "the app was killed before the agent went down:\n{}",
+        s.timeline.render(0)
+    );
+    kb.bed.agent = exitorder_testbed::AgentProcess::start(&kb.bed.agent_opts)
+        .await
+        .unwrap_or_else(|e| panic!("the agent did not start again: {e}"));
+    kb.bed
+        .agent
+        .wait_for("pod watch current", secs(10), |l| {
+            l.says("pod watch current", &[])
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let up_ns = exitorder_testbed::kubelet::now_ns();
+    let s = proxy_reached(&running, "the proxy's restart", |w| {
+        matches!(w, What::PreStopEnded { .. })
+    })
+    .await;
+    let t = &s.timeline;
+    let proxy_wait = t
+        .first("proxy", |w| matches!(w, What::PreStopStarted { .. }))
+        .map_or(0, |e| e.at_ns);
+    // Past the window after the agent came back: the mark's sight is no kill beside this one.
+    assert!(
+        proxy_wait > up_ns + 4_000_000_000,
+        "the proxy's restart came too soon after the agent's:\n{}",
+        t.render(0)
+    );
+    let took = prestop_ms(t, "proxy", 0).unwrap_or(i64::MAX);
+    eprintln!("a restart after a mark made while the agent was down: the proxy's preStop returned after {took} ms");
+    let allows = kb.allows(&uid, "proxy");
+    assert!(
+        took < 5_000
+            && allows
+                .first()
+                .is_some_and(|l| l.is("allow", &[("reason", "not_terminating")])),
+        "{took} ms, {allows:?}\n{}\n{}",
+        t.render(0),
+        kb.bed.agent.log_tail(80)
+    );
+    running.delete().await.unwrap_or_else(|e| panic!("{e}"));
+    kb.finish().await;
+}
+
 /// The third liveness restart of an injected pod's sidecar, its `Killing` Event dropped by
 /// the recorder's spam filter (the pod's budget of Normal Events spent): its preStop is still
 /// let go, by the app's silence, within 5 s; the first two are let go by their Event, read

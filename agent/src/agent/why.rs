@@ -51,11 +51,11 @@ impl Agent {
         let clock = WallClock::at(now);
         let now_ns = clock.ns(now);
         let newest = crate::view::facts::newest(v);
-        let marked: BTreeMap<&str, i64> = self
+        let marked: BTreeMap<&str, (i64, i64)> = self
             .waits
             .marks
             .of(pod)
-            .map(|(c, at)| (c, clock.ns(at)))
+            .map(|(c, m)| (c, (clock.ns(m.seen), clock.ns(m.made))))
             .collect();
         let mut peers: Vec<Peer> = newest
             .values()
@@ -64,20 +64,22 @@ impl Agent {
                 running: c.info.state != RunState::Exited,
                 created_ns: c.info.created_at,
                 marks: c.info.marks,
-                marked_ns: marked.get(c.info.name.as_str()).copied(),
+                marked_ns: marked.get(c.info.name.as_str()).map(|m| m.0),
+                made_ns: marked.get(c.info.name.as_str()).map(|m| m.1),
                 exited_ns: c.exit_seen.map(|t| clock.ns(t)),
             })
             .collect();
         // A container that marked and that the view does not hold (yet): its mark still says
         // it is being stopped now.
-        for (name, at) in &marked {
+        for (name, (seen, made)) in &marked {
             if !newest.contains_key(name) {
                 peers.push(Peer {
                     name: (*name).to_owned(),
                     running: false,
                     created_ns: i64::MAX,
                     marks: true,
-                    marked_ns: Some(*at),
+                    marked_ns: Some(*seen),
+                    made_ns: Some(*made),
                     exited_ns: None,
                 });
             }

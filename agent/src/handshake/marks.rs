@@ -1,7 +1,7 @@
 //! The containers' marks: when the agent last saw each container of a pod say that the kubelet
-//! is stopping it (its `stopping` file, or its `exit` file: a wait is a mark too), on the
-//! agent's own clock. What a decision reads to tell a pod kill from one container's restart
-//! ([`crate::kubelet::evidence`]).
+//! is stopping it (its `stopping` file, or its `exit` file: a wait is a mark too), and when the
+//! container made it, on the agent's own clock. What a decision reads to tell a pod kill from
+//! one container's restart ([`crate::kubelet::evidence`]).
 //!
 //! Bounded like everything a pod can drive: a pod's marks are one per container name it has
 //! (at most [`PER_POD`], the newest kept), the node's at most [`MAX`] pods' worth, and a mark
@@ -21,23 +21,40 @@ pub const MAX: usize = 4096;
 /// How long a mark is remembered.
 pub const KEEP: Duration = Duration::from_secs(600);
 
+/// One mark.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Mark {
+    /// When the agent saw it.
+    pub seen: Instant,
+    /// When the container made it, no later than `seen`: a mark found by a sweep was made
+    /// before the agent came by (see [`crate::handshake::share::Share::take_mark`]).
+    pub made: Instant,
+}
+
+impl Mark {
+    /// A mark seen as it was made.
+    pub fn at(t: Instant) -> Mark {
+        Mark { seen: t, made: t }
+    }
+}
+
 #[derive(Default)]
 pub struct Marks {
-    by_pod: HashMap<PodUid, Vec<(ContainerName, Instant)>>,
+    by_pod: HashMap<PodUid, Vec<(ContainerName, Mark)>>,
 }
 
 impl Marks {
-    /// `container` of `pod` marked at `at`.
-    pub fn note(&mut self, pod: &PodUid, container: &ContainerName, at: Instant) {
+    /// `container` of `pod` marked.
+    pub fn note(&mut self, pod: &PodUid, container: &ContainerName, at: Mark) {
         if !self.by_pod.contains_key(pod) && self.by_pod.len() >= MAX {
-            self.prune(at);
+            self.prune(at.seen);
             if self.by_pod.len() >= MAX {
                 // The pod marked longest ago goes: its kill is the one least likely to be
                 // judged still.
                 let oldest = self
                     .by_pod
                     .iter()
-                    .min_by_key(|(_, v)| v.iter().map(|(_, t)| *t).max())
+                    .min_by_key(|(_, v)| v.iter().map(|(_, t)| t.seen).max())
                     .map(|(p, _)| p.clone());
                 if let Some(p) = oldest {
                     self.by_pod.remove(&p);
@@ -52,7 +69,7 @@ impl Marks {
                     if let Some(i) = marks
                         .iter()
                         .enumerate()
-                        .min_by_key(|(_, (_, t))| *t)
+                        .min_by_key(|(_, (_, t))| t.seen)
                         .map(|(i, _)| i)
                     {
                         marks.swap_remove(i);
@@ -63,8 +80,8 @@ impl Marks {
         }
     }
 
-    /// When each container of `pod` last marked.
-    pub fn of<'a>(&'a self, pod: &PodUid) -> impl Iterator<Item = (&'a str, Instant)> + 'a {
+    /// Each container of `pod`'s last mark.
+    pub fn of<'a>(&'a self, pod: &PodUid) -> impl Iterator<Item = (&'a str, Mark)> + 'a {
         self.by_pod
             .get(pod)
             .into_iter()
@@ -75,7 +92,7 @@ impl Marks {
     /// Forgets marks older than [`KEEP`].
     pub fn prune(&mut self, now: Instant) {
         self.by_pod.retain(|_, marks| {
-            marks.retain(|(_, t)| now.saturating_duration_since(*t) < KEEP);
+            marks.retain(|(_, t)| now.saturating_duration_since(t.seen) < KEEP);
             !marks.is_empty()
         });
     }
@@ -92,7 +109,7 @@ impl Marks {
         self.by_pod
             .iter()
             .filter(|(p, _)| *p != pod)
-            .flat_map(|(_, marks)| marks.iter().map(|(_, t)| *t))
+            .flat_map(|(_, marks)| marks.iter().map(|(_, t)| t.seen))
             .max()
     }
 }
@@ -113,11 +130,11 @@ mod tests {
     fn the_newest_mark_per_container_is_kept() {
         let mut m = Marks::default();
         let t = Instant::now();
-        m.note(&pod(1), &name(1), t);
-        m.note(&pod(1), &name(1), t + Duration::from_secs(1));
-        m.note(&pod(1), &name(1), t);
+        m.note(&pod(1), &name(1), Mark::at(t));
+        m.note(&pod(1), &name(1), Mark::at(t + Duration::from_secs(1)));
+        m.note(&pod(1), &name(1), Mark::at(t));
         let seen: Vec<_> = m.of(&pod(1)).collect();
-        assert_eq!(seen, vec![("c1", t + Duration::from_secs(1))]);
+        assert_eq!(seen, vec![("c1", Mark::at(t + Duration::from_secs(1)))]);
         m.prune(t + KEEP + Duration::from_secs(2));
         assert_eq!(m.of(&pod(1)).count(), 0);
         assert_eq!(m.pods(), 0);
@@ -128,10 +145,10 @@ mod tests {
         let mut m = Marks::default();
         let t = Instant::now();
         assert_eq!(m.latest_other(&pod(1)), None);
-        m.note(&pod(1), &name(1), t + Duration::from_secs(5));
+        m.note(&pod(1), &name(1), Mark::at(t + Duration::from_secs(5)));
         assert_eq!(m.latest_other(&pod(1)), None);
-        m.note(&pod(2), &name(1), t + Duration::from_secs(1));
-        m.note(&pod(3), &name(1), t + Duration::from_secs(2));
+        m.note(&pod(2), &name(1), Mark::at(t + Duration::from_secs(1)));
+        m.note(&pod(3), &name(1), Mark::at(t + Duration::from_secs(2)));
         assert_eq!(m.latest_other(&pod(1)), Some(t + Duration::from_secs(2)));
         assert_eq!(m.latest_other(&pod(3)), Some(t + Duration::from_secs(5)));
     }
@@ -141,7 +158,11 @@ mod tests {
         let mut m = Marks::default();
         let t = Instant::now();
         for i in 0..PER_POD * 3 {
-            m.note(&pod(1), &name(i), t + Duration::from_millis(i as u64));
+            m.note(
+                &pod(1),
+                &name(i),
+                Mark::at(t + Duration::from_millis(i as u64)),
+            );
         }
         assert_eq!(m.of(&pod(1)).count(), PER_POD);
         // The newest names are the ones kept.
@@ -149,7 +170,11 @@ mod tests {
             .of(&pod(1))
             .any(|(c, _)| c == format!("c{}", PER_POD * 3 - 1)));
         for i in 0..MAX + 10 {
-            m.note(&pod(i + 2), &name(0), t + Duration::from_millis(i as u64));
+            m.note(
+                &pod(i + 2),
+                &name(0),
+                Mark::at(t + Duration::from_millis(i as u64)),
+            );
         }
         assert_eq!(m.pods(), MAX);
     }

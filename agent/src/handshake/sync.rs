@@ -8,6 +8,7 @@ use tracing::{debug, warn};
 
 use crate::decide::bounds::Later as _;
 
+use super::marks::Mark;
 use super::waits::{Confirmation, PendingPod, Waiter, Waits, CHURN_WINDOW};
 use crate::handshake::share::{
     ContainerName, ExitKey, ExitState, Place, PresenceState, Rejection, Share, ShareEntry,
@@ -287,20 +288,22 @@ impl<'a> ShareSync<'a> {
             return false;
         };
         let now = Instant::now();
-        let seen_ns = crate::decide::bounds::WallClock::at(now).ns(now);
-        let taken = match share.take_mark(key, seen_ns) {
-            Ok(taken) => taken,
+        let clock = crate::decide::bounds::WallClock::at(now);
+        let made_ns = match share.take_mark(key, clock.ns(now)) {
+            Ok(made) => made,
             Err(e) => {
                 self.count(&e);
                 debug!(container = %key, error = %e, "cannot take the container's mark");
-                false
+                None
             }
         };
-        if taken {
-            debug!(event = "marked", pod = %key.pod, container = %key.container, "the container is being stopped");
-            self.noted(key, now, dirty);
-        }
-        taken
+        let Some(made_ns) = made_ns else {
+            return false;
+        };
+        let made = clock.instant(made_ns);
+        debug!(event = "marked", pod = %key.pod, container = %key.container, made_ms_ago = now.saturating_duration_since(made).as_millis(), "the container is being stopped");
+        self.noted(key, Mark { seen: now, made }, dirty);
+        true
     }
 
     /// What an agent noted of the container's last mark, taken before this one ran (or before
@@ -317,10 +320,10 @@ impl<'a> ShareSync<'a> {
         // A note from the future (a clock stepped back, or the container's own writing) is
         // taken as now: it errs toward a pod kill, the container's own pod's loss.
         let at = clock.instant(seen_ns.min(clock.ns(now)));
-        self.noted(key, at, dirty);
+        self.noted(key, Mark::at(at), dirty);
     }
 
-    fn noted(&mut self, key: &ExitKey, at: Instant, dirty: &mut BTreeSet<PodUid>) {
+    fn noted(&mut self, key: &ExitKey, at: Mark, dirty: &mut BTreeSet<PodUid>) {
         self.waits.marks.note(&key.pod, &key.container, at);
         if self.waits.pending.contains_key(&key.pod) {
             dirty.insert(key.pod.clone());
@@ -360,7 +363,7 @@ impl<'a> ShareSync<'a> {
                 // pod's to set (see `Decisions::deletion_and_clock` for a file found at start).
                 let since = now;
                 // A wait says its container is being stopped, as a mark does.
-                waits.marks.note(&key.pod, &key.container, now);
+                waits.marks.note(&key.pod, &key.container, Mark::at(now));
                 let found_at_start = waits.starting;
                 let churning = waits.seen(key, now);
                 let pod = waits
@@ -759,14 +762,16 @@ mod tests {
         let before = Instant::now();
         f.changed(&dir.join("stopping"));
         let pod = PodUid::parse(UID).unwrap();
-        let seen: Vec<(String, Instant)> = f
+        let seen: Vec<(String, Mark)> = f
             .waits
             .marks
             .of(&pod)
             .map(|(c, t)| (c.to_owned(), t))
             .collect();
         assert_eq!(seen.len(), 1);
-        assert!(seen[0].1 >= before, "{seen:?}");
+        // Seen after the write, made when the file was (its inode's change time).
+        assert!(seen[0].1.seen >= before, "{seen:?}");
+        assert!(seen[0].1.made <= before, "{seen:?}");
         // Taken: gone, and noted in its place.
         assert!(!dir.join("stopping").exists());
         let note = std::fs::read_to_string(dir.join("stopping.seen")).unwrap();
@@ -774,21 +779,22 @@ mod tests {
         // The same event again (a rescan) takes nothing new.
         f.changed(&dir.join("stopping"));
         assert_eq!(f.waits.marks.of(&pod).count(), 1);
-        // A later agent (a restart, an upgrade) knows of it from the note, at its time.
+        // A later agent (a restart, an upgrade) knows of it from the note, made when it was.
         f.waits = Waits::default();
         f.changed(&dir);
-        let recalled: Vec<Instant> = f.waits.marks.of(&pod).map(|(_, t)| t).collect();
+        let recalled: Vec<Instant> = f.waits.marks.of(&pod).map(|(_, t)| t.seen).collect();
         assert_eq!(recalled.len(), 1);
+        let made = seen[0].1.made;
         let apart = recalled[0]
-            .max(seen[0].1)
-            .saturating_duration_since(recalled[0].min(seen[0].1));
+            .max(made)
+            .saturating_duration_since(recalled[0].min(made));
         assert!(apart < Duration::from_millis(5), "{apart:?}");
         // A note from the future is taken as now; a note of junk as nothing.
         std::fs::write(dir.join("stopping.seen"), format!("seen={}", i64::MAX)).unwrap();
         f.waits = Waits::default();
         let now = Instant::now();
         f.changed(&dir);
-        assert!(f.waits.marks.of(&pod).all(|(_, t)| t >= now));
+        assert!(f.waits.marks.of(&pod).all(|(_, t)| t.seen >= now));
         std::fs::write(dir.join("stopping.seen"), "junk").unwrap();
         f.waits = Waits::default();
         f.changed(&dir);

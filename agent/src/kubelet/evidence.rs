@@ -80,6 +80,10 @@ pub struct Peer {
     pub marks: bool,
     /// When the agent last saw it mark (Unix ns, the node's clock), if it did.
     pub marked_ns: Option<i64>,
+    /// When it made that mark (no later than `marked_ns`): a mark a sweep found (the agent
+    /// restarted, an event lost) was made before the agent saw it, perhaps in an attempt
+    /// before the current one. `None`: when it was seen.
+    pub made_ns: Option<i64>,
     /// When the agent saw its newest attempt exit (Unix ns), if it did.
     pub exited_ns: Option<i64>,
 }
@@ -154,14 +158,15 @@ pub fn judge(rule: Rule, waiter: &Waiter<'_>, peers: &[Peer], now_ns: i64) -> Ju
     let mut ended = false;
     for p in peers.iter().filter(|p| p.name != waiter.name) {
         let Some(at) = p.marked_ns else { continue };
-        if p.running && at >= p.created_ns {
+        let made = p.made_ns.map_or(at, |m| m.min(at));
+        if p.running && made >= p.created_ns {
             stopping.push(p.name.clone());
         } else if near(at) {
             // A kill that began with this wait's overlaps it, unless it had ended before the
             // wait began: then it may be the restart before this one in the same sync
             // (`SyncPod` kills one container after another), or a pod kill whose other
             // hooks the runtime started late. The marks cannot tell which.
-            match p.kill_ended_ns(at) {
+            match p.kill_ended_ns(made) {
                 Some(end) if end <= waiter.since_ns => ended = true,
                 _ => stopping.push(p.name.clone()),
             }
@@ -251,6 +256,7 @@ mod tests {
             created_ns: 100 * S,
             marks,
             marked_ns: marked,
+            made_ns: None,
             exited_ns: None,
         }
     }
@@ -362,6 +368,26 @@ mod tests {
                 Judgement::PodKill {
                     stopping: vec!["app2".into()],
                 },
+            ),
+            (
+                "a mark seen now, made before the app's current attempt: no kill of this one",
+                vec![Peer {
+                    made_ns: Some(99 * S),
+                    ..peer("app", true, true, Some(since - S))
+                }],
+                None,
+                since + 10 * S,
+                Judgement::Unknown,
+            ),
+            (
+                "an old mark a sweep found, far from the wait: silence decides",
+                vec![Peer {
+                    made_ns: Some(99 * S),
+                    ..peer("app", true, true, Some(since - 10 * S))
+                }],
+                None,
+                since + 4 * S,
+                Judgement::Alone(Alone::Silence),
             ),
             (
                 "an exited container's old mark says nothing",

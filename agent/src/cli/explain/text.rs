@@ -85,7 +85,9 @@ fn write_all(o: &mut String, e: &Explanation) -> std::fmt::Result {
         Some("others_silent") => writeln!(
             o,
             "  a sidecar restarted alone (a failed probe, a changed spec) is told from the pod's \
-             kill by the others' silence on the node, and let go within seconds"
+             kill by the others' silence on the node, and let go within seconds (by the \
+             kubelet's Event only right after another container's restart, and never by \
+             silence while the agent's pod watch is catching up)"
         )?,
         Some(_) => writeln!(
             o,

@@ -74,22 +74,37 @@ impl Share {
         self.mark_presence(&dir, key, state)
     }
 
-    /// Takes a container's mark (`stopping`): true when there was one, which is removed, so
-    /// that the next one is seen anew and a rescan never takes an old one for a new one. A
-    /// directory or anything else by that name is no mark (only the container's own preStop
-    /// pays for what it puts there); nothing is followed or opened.
-    /// In its place the agent leaves `stopping.seen`, saying when it saw it (`seen_ns`), for a
+    /// Takes a container's mark (`stopping`): when it was made (Unix ns) when there was one,
+    /// which is removed, so that the next one is seen anew and a rescan never takes an old one
+    /// for a new one. A directory or anything else by that name is no mark (only the
+    /// container's own preStop pays for what it puts there); nothing is followed or opened.
+    ///
+    /// A mark is made when its file is created: its inode's change time, which the kernel sets
+    /// and no one in the container can set back (`utimensat` moves it to now), and which a
+    /// later change only moves later, toward `seen_ns` (when the agent found it), its bound:
+    /// a mark found by a sweep (the agent restarted, or its event lost) is dated by when the
+    /// container made it, not when the agent came by.
+    /// In its place the agent leaves `stopping.seen`, saying when the mark was made, for a
     /// later agent ([`Share::mark_seen`]); a failure to write it is the caller's to say.
-    pub fn take_mark(&self, key: &ExitKey, seen_ns: i64) -> Result<bool, ShareError> {
+    pub fn take_mark(&self, key: &ExitKey, seen_ns: i64) -> Result<Option<i64>, ShareError> {
         let dir = match self.open_container(key) {
             Ok(d) => d,
-            Err(e) if e.is_not_found() => return Ok(false),
+            Err(e) if e.is_not_found() => return Ok(None),
             Err(e) => return Err(e),
         };
+        let made_ns = rfs::statat(&dir, MARK_FILE, AtFlags::SYMLINK_NOFOLLOW)
+            .ok()
+            .filter(|st| FileType::from_raw_mode(st.st_mode) == FileType::RegularFile)
+            .and_then(|st| {
+                let secs = u64::try_from(st.st_ctime).ok()?;
+                let nanos = u32::try_from(st.st_ctime_nsec).unwrap_or(0);
+                i64::try_from(std::time::Duration::new(secs, nanos).as_nanos()).ok()
+            })
+            .map_or(seen_ns, |made| made.min(seen_ns));
         match rfs::unlinkat(&dir, MARK_FILE, AtFlags::empty()) {
             Ok(()) => {
                 let path = self.container_path(key);
-                let note = format!("seen={seen_ns}\n");
+                let note = format!("seen={made_ns}\n");
                 // Not durable: a node that loses it in a crash lost the pod's kill with it. One
                 // that cannot be written (the container's own doing: a directory by its name)
                 // costs only a later agent's memory of this pod's kill.
@@ -98,9 +113,9 @@ impl Share {
                 {
                     tracing::debug!(container = %key, error = %e, "cannot note the container's mark");
                 }
-                Ok(true)
+                Ok(Some(made_ns))
             }
-            Err(rustix::io::Errno::NOENT | rustix::io::Errno::ISDIR) => Ok(false),
+            Err(rustix::io::Errno::NOENT | rustix::io::Errno::ISDIR) => Ok(None),
             Err(e) => Err(ShareError::io(
                 "remove",
                 self.container_path(key).join(MARK_FILE),
@@ -109,9 +124,9 @@ impl Share {
         }
     }
 
-    /// When an agent last took a mark of the container (Unix ns, its `stopping.seen`), if
-    /// one did. The file is the container's to change, as everything in its directory: what
-    /// it says decides only its own pod's waits.
+    /// When the last mark an agent took of the container was made (Unix ns, its
+    /// `stopping.seen`), if one did. The file is the container's to change, as everything in
+    /// its directory: what it says decides only its own pod's waits.
     pub fn mark_seen(&self, key: &ExitKey) -> Result<Option<i64>, ShareError> {
         let dir = match self.open_container(key) {
             Ok(d) => d,
