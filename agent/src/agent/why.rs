@@ -112,6 +112,7 @@ impl Agent {
         let mut judging = Vec::new();
         let mut undecided = Vec::new();
         let mut held_behind = Vec::new();
+        let mut word_only = Vec::new();
         let mut next: Option<Instant> = None;
         for (name, w) in &p.waiting {
             let name = name.as_str();
@@ -142,6 +143,21 @@ impl Agent {
                         .flatten()
                         .min();
                 }
+                // A kill seen ended just before this wait: silence never decides it.
+                Judgement::Alone(evidence::Alone::Silence)
+                    if newest
+                        .get(name)
+                        .is_some_and(|c| p.confirm.word_only.contains(&c.info.id)) =>
+                {
+                    if let Some(c) = newest.get(name) {
+                        undecided.push(Undecided {
+                            name: name.to_owned(),
+                            attempt: c.info.id.clone(),
+                            created_s: c.info.created_at.div_euclid(1_000_000_000),
+                            since: w.since,
+                        });
+                    }
+                }
                 Judgement::Alone(evidence::Alone::Silence) if behind => {
                     if !p.confirm.behind.contains(name) {
                         info!(event = "silence_held", pod = %pod, container = %name, "the pod watch is not current: the others' silence does not let this wait go until it is");
@@ -155,7 +171,10 @@ impl Agent {
                 Judgement::Alone(by) => {
                     alone.insert(name.to_owned(), by);
                 }
-                j @ (Judgement::Pending { .. } | Judgement::Unknown) => {
+                j @ (Judgement::Pending { .. } | Judgement::Unknown | Judgement::KillEnded) => {
+                    if let (Judgement::KillEnded, Some(c)) = (&j, newest.get(name)) {
+                        word_only.push(c.info.id.clone());
+                    }
                     if let Judgement::Pending { until_ns } = j {
                         let at = clock.instant(until_ns);
                         next = [next, Some(at)].into_iter().flatten().min();
@@ -198,6 +217,7 @@ impl Agent {
         }
         p.confirm.judging = judging.into_iter().collect();
         p.confirm.behind = held_behind.into_iter().collect();
+        p.confirm.word_only.extend(word_only);
         p.confirm.judged = true;
         let due = self.ask_word(pod, &undecided, node_marked, now);
         if let Some(p) = self.waits.pending.get_mut(pod) {

@@ -779,15 +779,15 @@ mod tests {
         // The same event again (a rescan) takes nothing new.
         f.changed(&dir.join("stopping"));
         assert_eq!(f.waits.marks.of(&pod).count(), 1);
-        // A later agent (a restart, an upgrade) knows of it from the note, made when it was.
+        // A later agent (a restart, an upgrade) knows of it from the note, seen when it was.
         f.waits = Waits::default();
         f.changed(&dir);
         let recalled: Vec<Instant> = f.waits.marks.of(&pod).map(|(_, t)| t.seen).collect();
         assert_eq!(recalled.len(), 1);
-        let made = seen[0].1.made;
+        let sight = seen[0].1.seen;
         let apart = recalled[0]
-            .max(made)
-            .saturating_duration_since(recalled[0].min(made));
+            .max(sight)
+            .saturating_duration_since(recalled[0].min(sight));
         assert!(apart < Duration::from_millis(5), "{apart:?}");
         // A note from the future is taken as now; a note of junk as nothing.
         std::fs::write(dir.join("stopping.seen"), format!("seen={}", i64::MAX)).unwrap();

@@ -85,6 +85,11 @@ pub struct Confirmation {
     /// The waits the others' silence would let go, held while the pod watch is not current
     /// (told once each).
     pub behind: BTreeSet<String>,
+    /// The container attempts (their ids) whose wait saw another container's kill ended just
+    /// before it: only the kubelet's word lets them go before their blockers exit (see
+    /// [`crate::kubelet::evidence::Judgement::KillEnded`]), however often the wait is made
+    /// again, and after the other's mark is forgotten.
+    pub word_only: BTreeSet<String>,
     /// The pod's waits were judged at least once (the view knew the pod).
     pub judged: bool,
     /// When the waits must be judged again (the others' marks may still come until then).

@@ -41,8 +41,9 @@
 //! starts over from the node's last one (or the last exit of another pod's container, which
 //! goes on while the runtime's execs stall): silence counts only once the node itself is quiet.
 //! Measured in `docs/architecture.md` ("Why a container stops"). A pod kill whose other hooks
-//! start later than the window after the node fell quiet is taken for a restart: the sidecar
-//! leaves early.
+//! start later than the window after the node fell quiet, or fail before they mark (an exec
+//! the runtime cannot start), is taken for a restart while the pod watch is current and shows
+//! no deletion (an eviction, a node shutdown): the sidecar leaves early.
 
 use std::time::Duration;
 
@@ -148,6 +149,12 @@ pub enum Judgement {
     /// The node cannot tell: some container it waits for never marks. Ordered, unless the
     /// kubelet's word comes.
     Unknown,
+    /// Another container's kill, seen beside this wait, had ended before it began: a restart
+    /// just before this one, or a pod kill whose other hooks come late. Ordered, unless the
+    /// kubelet's word comes; and the others' silence decides nothing for this wait from then
+    /// on (the caller remembers it: a later judgement may no longer see that kill, its mark
+    /// forgotten or the wait made again).
+    KillEnded,
 }
 
 /// Judges `waiter` at `now_ns` among `peers` (the pod's other containers).
@@ -183,7 +190,7 @@ pub fn judge(rule: Rule, waiter: &Waiter<'_>, peers: &[Peer], now_ns: i64) -> Ju
     if ended {
         // Only the kubelet's word for this attempt tells a restart from a pod kill here;
         // never the others' silence.
-        return Judgement::Unknown;
+        return Judgement::KillEnded;
     }
     let all_mark = waiter
         .blockers
@@ -332,14 +339,14 @@ mod tests {
                 vec![ended("app", false, since - S, since - S / 2)],
                 None,
                 since + 10 * S,
-                Judgement::Unknown,
+                Judgement::KillEnded,
             ),
             (
                 "the app marked and restarted before the wait began: only the kubelet tells",
                 vec![ended("app", true, since - S, since - S / 2)],
                 None,
                 since + 10 * S,
-                Judgement::Unknown,
+                Judgement::KillEnded,
             ),
             (
                 "a kill that ended before the wait, and the kubelet's word for this attempt",
@@ -377,7 +384,7 @@ mod tests {
                 }],
                 None,
                 since + 10 * S,
-                Judgement::Unknown,
+                Judgement::KillEnded,
             ),
             (
                 "an old mark a sweep found, far from the wait: silence decides",

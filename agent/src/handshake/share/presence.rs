@@ -84,8 +84,10 @@ impl Share {
     /// later change only moves later, toward `seen_ns` (when the agent found it), its bound:
     /// a mark found by a sweep (the agent restarted, or its event lost) is dated by when the
     /// container made it, not when the agent came by.
-    /// In its place the agent leaves `stopping.seen`, saying when the mark was made, for a
-    /// later agent ([`Share::mark_seen`]); a failure to write it is the caller's to say.
+    /// In its place the agent leaves `stopping.seen`, saying when it saw it (`seen_ns`: a later
+    /// agent measures the window from there, as this one does), for a later agent
+    /// ([`Share::mark_seen`]); a failure to write it is the caller's to say. A recalled mark is
+    /// dated by that sight: later than made, which errs toward a pod kill.
     pub fn take_mark(&self, key: &ExitKey, seen_ns: i64) -> Result<Option<i64>, ShareError> {
         let dir = match self.open_container(key) {
             Ok(d) => d,
@@ -104,7 +106,7 @@ impl Share {
         match rfs::unlinkat(&dir, MARK_FILE, AtFlags::empty()) {
             Ok(()) => {
                 let path = self.container_path(key);
-                let note = format!("seen={made_ns}\n");
+                let note = format!("seen={seen_ns}\n");
                 // Not durable: a node that loses it in a crash lost the pod's kill with it. One
                 // that cannot be written (the container's own doing: a directory by its name)
                 // costs only a later agent's memory of this pod's kill.
@@ -124,8 +126,8 @@ impl Share {
         }
     }
 
-    /// When the last mark an agent took of the container was made (Unix ns, its
-    /// `stopping.seen`), if one did. The file is the container's to change, as everything in
+    /// When an agent last took a mark of the container (Unix ns, its `stopping.seen`), if
+    /// one did. The file is the container's to change, as everything in
     /// its directory: what it says decides only its own pod's waits.
     pub fn mark_seen(&self, key: &ExitKey) -> Result<Option<i64>, ShareError> {
         let dir = match self.open_container(key) {
