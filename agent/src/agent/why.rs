@@ -134,7 +134,17 @@ impl Agent {
                 kubelet_says,
                 node_marked_ns,
             };
-            match evidence::judge(rule, &waiter, &peers, now_ns) {
+            let mut judged = evidence::judge(rule, &waiter, &peers, now_ns);
+            // A kill seen ended just before this wait (a judgement before): silence never
+            // decides it, though that kill may no longer be in sight.
+            if judged == Judgement::Alone(evidence::Alone::Silence)
+                && newest
+                    .get(name)
+                    .is_some_and(|c| p.confirm.word_only.contains(&c.info.id))
+            {
+                judged = Judgement::KillEnded;
+            }
+            match judged {
                 Judgement::PodKill { stopping: s } => stopping.extend(s),
                 Judgement::Alone(evidence::Alone::Silence) if unread => {
                     judging.push(name.to_owned());
@@ -142,21 +152,6 @@ impl Agent {
                         .into_iter()
                         .flatten()
                         .min();
-                }
-                // A kill seen ended just before this wait: silence never decides it.
-                Judgement::Alone(evidence::Alone::Silence)
-                    if newest
-                        .get(name)
-                        .is_some_and(|c| p.confirm.word_only.contains(&c.info.id)) =>
-                {
-                    if let Some(c) = newest.get(name) {
-                        undecided.push(Undecided {
-                            name: name.to_owned(),
-                            attempt: c.info.id.clone(),
-                            created_s: c.info.created_at.div_euclid(1_000_000_000),
-                            since: w.since,
-                        });
-                    }
                 }
                 Judgement::Alone(evidence::Alone::Silence) if behind => {
                     if !p.confirm.behind.contains(name) {
