@@ -251,7 +251,7 @@ async fn a_mark_made_while_the_agent_was_down_is_dated_by_the_container() {
     };
     let mut p = injected("mark-while-down", "1");
     fails_liveness_once(&mut p, "app", 5);
-    fails_liveness_once(&mut p, "proxy", 16);
+    fails_liveness_once(&mut p, "proxy", 20);
     let running = kb.run(&p).await;
     let uid = running.uid().to_owned();
     kb.bed.agent.kill();
