@@ -133,18 +133,11 @@ impl Agent {
                 blockers: &blockers,
                 kubelet_says,
                 node_marked_ns,
-            };
-            let mut judged = evidence::judge(rule, &waiter, &peers, now_ns);
-            // A kill seen ended just before this wait (a judgement before): silence never
-            // decides it, though that kill may no longer be in sight.
-            if judged == Judgement::Alone(evidence::Alone::Silence)
-                && newest
+                saw_kill_end: newest
                     .get(name)
-                    .is_some_and(|c| p.confirm.word_only.contains(&c.info.id))
-            {
-                judged = Judgement::KillEnded;
-            }
-            match judged {
+                    .is_some_and(|c| p.confirm.word_only.contains(&c.info.id)),
+            };
+            match evidence::judge(rule, &waiter, &peers, now_ns) {
                 Judgement::PodKill { stopping: s } => stopping.extend(s),
                 Judgement::Alone(evidence::Alone::Silence) if unread => {
                     judging.push(name.to_owned());

@@ -117,6 +117,9 @@ pub struct Waiter<'a> {
     /// When a container of another pod of the node last marked, or exited (Unix ns), if one
     /// did.
     pub node_marked_ns: Option<i64>,
+    /// An earlier judgement of this attempt's wait was [`Judgement::KillEnded`]: it stays so,
+    /// though that kill may no longer be in sight (its mark forgotten, the wait made again).
+    pub saw_kill_end: bool,
 }
 
 /// What was found that the container is stopped alone.
@@ -187,7 +190,7 @@ pub fn judge(rule: Rule, waiter: &Waiter<'_>, peers: &[Peer], now_ns: i64) -> Ju
     if let Some(kind) = waiter.kubelet_says {
         return Judgement::Alone(Alone::Kubelet(kind));
     }
-    if ended {
+    if ended || waiter.saw_kill_end {
         // Only the kubelet's word for this attempt tells a restart from a pod kill here;
         // never the others' silence.
         return Judgement::KillEnded;
@@ -287,6 +290,7 @@ mod tests {
             blockers,
             kubelet_says: says,
             node_marked_ns: None,
+            saw_kill_end: false,
         }
     }
 
@@ -460,6 +464,41 @@ mod tests {
             let w = waiter(&app, says);
             assert_eq!(judge(rule, &w, &peers, now), want, "{what}");
         }
+    }
+
+    #[test]
+    fn a_wait_that_saw_a_kill_end_is_never_let_go_by_silence() {
+        // The app's kill that ended before the wait is no longer in sight (its mark
+        // forgotten, or the wait made again since): silent through the window, still only
+        // the kubelet's word, or a kill beside it, decides.
+        let rule = Rule {
+            window: Duration::from_secs(3),
+        };
+        let app = vec!["app".to_owned()];
+        let since = 200 * S;
+        let silent = vec![peer("app", true, true, None)];
+        let mut w = waiter(&app, None);
+        assert_eq!(
+            judge(rule, &w, &silent, since + 10 * S),
+            Judgement::Alone(Alone::Silence)
+        );
+        w.saw_kill_end = true;
+        assert_eq!(
+            judge(rule, &w, &silent, since + 10 * S),
+            Judgement::KillEnded
+        );
+        let marking = vec![peer("app", true, true, Some(since + S))];
+        assert_eq!(
+            judge(rule, &w, &marking, since + S),
+            Judgement::PodKill {
+                stopping: vec!["app".into()]
+            }
+        );
+        w.kubelet_says = Some(ContainerKill::Liveness);
+        assert_eq!(
+            judge(rule, &w, &silent, since),
+            Judgement::Alone(Alone::Kubelet(ContainerKill::Liveness))
+        );
     }
 
     #[test]
