@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use exitorder_testbed::kubelet::{
-    pod_from_yaml, DeleteOptions, Phase, PodStatus, RunOptions, What,
+    pod_from_yaml, DeleteOptions, Phase, PodStatus, RunOptions, RunningPod, What,
 };
 use exitorder_testbed::skip::node_with_or_skip;
 use exitorder_testbed::{Node, NodeOptions, TestbedError};
@@ -56,6 +56,16 @@ fn exited(w: &What) -> bool {
 
 fn opts() -> RunOptions {
     RunOptions::default()
+}
+
+/// Deletes a pod whose containers ignore TERM, when how they end is not what the test is
+/// about: with a 1 s grace period (`kubectl delete --grace-period=1`), not the pod's own.
+async fn delete_at_once(running: RunningPod) {
+    let opts = DeleteOptions {
+        grace_period: Some(1),
+        ..DeleteOptions::probed()
+    };
+    running.delete_with(opts).await.expect("delete");
 }
 
 /// The value printed as `KEY=value` in a CRI log (`<time> <stream> <tag> <message>` lines).
@@ -207,7 +217,7 @@ spec:
         "{}",
         s.timeline.render(0)
     );
-    running.delete().await.expect("delete");
+    delete_at_once(running).await;
     node.shutdown().await.expect("teardown");
 }
 
@@ -280,7 +290,7 @@ spec:
         "0"
     );
     assert!(proxy.annotations["io.kubernetes.container.preStopHandler"].contains("true"));
-    running.delete().await.expect("delete");
+    delete_at_once(running).await;
     node.shutdown().await.expect("teardown");
 }
 
@@ -317,7 +327,7 @@ spec:
         "app created before proxy's postStart returned:\n{}",
         s.timeline.render(0)
     );
-    running.delete().await.expect("delete");
+    delete_at_once(running).await;
     node.shutdown().await.expect("teardown");
 }
 
