@@ -137,7 +137,7 @@ async fn injected_demo(mode: HandshakeVolume, image: PathBuf) -> Option<(DemoRep
 #[tokio::test]
 async fn the_built_in_pod_injected_with_emptydir_is_ordered() {
     // The injected exitorder-install runs from the project's image.
-    let Some(image) = support::project_image_archive() else {
+    let Some(image) = support::project_image_archive().await else {
         return;
     };
     let Some((report, text)) = injected_demo(HandshakeVolume::EmptyDir, image).await else {

@@ -16,7 +16,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use exitorder_testbed::install::{ChartAgent, ChartOptions, IMAGE_IN_TREE, NAMESPACE};
+use exitorder_testbed::install::{ChartAgent, ChartOptions, NAMESPACE};
 use exitorder_testbed::kubelet::RunOptions;
 use exitorder_testbed::manifest;
 use k8s_openapi::api::admissionregistration::v1::{
@@ -925,14 +925,9 @@ fn the_plain_manifests_are_the_chart_rendered() {
 #[tokio::test]
 async fn the_charts_agent_from_the_image_orders_the_examples() {
     let Some(helm) = helm() else { return };
-    let image = root().join(IMAGE_IN_TREE);
-    if !image.is_file() {
-        skip_or_fail(&format!(
-            "the install test needs the image archive {} (scripts/image)",
-            image.display()
-        ));
+    let Some(image) = support::project_image_archive().await else {
         return;
-    }
+    };
     let Some(node) = support::node_or_skip().await else {
         return;
     };
@@ -1032,14 +1027,9 @@ async fn the_demo_installs_the_agent_from_the_chart() {
     use exitorder_testbed::demo::{demo, DemoArgs};
     use exitorder_testbed::verdict::Verdict;
     let Some(_helm) = helm() else { return };
-    let image = root().join(IMAGE_IN_TREE);
-    if !image.is_file() {
-        skip_or_fail(&format!(
-            "the demo's chart mode needs {} (scripts/image)",
-            image.display()
-        ));
+    let Some(image) = support::project_image_archive().await else {
         return;
-    }
+    };
     let Some(node) = support::node_or_skip().await else {
         return;
     };

@@ -39,7 +39,7 @@ impl JobBed {
     async fn start_with(with_api: bool) -> Option<JobBed> {
         let node = support::node_or_skip().await?;
         // The injected init container copies the entrypoint from the project's image.
-        support::project_image(&node)?;
+        support::project_image(&node).await?;
         let dir = tempfile::tempdir().expect("tempdir");
         let mut opts = AgentOptions::new(agent_bin(), &node, support::static_entrypoint());
         let api = with_api.then(|| FakeApi::default().serve());

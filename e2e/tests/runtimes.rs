@@ -61,7 +61,7 @@ async fn a_pod_in_its_own_user_namespace_is_ordered_on_containerd_2_1() {
     let Some(node) = support::node_with_or_skip(opts).await else {
         return;
     };
-    if support::project_image(&node).is_none() {
+    if support::project_image(&node).await.is_none() {
         let _ = node.shutdown().await;
         return;
     }

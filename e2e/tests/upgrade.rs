@@ -220,7 +220,7 @@ async fn a_default_upgrade_keeps_every_order_on_a_node_the_rollout_has_not_reach
     let Some(node) = support::node_or_skip().await else {
         return;
     };
-    let Some(image) = support::project_image(&node) else {
+    let Some(image) = support::project_image(&node).await else {
         let _ = node.shutdown().await;
         return;
     };
@@ -281,7 +281,7 @@ async fn once_rolled_out_a_node_without_an_agent_costs_a_second() {
     let Some(node) = support::node_or_skip().await else {
         return;
     };
-    let Some(image) = support::project_image(&node) else {
+    let Some(image) = support::project_image(&node).await else {
         let _ = node.shutdown().await;
         return;
     };

@@ -1115,7 +1115,7 @@ async fn ordered_through_the_webhook_as(example_name: &str, pod: &Value, sidecar
         return;
     };
     // The injected init container copies the entrypoint from the project's image.
-    if support::project_image(&bed.node).is_none() {
+    if support::project_image(&bed.node).await.is_none() {
         return;
     }
     let webhook = WebhookProcess::start("3s").await;
@@ -1246,7 +1246,7 @@ async fn the_agent_keeps_the_kubelets_order_for_native_sidecars_on_the_bed() {
     let Some(bed) = Bed::start(Duration::from_secs(3)).await else {
         return;
     };
-    if support::project_image(&bed.node).is_none() {
+    if support::project_image(&bed.node).await.is_none() {
         return;
     }
     let running = bed.run_ready(&pod).await;

@@ -453,8 +453,27 @@ pub fn parse_metrics(text: &str) -> Vec<(String, f64)> {
 
 /// The project's image archive (`scripts/image` writes it). `None` when it was not built and
 /// this is not CI (the test then returns, having said why); in CI a missing image fails.
-pub fn project_image_archive() -> Option<PathBuf> {
+///
+/// While the image is being built beside the tests (`scripts/test` sets
+/// `EXITORDER_IMAGE_PENDING` then, in CI's staged run), this waits for the archive, or for
+/// the build's failure mark, within [`IMAGE_PENDING_DEADLINE`].
+pub async fn project_image_archive() -> Option<PathBuf> {
     let archive = crate::repo().join(exitorder_testbed::install::IMAGE_IN_TREE);
+    if std::env::var_os(IMAGE_PENDING).is_some() {
+        let failed = archive.with_extension("failed");
+        until(
+            "the project's image, built beside the tests",
+            IMAGE_PENDING_DEADLINE,
+            || std::future::ready(archive.is_file() || failed.exists()),
+        )
+        .await;
+        assert!(
+            archive.is_file(),
+            "the project's image could not be built beside the tests ({} is there; the part \
+             image-amd64 of the run says why)",
+            failed.display()
+        );
+    }
     if !archive.is_file() {
         skip_or_fail(&format!(
             "the project's image {} is not built (scripts/image)",
@@ -465,10 +484,17 @@ pub fn project_image_archive() -> Option<PathBuf> {
     Some(archive)
 }
 
+/// Set by `scripts/test` while the image is built beside the first stage of tests.
+const IMAGE_PENDING: &str = "EXITORDER_IMAGE_PENDING";
+
+/// How long a test waits for the image built beside it: a cold release build of the agent at
+/// the lowest priority on a two-core machine, with room; a run never hangs past it.
+const IMAGE_PENDING_DEADLINE: Duration = Duration::from_secs(15 * 60);
+
 /// Imports the project's image into `node` as the demo does; its reference, the one the chart
 /// and the webhook name by default. `None` as for [`project_image_archive`].
-pub fn project_image(node: &Node) -> Option<String> {
-    let archive = project_image_archive()?;
+pub async fn project_image(node: &Node) -> Option<String> {
+    let archive = project_image_archive().await?;
     let image = exitorder_testbed::demo::import_project_image(node, &archive)
         .unwrap_or_else(|e| panic!("{e:#}"));
     Some(image.to_owned())
