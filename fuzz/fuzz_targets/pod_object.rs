@@ -111,6 +111,7 @@ fuzz_target!(|data: &[u8]| {
             )),
             exit_seen: None,
             kernel_exit: None,
+            execs: Default::default(),
             exit_by_kernel: false,
         })
         .collect();

@@ -19,6 +19,10 @@ use crate::pod::PodUid;
 /// A silence judged while file events were still queued is judged again this soon after.
 const UNREAD_RETRY: std::time::Duration = std::time::Duration::from_millis(20);
 
+/// A silence judged while an exec of a container the wait is held for was in progress is
+/// judged again this soon after: a probe's exec ends in milliseconds, a hook's marks.
+const EXEC_RETRY: std::time::Duration = std::time::Duration::from_millis(100);
+
 /// A silence judged while the pod watch was not current is judged again this soon after: the
 /// watch says current again within a re-list, and a deletion it then shows decides.
 const BEHIND_RETRY: std::time::Duration = std::time::Duration::from_millis(250);
@@ -113,7 +117,18 @@ impl Agent {
         let mut undecided = Vec::new();
         let mut held_behind = Vec::new();
         let mut word_only = Vec::new();
+        let mut strain_base = Vec::new();
+        let mut held_doubted = Vec::new();
+        let mut deferred = Vec::new();
         let mut next: Option<Instant> = None;
+        let undecided_of = |name: &str, since: Instant| {
+            newest.get(name).map(|c| Undecided {
+                name: name.to_owned(),
+                attempt: c.info.id.clone(),
+                created_s: c.info.created_at.div_euclid(1_000_000_000),
+                since,
+            })
+        };
         for (name, w) in &p.waiting {
             let name = name.as_str();
             let blockers = decide::still_running(facts, name);
@@ -137,7 +152,48 @@ impl Agent {
                     .get(name)
                     .is_some_and(|c| p.confirm.word_only.contains(&c.info.id)),
             };
-            match evidence::judge(rule, &waiter, &peers, now_ns) {
+            let judgement = evidence::judge(rule, &waiter, &peers, now_ns);
+            let silent = judgement == Judgement::Alone(evidence::Alone::Silence);
+            // Whether a container it waits for may be running its hook while its mark has not
+            // come. For good: an exec of it failed since a window before this wait (a hook
+            // that failed before it marked; a failing exec probe too, which only costs a
+            // restart its early release), or its limits held it back since (see
+            // [`crate::runtime::strain`]). For now: an exec added since then is still in
+            // progress (a hook the runtime or the container's CPU quota runs slowly; a probe
+            // ends in milliseconds). A counter first read now has nothing to compare with yet.
+            let mut doubt = None;
+            let mut exec_running = false;
+            let mut fresh = false;
+            if let Some(me) = newest.get(name) {
+                let from = w.since.checked_sub(rule.window).unwrap_or(w.since);
+                for c in blockers.iter().filter_map(|b| newest.get(b.as_str())) {
+                    if c.execs.failed.is_some_and(|t| t >= from) {
+                        doubt.get_or_insert((c.info.name.clone(), "exec_failed"));
+                    }
+                    exec_running |= c.execs.running.iter().any(|(_, at)| *at >= from);
+                    // The counters are read when first needed, and when a silence is judged.
+                    let key = (me.info.id.clone(), c.info.id.clone());
+                    let base = p.confirm.strain_base.get(&key);
+                    if base.is_some() && !silent {
+                        continue;
+                    }
+                    let Some(now_strain) = self.kernel.strain(&c.info.id) else {
+                        continue;
+                    };
+                    match base {
+                        Some(base) => {
+                            if let Some(what) = now_strain.rose_since(base) {
+                                doubt.get_or_insert((c.info.name.clone(), what));
+                            }
+                        }
+                        None => {
+                            fresh = true;
+                            strain_base.push((key, now_strain));
+                        }
+                    }
+                }
+            }
+            match judgement {
                 Judgement::PodKill { stopping: s } => stopping.extend(s),
                 Judgement::Alone(evidence::Alone::Silence) if unread => {
                     judging.push(name.to_owned());
@@ -156,6 +212,32 @@ impl Agent {
                         .flatten()
                         .min();
                 }
+                Judgement::Alone(evidence::Alone::Silence) if doubt.is_some() => {
+                    if let Some((other, why)) = &doubt {
+                        if !p.confirm.doubted.contains(name) {
+                            info!(event = "silence_doubted", pod = %pod, container = %name, other = %other, why = %why, "a container this one waits for may have run its hook without marking (a failed exec in it, or held back by its limits): its silence does not let this wait go");
+                        }
+                    }
+                    held_doubted.push(name.to_owned());
+                    undecided.extend(undecided_of(name, w.since));
+                }
+                Judgement::Alone(evidence::Alone::Silence) if exec_running || fresh => {
+                    // Judged again once the exec ended (it marks, or fails), or once the
+                    // counters first read now had a window to show what the hooks met.
+                    if exec_running && !p.confirm.deferred.contains(name) {
+                        debug!(event = "silence_deferred", pod = %pod, container = %name, why = "exec_running", "an exec of a container this one waits for is in progress: its silence is judged again once it ended");
+                    }
+                    if exec_running {
+                        deferred.push(name.to_owned());
+                    }
+                    let again = if exec_running {
+                        EXEC_RETRY
+                    } else {
+                        rule.window
+                    };
+                    judging.push(name.to_owned());
+                    next = [next, Some(now.later(again))].into_iter().flatten().min();
+                }
                 Judgement::Alone(by) => {
                     alone.insert(name.to_owned(), by);
                 }
@@ -168,14 +250,7 @@ impl Agent {
                         next = [next, Some(at)].into_iter().flatten().min();
                         judging.push(name.to_owned());
                     }
-                    if let Some(c) = newest.get(name) {
-                        undecided.push(Undecided {
-                            name: name.to_owned(),
-                            attempt: c.info.id.clone(),
-                            created_s: c.info.created_at.div_euclid(1_000_000_000),
-                            since: w.since,
-                        });
-                    }
+                    undecided.extend(undecided_of(name, w.since));
                 }
             }
         }
@@ -206,6 +281,9 @@ impl Agent {
         p.confirm.judging = judging.into_iter().collect();
         p.confirm.behind = held_behind.into_iter().collect();
         p.confirm.word_only.extend(word_only);
+        p.confirm.strain_base.extend(strain_base);
+        p.confirm.doubted.extend(held_doubted);
+        p.confirm.deferred.extend(deferred);
         p.confirm.judged = true;
         let due = self.ask_word(pod, &undecided, node_marked, now);
         if let Some(p) = self.waits.pending.get_mut(pod) {
@@ -314,6 +392,7 @@ impl Agent {
         if let Some(p) = self.waits.pending.get_mut(pod) {
             p.confirm.asked = true;
         }
+        info!(event = "word_asked", pod = %pod, containers = ?attempts.keys().collect::<Vec<_>>(), "the node has not shown why this pod's containers stop: the kubelet's Events are read");
         api.confirm(ConfirmRequest {
             uid: pod.clone(),
             namespace,

@@ -16,6 +16,7 @@ use crate::handshake::share::{ContainerName, ExitKey, FileId, Place};
 use crate::kubelet::evidence::Alone;
 use crate::kubelet::kills::{ContainerKill, Kill, PodKill};
 use crate::pod::PodUid;
+use crate::view::Strain;
 
 /// A wait that reappears sooner than this after its last decision is decided at the end of
 /// the window, not at once.
@@ -90,6 +91,16 @@ pub struct Confirmation {
     /// [`crate::kubelet::evidence::Judgement::KillEnded`]), however often the wait is made
     /// again, and after the other's mark is forgotten.
     pub word_only: BTreeSet<String>,
+    /// The counters of being held back by its limits (see [`crate::runtime::strain`]) of each
+    /// container a wait waits for, as first read while that wait's attempt waited: keyed by
+    /// the waiting attempt's id and the other container's attempt id.
+    pub strain_base: BTreeMap<(String, String), Strain>,
+    /// The waits the others' silence would let go, held because a container they wait for
+    /// may be running its hook: an exec in it, or held back by its limits (told once each).
+    pub doubted: BTreeSet<String>,
+    /// The waits whose silence was judged again for an exec in progress in a container they
+    /// wait for (told once each).
+    pub deferred: BTreeSet<String>,
     /// The pod's waits were judged at least once (the view knew the pod).
     pub judged: bool,
     /// When the waits must be judged again (the others' marks may still come until then).

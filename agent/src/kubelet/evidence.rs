@@ -40,10 +40,17 @@
 //! hooks come tens of seconds apart; but then other pods' marks keep coming, and the window
 //! starts over from the node's last one (or the last exit of another pod's container, which
 //! goes on while the runtime's execs stall): silence counts only once the node itself is quiet.
-//! Measured in `docs/architecture.md` ("Why a container stops"). A pod kill whose other hooks
-//! start later than the window after the node fell quiet, or fail before they mark (an exec
-//! the runtime cannot start), is taken for a restart while the pod watch is current and shows
-//! no deletion (an eviction, a node shutdown): the sidecar leaves early.
+//! Measured in `docs/architecture.md` ("Why a container stops").
+//!
+//! The caller trusts a silence only where the marks could have come (`agent/why.rs`): not
+//! while the pod watch is behind, nor when a container the wait is held for shows that its
+//! hook may be running or may have failed: an exec the runtime added to it or saw exit around
+//! the wait (containerd's events), or its cgroup's counters of being held back by its limits
+//! rising meanwhile ([`crate::runtime::strain`]: CPU quota, memory, `pids.max`). A pod kill
+//! whose other hooks start later than the window after the node fell quiet with none of these
+//! to show (a runtime without exec events, stalled as a whole), is still taken for a restart
+//! while the pod watch is current and shows no deletion (an eviction, a node shutdown): the
+//! sidecar leaves early.
 
 use std::time::Duration;
 

@@ -11,7 +11,6 @@
 //! kernel cannot be asked about: nothing here can lose an exit, only tell it sooner.
 
 use std::collections::HashMap;
-use std::io::Read as _;
 use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -25,6 +24,7 @@ use tracing::{debug, info, warn};
 
 use crate::runtime::podcgroup::CgroupMounts;
 use crate::runtime::source::SourceSignal;
+use crate::runtime::strain;
 use crate::stats::Stats;
 use crate::view::Change;
 
@@ -67,6 +67,8 @@ pub struct KernelExits {
     mounts: CgroupMounts,
     /// Each watched container's pod cgroup, where it can be looked at.
     pod_dirs: HashMap<String, PathBuf>,
+    /// Each watched container's own cgroups, where their counters can be read.
+    strain_dirs: HashMap<String, strain::Dirs>,
     stats: Arc<Stats>,
 }
 
@@ -118,6 +120,7 @@ impl KernelExits {
             refused: 0,
             mounts,
             pod_dirs: HashMap::new(),
+            strain_dirs: HashMap::new(),
             stats,
         }
     }
@@ -135,6 +138,7 @@ impl KernelExits {
             refused: 0,
             mounts: CgroupMounts::default(),
             pod_dirs: HashMap::new(),
+            strain_dirs: HashMap::new(),
             stats,
         }
     }
@@ -155,9 +159,13 @@ impl KernelExits {
             Ok((fd, cgroup)) => {
                 self.refused = u32::MAX;
                 self.register(id, fd);
-                if let Some(dir) = self.mounts.pod_dir(&cgroup, id) {
-                    if self.watches.contains_key(id) {
+                if self.watches.contains_key(id) {
+                    if let Some(dir) = self.mounts.pod_dir(&cgroup, id) {
                         self.pod_dirs.insert(id.to_owned(), dir);
+                    }
+                    let dirs = strain::Dirs::of(&self.mounts, &cgroup, id);
+                    if !dirs.is_empty() {
+                        self.strain_dirs.insert(id.to_owned(), dirs);
                     }
                 }
             }
@@ -219,9 +227,16 @@ impl KernelExits {
         self.pod_dirs.get(id).map(PathBuf::as_path)
     }
 
+    /// Watched container `id`'s counters of being held back by its limits, read now, where
+    /// its cgroups can be looked at.
+    pub fn strain(&self, id: &str) -> Option<strain::Strain> {
+        self.strain_dirs.get(id).map(strain::Dirs::read)
+    }
+
     /// Stops watching a container (removed, or its exit told).
     pub fn forget(&mut self, id: &str) {
         self.pod_dirs.remove(id);
+        self.strain_dirs.remove(id);
         let Some((fd, token)) = self.watches.remove(id) else {
             return;
         };
@@ -340,11 +355,10 @@ fn open(id: &str, pid: i32) -> Result<(OwnedFd, String), String> {
 }
 
 fn read_cgroup(pid: i32) -> std::io::Result<String> {
-    let f = std::fs::File::open(format!("/proc/{pid}/cgroup"))?;
-    let mut text = String::new();
-    f.take(u64::try_from(CGROUP_MAX).unwrap_or(u64::MAX))
-        .read_to_string(&mut text)?;
-    Ok(text)
+    crate::runtime::podcgroup::read_head(
+        std::path::Path::new(&format!("/proc/{pid}/cgroup")),
+        u64::try_from(CGROUP_MAX).unwrap_or(u64::MAX),
+    )
 }
 
 /// Whether a `/proc/<pid>/cgroup` text places the process in container `id`: runc names the

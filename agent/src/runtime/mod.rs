@@ -7,12 +7,14 @@
 //! - [`kernel`]: exits as the kernel sees them (a pidfd per container);
 //! - [`podcgroup`]: which containers a pod has started, from its cgroup;
 //! - [`reader`]: the reads that keep the node view current, off the decision path;
+//! - [`strain`]: whether a container was held back by its own limits (its cgroup's counters);
 //! - [`source`]: how the agent learns of exits on this runtime: containerd's events or the CRI stream.
 
 pub mod kernel;
 pub mod podcgroup;
 pub mod reader;
 pub mod source;
+pub mod strain;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

@@ -144,6 +144,17 @@ impl CgroupMounts {
     }
 }
 
+/// The first `max` bytes of a small file the kernel makes (`/proc/<pid>/cgroup`, a cgroup's
+/// counters): what a process could make long is not read beyond that.
+pub fn read_head(path: &Path, max: u64) -> std::io::Result<String> {
+    use std::io::Read as _;
+    let mut text = String::new();
+    std::fs::File::open(path)?
+        .take(max)
+        .read_to_string(&mut text)?;
+    Ok(text)
+}
+
 /// How far below the namespace's top (negative: above it) a mount's top cgroup is.
 fn depth(root: &str) -> i64 {
     root.split('/')

@@ -9,7 +9,9 @@
 //! - otherwise nothing here: the agent polls `ListContainers` while an exit is pending.
 //!
 //! Besides exits, the streams report container starts and removals, which keep the agent's
-//! node view current. A stream that fails or ends is reconnected with backoff; every
+//! node view current, and containerd's the execs in each container (added, exited): the
+//! kubelet's exec hooks and probes, which tell the agent that a container's hook may be
+//! running when its mark has not come (see [`crate::kubelet::evidence`]). A stream that fails or ends is reconnected with backoff; every
 //! (re)connect makes the agent re-list and re-decide every pending pod, so an exit during the
 //! gap is never missed.
 
@@ -21,7 +23,7 @@ use tonic::transport::Channel;
 use tracing::{debug, info, warn};
 
 use crate::backoff::Backoff;
-use crate::containerd::events::{ContainerDelete, TaskExit, TaskStart};
+use crate::containerd::events::{ContainerDelete, TaskExecAdded, TaskExit, TaskStart};
 use crate::containerd::services::events::v1::events_client::EventsClient;
 use crate::containerd::services::events::v1::SubscribeRequest;
 use crate::cri::runtime_service_client::RuntimeServiceClient;
@@ -34,11 +36,12 @@ const BACKOFF_START: Duration = Duration::from_millis(100);
 const BACKOFF_MAX: Duration = Duration::from_secs(5);
 /// How long a subscription must be in flight without failing to count as connected.
 const CONNECT_QUIET: Duration = Duration::from_millis(200);
-/// containerd's event filters (any may match): task starts and exits and container removals
-/// of Kubernetes containers only.
-const CONTAINERD_FILTERS: [&str; 3] = [
+/// containerd's event filters (any may match): task starts and exits, execs added, and
+/// container removals, of Kubernetes containers only.
+const CONTAINERD_FILTERS: [&str; 4] = [
     r#"topic=="/tasks/start",namespace=="k8s.io""#,
     r#"topic=="/tasks/exit",namespace=="k8s.io""#,
+    r#"topic=="/tasks/exec-added",namespace=="k8s.io""#,
     r#"topic=="/containers/delete",namespace=="k8s.io""#,
 ];
 
@@ -343,8 +346,7 @@ pub fn cri_change(ev: ContainerEventResponse) -> Option<Change> {
     }
 }
 
-/// The view's change for a containerd event; `None` for what does not change it (an exec
-/// process starting or exiting: the kubelet's probes and hooks).
+/// The view's change for a containerd event; `None` for what does not change it.
 pub fn containerd_change(topic: &str, payload: &[u8]) -> Option<Change> {
     match topic {
         "/tasks/start" => {
@@ -353,11 +355,26 @@ pub fn containerd_change(topic: &str, payload: &[u8]) -> Option<Change> {
         }
         "/tasks/exit" => {
             let e = TaskExit::decode(payload).ok()?;
-            // Exec processes exit too; only a container's own process ends the container.
-            if e.container_id.is_empty() || (!e.id.is_empty() && e.id != e.container_id) {
+            if e.container_id.is_empty() {
                 return None;
             }
+            // Exec processes exit too (the kubelet's hooks and probes): only a container's own
+            // process ends the container.
+            if !e.id.is_empty() && e.id != e.container_id {
+                return Some(Change::ExecExited {
+                    id: e.container_id,
+                    exec: e.id,
+                    failed: e.exit_status != 0,
+                });
+            }
             Some(Change::Exited { id: e.container_id })
+        }
+        "/tasks/exec-added" => {
+            let e = TaskExecAdded::decode(payload).ok()?;
+            (!e.container_id.is_empty() && !e.exec_id.is_empty()).then_some(Change::ExecAdded {
+                id: e.container_id,
+                exec: e.exec_id,
+            })
         }
         "/containers/delete" => {
             let e = ContainerDelete::decode(payload).ok()?;
@@ -386,9 +403,41 @@ mod tests {
             containerd_change("/tasks/exit", &exit("c1", "c1")),
             Some(Change::Exited { id: "c1".into() })
         );
+        // An exec's exit, and an exec added: the container's hooks and probes, not its end.
         assert_eq!(
             containerd_change("/tasks/exit", &exit("c1", "exec-7")),
-            None
+            Some(Change::ExecExited {
+                id: "c1".into(),
+                exec: "exec-7".into(),
+                failed: false
+            })
+        );
+        let failed = TaskExit {
+            container_id: "c1".into(),
+            id: "exec-9".into(),
+            exit_status: 64,
+            ..Default::default()
+        }
+        .encode_to_vec();
+        assert_eq!(
+            containerd_change("/tasks/exit", &failed),
+            Some(Change::ExecExited {
+                id: "c1".into(),
+                exec: "exec-9".into(),
+                failed: true
+            })
+        );
+        let added = TaskExecAdded {
+            container_id: "c1".into(),
+            exec_id: "exec-8".into(),
+        }
+        .encode_to_vec();
+        assert_eq!(
+            containerd_change("/tasks/exec-added", &added),
+            Some(Change::ExecAdded {
+                id: "c1".into(),
+                exec: "exec-8".into()
+            })
         );
         let start = TaskStart {
             container_id: "c2".into(),

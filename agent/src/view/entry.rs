@@ -75,6 +75,68 @@ pub struct ContainerEntry {
     /// The kernel source was the first to tell the view of the exit (else the runtime, by an
     /// event or a listing).
     pub exit_by_kernel: bool,
+    /// The exec processes the runtime told of in the container (containerd's events only).
+    pub execs: Execs,
+}
+
+/// A container's counters of being held back by its limits, at one moment (read by
+/// [`crate::runtime::strain`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Strain {
+    /// CPU periods throttled at the quota.
+    pub cpu: u64,
+    /// Memory limit hits, high-mark breaches and OOM events.
+    pub memory: u64,
+    /// Forks refused at `pids.max`.
+    pub pids: u64,
+}
+
+impl Strain {
+    /// What rose since `before` (`cpu`, `memory` or `pids`, the first that did), if anything.
+    pub fn rose_since(&self, before: &Strain) -> Option<&'static str> {
+        if self.cpu > before.cpu {
+            Some("cpu")
+        } else if self.memory > before.memory {
+            Some("memory")
+        } else if self.pids > before.pids {
+            Some("pids")
+        } else {
+            None
+        }
+    }
+}
+
+/// More execs in progress at once than the kubelet runs in one container (a hook and a probe
+/// of each kind): beyond it, the oldest is forgotten.
+const MAX_RUNNING_EXECS: usize = 8;
+
+/// The kubelet's exec hooks and probes in a container, as the runtime tells them: which are in
+/// progress, and when one last failed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Execs {
+    /// Added and not exited yet, with when each was added (oldest first).
+    pub running: Vec<(String, Instant)>,
+    /// When one last exited with a status other than 0.
+    pub failed: Option<Instant>,
+}
+
+impl Execs {
+    pub fn added(&mut self, exec: String, now: Instant) {
+        if self.running.iter().any(|(e, _)| *e == exec) {
+            return;
+        }
+        if self.running.len() >= MAX_RUNNING_EXECS {
+            self.running.remove(0);
+        }
+        self.running.push((exec, now));
+    }
+
+    pub fn exited(&mut self, exec: &str, failed: bool, now: Instant) {
+        self.running.retain(|(e, _)| e != exec);
+        if failed {
+            self.failed = Some(now);
+        }
+    }
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

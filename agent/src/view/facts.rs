@@ -278,6 +278,7 @@ pub(crate) mod tests {
         ContainerEntry {
             exit_seen: None,
             kernel_exit: None,
+            execs: Default::default(),
             exit_by_kernel: false,
             info: ContainerInfo {
                 id: id.into(),

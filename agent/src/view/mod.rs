@@ -18,7 +18,9 @@ mod entry;
 pub mod facts;
 
 use entry::SandboxRead;
-pub use entry::{ContainerEntry, ContainerInfo, EnvPriority, Listing, PodEntry, SandboxInfo};
+pub use entry::{
+    ContainerEntry, ContainerInfo, EnvPriority, Execs, Listing, PodEntry, SandboxInfo, Strain,
+};
 
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
@@ -44,6 +46,15 @@ pub enum Change {
     ProcessGone { id: String, at: Instant },
     /// A container was removed from the runtime.
     Removed { id: String },
+    /// The runtime added an exec process to a container (containerd's events): one of the
+    /// kubelet's exec hooks or probes.
+    ExecAdded { id: String, exec: String },
+    /// An exec process of a container exited; `failed`: with a status other than 0.
+    ExecExited {
+        id: String,
+        exec: String,
+        failed: bool,
+    },
     /// The runtime described a container, with the env priority it carries.
     Described {
         info: ContainerInfo,
@@ -193,6 +204,17 @@ impl NodeView {
                     if let Some(c) = self.container_mut(&id) {
                         c.exit_by_kernel = c.exit_seen.is_some();
                     }
+                }
+            }
+            // Noted only: nothing is decided on them, but a silence is judged with them.
+            Change::ExecAdded { id, exec } => {
+                if let Some(c) = self.container_mut(&id) {
+                    c.execs.added(exec, now);
+                }
+            }
+            Change::ExecExited { id, exec, failed } => {
+                if let Some(c) = self.container_mut(&id) {
+                    c.execs.exited(&exec, failed, now);
                 }
             }
             Change::Removed { id } => {
@@ -400,6 +422,7 @@ impl NodeView {
                     env: EnvPriority::Unread,
                     exit_seen: None,
                     kernel_exit: None,
+                    execs: Execs::default(),
                     exit_by_kernel: false,
                 };
                 c.note_exit(now);
@@ -590,6 +613,50 @@ mod tests {
             .removed
             .contains_key(&format!("c{}", MAX_TOMBSTONES + 999)));
         assert!(!v.removed.contains_key("c0"));
+    }
+
+    /// A container's execs are noted as the runtime tells them (in progress, and when one
+    /// last failed), touch no pod, and end nothing.
+    #[test]
+    fn execs_are_noted_without_touching_the_pod() {
+        let now = Instant::now();
+        let mut v = running(&[("app", "app", 5)], now);
+        let execs = |v: &NodeView| v.pod(&uid()).map(|p| p.containers["app"].execs.clone());
+        let add = |exec: &str| Change::ExecAdded {
+            id: "app".into(),
+            exec: exec.into(),
+        };
+        let exit = |exec: &str, failed| Change::ExecExited {
+            id: "app".into(),
+            exec: exec.into(),
+            failed,
+        };
+        assert!(v.apply(add("probe"), now).is_empty());
+        assert!(v.apply(add("hook"), now).is_empty());
+        let later = now + Duration::from_millis(5);
+        assert!(v.apply(exit("probe", false), later).is_empty());
+        let e = execs(&v).expect("the app");
+        assert_eq!(e.running, vec![("hook".to_owned(), now)]);
+        assert_eq!(e.failed, None);
+        v.apply(exit("hook", true), later);
+        let e = execs(&v).expect("the app");
+        assert!(e.running.is_empty());
+        assert_eq!(e.failed, Some(later));
+        assert_eq!(v.state_of("app"), Some(RunState::Running));
+        // An exec of a container the view does not know is nobody's.
+        v.apply(
+            Change::ExecAdded {
+                id: "stranger".into(),
+                exec: "x".into(),
+            },
+            now,
+        );
+        assert!(!v.knows("stranger"));
+        // However many are left behind (exits never told), a few are kept.
+        for i in 0..100 {
+            v.apply(add(&format!("lost-{i}")), now);
+        }
+        assert!(execs(&v).expect("the app").running.len() <= 8);
     }
 
     /// The view remembers which source told it of an exit first: what the benchmark

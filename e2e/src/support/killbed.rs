@@ -171,6 +171,33 @@ impl KillBed {
             .count()
     }
 
+    /// Asserts that the agent learnt from the Node that the node shuts down, and read no Event
+    /// from then on (every kill is the shutdown's). Before it, a wait whose marks had not come
+    /// yet may have been read once (a loaded runtime runs the hooks' execs late): which is
+    /// the agent's own order, so its log is what is checked.
+    pub fn assert_no_read_once_the_node_said_shutdown(&self) {
+        let lines = self.bed.agent.lines();
+        let told = lines
+            .iter()
+            .position(|l| l.is("node_shutdown", &[]))
+            .unwrap_or_else(|| {
+                panic!(
+                    "the agent never learnt of the shutdown{}",
+                    self.bed.agent.log_tail(40)
+                )
+            });
+        let after: Vec<_> = lines[told..]
+            .iter()
+            .filter(|l| l.is("word_asked", &[]))
+            .collect();
+        assert!(
+            after.is_empty(),
+            "Events read after the Node said shutdown: {after:?}"
+        );
+        let asked = lines.iter().filter(|l| l.is("word_asked", &[])).count();
+        assert_eq!(asked, self.event_reads(), "every read is logged");
+    }
+
     pub async fn finish(self) {
         self.bed.finish().await;
     }

@@ -6,9 +6,10 @@ use std::path::Path;
 
 use exitorder::cri::{
     security_profile::ProfileType, Capability, ContainerConfig, ContainerMetadata, IdMapping,
-    ImageSpec, Int64Value, KeyValue, LinuxContainerConfig, LinuxContainerSecurityContext,
-    LinuxPodSandboxConfig, LinuxSandboxSecurityContext, Mount, MountPropagation, NamespaceMode,
-    NamespaceOption, PodSandboxConfig, PodSandboxMetadata, SecurityProfile, UserNamespace,
+    ImageSpec, Int64Value, KeyValue, LinuxContainerConfig, LinuxContainerResources,
+    LinuxContainerSecurityContext, LinuxPodSandboxConfig, LinuxSandboxSecurityContext, Mount,
+    MountPropagation, NamespaceMode, NamespaceOption, PodSandboxConfig, PodSandboxMetadata,
+    SecurityProfile, UserNamespace,
 };
 use exitorder::runtime::{ANNOTATION_GRACE, LABEL_CONTAINER_NAME, LABEL_POD_UID};
 
@@ -246,8 +247,25 @@ pub fn container(
         stdin_once: false,
         tty: false,
         linux: Some(LinuxContainerConfig {
+            resources: c.cpu_limit_milli.map(cpu_limit),
             security_context: Some(security(plan, &c.security)),
         }),
+    }
+}
+
+/// The kernel's default CFS period, which the kubelet keeps (`cpuCFSQuotaPeriod`, 100 ms).
+const CFS_PERIOD_US: i64 = 100_000;
+/// The smallest quota the kernel takes, which the kubelet rounds up to (`MinQuotaPeriod`).
+const MIN_QUOTA_US: i64 = 1_000;
+
+/// A CPU limit as the kubelet makes it (`kuberuntime_container_linux.go`
+/// `calculateLinuxResources`, `MilliCPUToQuota`): a quota of the limit's share of each period.
+fn cpu_limit(milli: u64) -> LinuxContainerResources {
+    let milli = i64::try_from(milli).unwrap_or(i64::MAX);
+    LinuxContainerResources {
+        cpu_period: CFS_PERIOD_US,
+        cpu_quota: (milli.saturating_mul(CFS_PERIOD_US) / 1000).max(MIN_QUOTA_US),
+        ..Default::default()
     }
 }
 

@@ -47,7 +47,7 @@ const CONTAINER: &[(&str, Rule)] = &[
     ("volumeMounts[].mountPropagation", Rule::Honoured),
     ("volumeMounts", Rule::Refused("only name, mountPath, subPath, subPathExpr, readOnly and mountPropagation are supported")),
     ("volumeDevices", Rule::Refused("block volumes are not supported")),
-    ("resources", Rule::Noted("only the CPU request is played (the pod cgroup's weight, by QoS tier, as the kubelet sets it); limits and memory are not enforced on the test bed")),
+    ("resources", Rule::Noted("only CPU is played: the request as the pod cgroup's weight, by QoS tier, and the limit as the container's CFS quota, as the kubelet sets them; memory is not enforced on the test bed")),
     ("resizePolicy", Rule::Noted("resource requests and limits are not enforced on the test bed")),
     ("securityContext.runAsUser", Rule::Honoured),
     ("securityContext.runAsGroup", Rule::Honoured),

@@ -125,6 +125,11 @@ pub struct DeleteOptions {
     /// exec at a container's `pids.max`, a binary gone from the share). The kubelet records
     /// `FailedPreStopHook` and goes on to TERM; the hook's own program never runs.
     pub exec_fails: Vec<String>,
+    /// These containers' preStop execs start and exit at once with the status given, their
+    /// hook's program never run: an entrypoint that does not know the hook's verb (a share
+    /// rolled back to a release without `mark`) answers 64. The kubelet records
+    /// `FailedPreStopHook` and goes on to TERM.
+    pub exec_exits: Vec<(String, i32)>,
     /// `kubectl delete --force` (with `grace_period: Some(0)`): the API server keeps the
     /// deletion's 0, which the kubelet makes 1 s from 1.31 and the pod's own grace before.
     pub force: bool,
@@ -152,6 +157,7 @@ impl DeleteOptions {
             shorten: None,
             exec_lag: Vec::new(),
             exec_fails: Vec::new(),
+            exec_exits: Vec::new(),
             force: false,
             kubelet_version: None,
         }
@@ -252,7 +258,8 @@ pub(crate) struct PodCtx {
     /// loop), so the pod's other containers start and restart only once it ended.
     sync: tokio::sync::Mutex<()>,
     /// How the runtime plays the preStop execs of the pod's kill (see
-    /// [`DeleteOptions::exec_lag`] and [`DeleteOptions::exec_fails`]).
+    /// [`DeleteOptions::exec_lag`], [`DeleteOptions::exec_fails`] and
+    /// [`DeleteOptions::exec_exits`]).
     execs: Mutex<ExecPlay>,
 }
 
@@ -261,6 +268,7 @@ pub(crate) struct PodCtx {
 struct ExecPlay {
     lag: Vec<(String, Duration)>,
     fails: Vec<String>,
+    exits: Vec<(String, i32)>,
 }
 
 impl PodCtx {

@@ -64,25 +64,32 @@ impl Drop for Hook {
 const MISSING_HOOK: &str = "/.exitorder-test-bed/no-such-hook";
 
 /// The hook `h` of container `name` as the runtime plays it in this pod's kill: started late
-/// (this returns after the lag), or failing to start.
+/// (this returns after the lag), failing to start, or failing at once.
 pub(super) async fn as_played(ctx: &PodCtx, name: &str, h: &Handler) -> Handler {
-    let (lag, fails) = ctx
+    let (lag, fails, exits) = ctx
         .execs
         .lock()
         .map(|e| {
             (
                 e.lag.iter().find(|(n, _)| n == name).map(|(_, d)| *d),
                 e.fails.iter().any(|n| n == name),
+                e.exits.iter().find(|(n, _)| n == name).map(|(_, c)| *c),
             )
         })
         .unwrap_or_default();
     if let Some(lag) = lag {
         tokio::time::sleep(lag).await;
     }
-    match h {
+    match (h, exits) {
         // The runtime is asked to exec a program that is not there: the exec fails to start,
         // as the hook's would.
-        Handler::Exec(_) if fails => Handler::Exec(vec![MISSING_HOOK.to_owned()]),
+        (Handler::Exec(_), _) if fails => Handler::Exec(vec![MISSING_HOOK.to_owned()]),
+        // A program that starts and fails at once, before anything the hook would do.
+        (Handler::Exec(_), Some(code)) => Handler::Exec(vec![
+            "/bin/sh".to_owned(),
+            "-c".to_owned(),
+            format!("exit {code}"),
+        ]),
         _ => h.clone(),
     }
 }

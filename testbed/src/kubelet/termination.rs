@@ -335,6 +335,7 @@ pub(super) async fn delete(ctx: &PodCtx, opts: &DeleteOptions) -> Result<Deletio
     if let Ok(mut execs) = ctx.execs.lock() {
         execs.lag.clone_from(&opts.exec_lag);
         execs.fails.clone_from(&opts.exec_fails);
+        execs.exits.clone_from(&opts.exec_exits);
     }
     if let Kill::NodeShutdown { .. } = kill {
         // nodeshutdown_manager_linux.go: `go m.syncNodeStatus()` just before the pods are

@@ -87,7 +87,8 @@ fn write_all(o: &mut String, e: &Explanation) -> std::fmt::Result {
             "  a sidecar restarted alone (a failed probe, a changed spec) is told from the pod's \
              kill by the others' silence on the node, and let go within seconds (by the \
              kubelet's Event only right after another container's restart, and never by \
-             silence while the agent's pod watch is catching up)"
+             silence while the agent's pod watch is catching up, while an exec in a container \
+             it waits for runs or after one failed, or while its limits hold one back)"
         )?,
         Some(_) => writeln!(
             o,

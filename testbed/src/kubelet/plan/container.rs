@@ -173,6 +173,13 @@ impl<E: Fn(&str, String) -> PlanError> Planner<'_, E> {
             ));
         }
         let security = security(c.security_context.as_ref(), &f("securityContext"), err)?;
+        let cpu_limit_milli = c
+            .resources
+            .as_ref()
+            .and_then(|r| r.limits.as_ref())
+            .and_then(|l| l.get("cpu"))
+            .map(|q| super::millicores(&q.0).map_err(|why| err(&f("resources.limits.cpu"), why)))
+            .transpose()?;
         Ok(ContainerPlan {
             name: c.name.clone(),
             kind,
@@ -197,6 +204,7 @@ impl<E: Fn(&str, String) -> PlanError> Planner<'_, E> {
                 .clone()
                 .unwrap_or_else(|| "File".to_owned()),
             ports_json,
+            cpu_limit_milli,
             // A main container's is set from the pod's and its own by the caller; an init
             // container's retries follow the pod's policy alone.
             restart: super::Restarts::pod(super::RestartPolicy::Never),

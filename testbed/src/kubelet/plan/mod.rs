@@ -148,6 +148,8 @@ pub struct ContainerPlan {
     pub termination_message_policy: String,
     /// The container's ports as the kubelet's `io.kubernetes.container.ports` annotation.
     pub ports_json: Option<String>,
+    /// Its CPU limit (`resources.limits.cpu`), in millicores: the CFS quota of its cgroup.
+    pub cpu_limit_milli: Option<u64>,
     /// The container's spec as written: what the kubelet's container hash covers, and what
     /// the preStop annotation shows.
     pub spec: Container,
