@@ -556,10 +556,10 @@ async fn a_pod_kill_whose_app_exec_is_late_stays_ordered() {
 /// dropped: the pod stays `Running`), whose app's preStop exec fails before it marks: the
 /// kubelet records `FailedPreStopHook` and sends TERM, and the app drains 8 s. What the node
 /// shows, on containerd's events: an exec that exits at once with a failure (an entrypoint
-/// that does not know `mark`, in a share rolled back, answers 64) is that failure, and holds
-/// the wait for the kubelet's word; an exec the runtime cannot start (at the container's
-/// `pids.max`, a program gone) is added and never ends, and holds the wait while it is in
-/// progress. Either way the app's silence proves no restart: the proxy leaves after the app.
+/// that does not know `mark`, in a share rolled back, answers 64) is that failure; an exec the
+/// runtime cannot start (at the container's `pids.max`, a program gone) is added and never
+/// ends, in progress for longer than the window. Either holds the wait for the kubelet's word:
+/// the app's silence proves no restart, and the proxy leaves after the app.
 #[tokio::test]
 async fn a_silent_pod_kill_whose_apps_hook_fails_stays_ordered() {
     let Some(kb) = KillBed::start_with(&[("EXITORDER_LOG", "info,exitorder=debug")]).await else {
@@ -578,7 +578,7 @@ async fn a_silent_pod_kill_whose_apps_hook_fails_stays_ordered() {
         (
             "hook-cannot-start",
             cannot_start,
-            "silence_deferred",
+            "silence_doubted",
             "exec_running",
         ),
     ] {
@@ -615,8 +615,9 @@ async fn a_silent_pod_kill_whose_apps_hook_fails_stays_ordered() {
 /// CFS quota of 1 ms per 100 ms period) while two of its threads spin: the kubelet's exec of
 /// its mark (`runc init`, then the entrypoint) runs inside that quota and marks seconds after
 /// the proxy's wait began, past the window. The runtime told of the exec as it was added, and
-/// it was still in progress: the proxy's wait is judged again until it marks, and the proxy
-/// leaves after the app.
+/// it was still in progress when the window ended: the proxy's wait is held for the kubelet's
+/// word, which never comes, until the mark shows the pod's kill; the proxy leaves after the
+/// app.
 #[tokio::test]
 async fn a_silent_pod_kill_whose_app_is_held_by_its_cpu_limit_stays_ordered() {
     let Some(kb) = KillBed::start().await else {
@@ -641,8 +642,10 @@ async fn a_silent_pod_kill_whose_app_is_held_by_its_cpu_limit_stays_ordered() {
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     kb.bed.show("cpu-held", &d);
-    // The case itself: the app's mark took longer than the window.
-    let marked = prestop_ms(&d.timeline, "app", 0).unwrap_or(0);
+    // The case itself: the app's mark took longer than the window (and returned: within the
+    // grace period).
+    let marked = prestop_ms(&d.timeline, "app", 0)
+        .unwrap_or_else(|| panic!("the app's hook never returned:\n{}", d.describe()));
     assert!(
         marked > 4_000,
         "the app's mark took {marked} ms, within the window:\n{}",

@@ -18,6 +18,8 @@ pub(super) struct ApiLink {
     pub(super) node: Option<NodeView>,
     signals: Option<mpsc::UnboundedReceiver<PodSignal>>,
     pub(super) events: Option<EventSink>,
+    /// The decisions took the Node's word that the node shuts down (told once).
+    pub(super) shutdown_applied: bool,
 }
 
 impl ApiLink {

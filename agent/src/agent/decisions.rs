@@ -114,11 +114,12 @@ impl Agent {
             .and_then(|a| a.pod_kill(unix_of_instant(now, now)));
         // A graceful node shutdown is every kill's while it lasts (its budget is the
         // shortest the kubelet gives); then what the API object says.
-        let node_kill = self
-            .api
-            .node()
-            .shutting_down
-            .then_some(PodKill::NodeShutdown);
+        let shutting_down = self.api.node().shutting_down;
+        if shutting_down && !self.api.shutdown_applied {
+            self.api.shutdown_applied = true;
+            info!(event = "node_shutdown_applied", "the decisions take every kill for the node shutdown's from now on: no read of the kubelet's word is needed");
+        }
+        let node_kill = shutting_down.then_some(PodKill::NodeShutdown);
         let api_kill = node_kill.or(api_kill);
         if let (Some(kill), Some(p)) = (api_kill, self.waits.pending.get_mut(pod)) {
             let by = if node_kill.is_some() { "node" } else { "api" };

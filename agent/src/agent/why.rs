@@ -157,10 +157,12 @@ impl Agent {
             // Whether a container it waits for may be running its hook while its mark has not
             // come. For good: an exec of it failed since a window before this wait (a hook
             // that failed before it marked; a failing exec probe too, which only costs a
-            // restart its early release), or its limits held it back since (see
-            // [`crate::runtime::strain`]). For now: an exec added since then is still in
-            // progress (a hook the runtime or the container's CPU quota runs slowly; a probe
-            // ends in milliseconds). A counter first read now has nothing to compare with yet.
+            // restart its early release), one added since then has run for longer than the
+            // window, or its limits held it back since (see [`crate::runtime::strain`]). For
+            // now: an exec added since then is still in progress (a hook the runtime or the
+            // container's CPU quota runs slowly; a probe ends in milliseconds). A counter
+            // first read now has nothing to compare with yet. Either way the kubelet's word
+            // is asked for, as for any wait the node has not decided.
             let mut doubt = None;
             let mut exec_running = false;
             let mut fresh = false;
@@ -170,7 +172,16 @@ impl Agent {
                     if c.execs.failed.is_some_and(|t| t >= from) {
                         doubt.get_or_insert((c.info.name.clone(), "exec_failed"));
                     }
-                    exec_running |= c.execs.running.iter().any(|(_, at)| *at >= from);
+                    // An exec in progress for longer than the window is no probe: a hook
+                    // stuck or slow (or an exec that never started, whose end the runtime
+                    // never tells).
+                    for (_, at) in c.execs.running.iter().filter(|(_, at)| *at >= from) {
+                        if now.saturating_duration_since(*at) >= rule.window {
+                            doubt.get_or_insert((c.info.name.clone(), "exec_running"));
+                        } else {
+                            exec_running = true;
+                        }
+                    }
                     // The counters are read when first needed, and when a silence is judged.
                     let key = (me.info.id.clone(), c.info.id.clone());
                     let base = p.confirm.strain_base.get(&key);
@@ -215,7 +226,7 @@ impl Agent {
                 Judgement::Alone(evidence::Alone::Silence) if doubt.is_some() => {
                     if let Some((other, why)) = &doubt {
                         if !p.confirm.doubted.contains(name) {
-                            info!(event = "silence_doubted", pod = %pod, container = %name, other = %other, why = %why, "a container this one waits for may have run its hook without marking (a failed exec in it, or held back by its limits): its silence does not let this wait go");
+                            info!(event = "silence_doubted", pod = %pod, container = %name, other = %other, why = %why, "a container this one waits for may have run its hook without marking (an exec in it failed or runs on, or its limits held it back): its silence does not let this wait go");
                         }
                     }
                     held_doubted.push(name.to_owned());
@@ -237,6 +248,7 @@ impl Agent {
                     };
                     judging.push(name.to_owned());
                     next = [next, Some(now.later(again))].into_iter().flatten().min();
+                    undecided.extend(undecided_of(name, w.since));
                 }
                 Judgement::Alone(by) => {
                     alone.insert(name.to_owned(), by);

@@ -44,13 +44,14 @@
 //!
 //! The caller trusts a silence only where the marks could have come (`agent/why.rs`): not
 //! while the pod watch is behind, nor when a container the wait is held for shows that its
-//! hook may be running or may have failed: an exec the runtime added to it or saw exit around
-//! the wait (containerd's events), or its cgroup's counters of being held back by its limits
-//! rising meanwhile ([`crate::runtime::strain`]: CPU quota, memory, `pids.max`). A pod kill
-//! whose other hooks start later than the window after the node fell quiet with none of these
-//! to show (a runtime without exec events, stalled as a whole), is still taken for a restart
-//! while the pod watch is current and shows no deletion (an eviction, a node shutdown): the
-//! sidecar leaves early.
+//! hook may be running or may have failed: an exec of it that failed, or that is still in
+//! progress, begun around the wait (containerd's events), or its cgroup's counters of being
+//! held back by its limits rising meanwhile ([`crate::runtime::strain`]: held at its CPU
+//! quota, OOM, `pids.max`). A pod kill whose other hooks start later than the window after the
+//! node fell quiet with none of these to show, is still taken for a restart while the pod watch
+//! is current and shows no deletion (an eviction, a node shutdown): the sidecar leaves early.
+//! So is one whose other hooks fail before they mark on a runtime without exec events (CRI-O,
+//! a CRI-only socket), their containers' limits untouched.
 
 use std::time::Duration;
 

@@ -9,9 +9,9 @@
 //! - otherwise nothing here: the agent polls `ListContainers` while an exit is pending.
 //!
 //! Besides exits, the streams report container starts and removals, which keep the agent's
-//! node view current, and containerd's the execs in each container (added, exited): the
+//! node view current; containerd's also reports each container's execs (added, exited): the
 //! kubelet's exec hooks and probes, which tell the agent that a container's hook may be
-//! running when its mark has not come (see [`crate::kubelet::evidence`]). A stream that fails or ends is reconnected with backoff; every
+//! running, or have failed, when its mark has not come (see [`crate::kubelet::evidence`]). A stream that fails or ends is reconnected with backoff; every
 //! (re)connect makes the agent re-list and re-decide every pending pod, so an exit during the
 //! gap is never missed.
 

@@ -6,21 +6,22 @@
 //! container's limits: at its CPU quota, `runc init` and the hook wait for the next period;
 //! at its memory limit they wait on reclaim, or are killed; at its `pids.max` the exec fails
 //! before it starts. In each case the kernel counts it in the container's cgroup:
-//! - CPU: `cpu.stat` `nr_throttled`, the periods in which the cgroup ran out of quota
-//!   (cgroup v1's cpu controller and v2 alike);
-//! - memory: v2's `memory.events` `high`, `max`, `oom`, `oom_kill`; v1's `memory.failcnt`
-//!   (the charges that hit the limit) and `memory.oom_control` `oom_kill`;
+//! - CPU: `cpu.stat` `nr_throttled` against `nr_periods`, the periods in which the cgroup ran
+//!   out of its quota among those it ran in (cgroup v1's cpu controller and v2 alike); only a
+//!   container throttled in at least half of them counts, not one meeting its quota in bursts;
+//! - memory: v2's `memory.events` `oom` and `oom_kill`, v1's `memory.oom_control` `oom_kill`
+//!   (hitting the limit alone, `max` or `failcnt`, is what any container whose page cache
+//!   fills its limit does all the time: not counted);
 //! - PIDs: `pids.events` `max`, the forks refused at `pids.max` (v1 and v2).
 //!
-//! A counter that rose while a wait's window ran says the container's hook may be late or
+//! A count that rose while a wait's window ran says the container's hook may be late or
 //! may have failed: its silence then proves nothing. What the counters cannot show: an exec
 //! that fails for another reason (an entrypoint that does not know `mark`, a runtime that
 //! cannot start the exec), and a hook slowed by the node as a whole rather than by the
 //! container's limits (see `docs/architecture.md`, "Why a container stops").
 //!
-//! Parts:
-//! - [`Dirs`]: where a container's counters are, from its process's `/proc/<pid>/cgroup`,
-//!   read into a [`Strain`] (the view's: what the node showed at one moment).
+//! [`Dirs`] says where a container's counters are, from its process's `/proc/<pid>/cgroup`,
+//! and reads them into a [`Strain`] (the view's: what the node showed at one moment).
 
 use std::path::{Path, PathBuf};
 
@@ -98,28 +99,26 @@ impl Dirs {
         let cpu = self
             .cpu
             .as_deref()
-            .map_or(0, |d| field(&read(&d.join("cpu.stat")), "nr_throttled"));
+            .map(|d| read(&d.join("cpu.stat")))
+            .unwrap_or_default();
         let memory = match &self.memory {
             None => 0,
             Some((d, Version::V2)) => {
                 let text = read(&d.join("memory.events"));
-                ["high", "max", "oom", "oom_kill"]
-                    .iter()
-                    .fold(0u64, |sum, k| sum.saturating_add(field(&text, k)))
+                field(&text, "oom").saturating_add(field(&text, "oom_kill"))
             }
-            Some((d, Version::V1)) => {
-                let failed = read(&d.join("memory.failcnt"))
-                    .trim()
-                    .parse()
-                    .unwrap_or(0u64);
-                failed.saturating_add(field(&read(&d.join("memory.oom_control")), "oom_kill"))
-            }
+            Some((d, Version::V1)) => field(&read(&d.join("memory.oom_control")), "oom_kill"),
         };
         let pids = self
             .pids
             .as_deref()
             .map_or(0, |d| field(&read(&d.join("pids.events")), "max"));
-        Strain { cpu, memory, pids }
+        Strain {
+            cpu_periods: field(&cpu, "nr_periods"),
+            cpu_throttled: field(&cpu, "nr_throttled"),
+            memory,
+            pids,
+        }
     }
 }
 
@@ -182,16 +181,36 @@ mod tests {
         assert_eq!(
             s,
             Strain {
-                cpu: 3,
-                memory: 3,
+                cpu_periods: 9,
+                cpu_throttled: 3,
+                memory: 1,
                 pids: 4
             }
         );
+        // Throttled in one period of ten since: a burst, not a container held at its quota.
         write(
             &base("cpu").join("cpu.stat"),
-            "nr_periods 10\nnr_throttled 4\nthrottled_time 9\n",
+            "nr_periods 19\nnr_throttled 4\nthrottled_time 9\n",
+        );
+        assert_eq!(dirs.read().rose_since(&s), None);
+        // In six of ten: held.
+        write(
+            &base("cpu").join("cpu.stat"),
+            "nr_periods 19\nnr_throttled 9\nthrottled_time 9\n",
         );
         assert_eq!(dirs.read().rose_since(&s), Some("cpu"));
+        // The limit's routine hits are not counted; a kill by the OOM killer is.
+        write(
+            &base("cpu").join("cpu.stat"),
+            "nr_periods 9\nnr_throttled 3\nthrottled_time 7\n",
+        );
+        write(&base("memory").join("memory.failcnt"), "200\n");
+        assert_eq!(dirs.read().rose_since(&s), None);
+        write(
+            &base("memory").join("memory.oom_control"),
+            "oom_kill_disable 0\nunder_oom 0\noom_kill 2\n",
+        );
+        assert_eq!(dirs.read().rose_since(&s), Some("memory"));
         assert_eq!(s.rose_since(&s), None);
     }
 
@@ -212,9 +231,15 @@ mod tests {
         write(&dir.join("pids.events"), "max 0\n");
         let before = dirs.read();
         assert_eq!(before, Strain::default());
+        // Reclaim at the limit (`max`, `high`) is routine; an OOM kill is not.
         write(
             &dir.join("memory.events"),
-            "low 0\nhigh 0\nmax 5\noom 0\noom_kill 0\n",
+            "low 0\nhigh 3\nmax 5\noom 0\noom_kill 0\n",
+        );
+        assert_eq!(dirs.read().rose_since(&before), None);
+        write(
+            &dir.join("memory.events"),
+            "low 0\nhigh 3\nmax 5\noom 1\noom_kill 1\n",
         );
         assert_eq!(dirs.read().rose_since(&before), Some("memory"));
         write(&dir.join("pids.events"), "max 1\n");

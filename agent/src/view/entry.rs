@@ -83,9 +83,12 @@ pub struct ContainerEntry {
 /// [`crate::runtime::strain`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Strain {
-    /// CPU periods throttled at the quota.
-    pub cpu: u64,
-    /// Memory limit hits, high-mark breaches and OOM events.
+    /// CPU periods the cgroup ran in (`nr_periods`).
+    pub cpu_periods: u64,
+    /// Of those, the ones in which it ran out of its quota (`nr_throttled`).
+    pub cpu_throttled: u64,
+    /// Out-of-memory events and kills: what a hook at the limit meets beyond reclaim, which a
+    /// container at its limit goes through routinely (its page cache) and is not counted.
     pub memory: u64,
     /// Forks refused at `pids.max`.
     pub pids: u64,
@@ -93,8 +96,12 @@ pub struct Strain {
 
 impl Strain {
     /// What rose since `before` (`cpu`, `memory` or `pids`, the first that did), if anything.
+    /// CPU counts when the cgroup was throttled in at least half the periods it ran in since:
+    /// a container held at its quota, not one that met it in a burst.
     pub fn rose_since(&self, before: &Strain) -> Option<&'static str> {
-        if self.cpu > before.cpu {
+        let periods = self.cpu_periods.saturating_sub(before.cpu_periods);
+        let throttled = self.cpu_throttled.saturating_sub(before.cpu_throttled);
+        if periods > 0 && throttled.saturating_mul(2) >= periods {
             Some("cpu")
         } else if self.memory > before.memory {
             Some("memory")

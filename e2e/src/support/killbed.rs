@@ -171,31 +171,36 @@ impl KillBed {
             .count()
     }
 
-    /// Asserts that the agent learnt from the Node that the node shuts down, and read no Event
-    /// from then on (every kill is the shutdown's). Before it, a wait whose marks had not come
-    /// yet may have been read once (a loaded runtime runs the hooks' execs late): which is
-    /// the agent's own order, so its log is what is checked.
+    /// Asserts that the agent's decisions took the Node's word that the node shuts down, and
+    /// asked for no Event from then on (every kill is the shutdown's). Before it, a wait whose
+    /// marks had not come yet may have been read once (a loaded runtime runs the hooks' execs
+    /// late): the decisions log both, in their own order, which is what is checked.
     pub fn assert_no_read_once_the_node_said_shutdown(&self) {
         let lines = self.bed.agent.lines();
-        let told = lines
+        let applied = lines
             .iter()
-            .position(|l| l.is("node_shutdown", &[]))
+            .position(|l| l.is("node_shutdown_applied", &[]))
             .unwrap_or_else(|| {
                 panic!(
-                    "the agent never learnt of the shutdown{}",
+                    "the agent never took the shutdown{}",
                     self.bed.agent.log_tail(40)
                 )
             });
-        let after: Vec<_> = lines[told..]
+        let after: Vec<_> = lines[applied..]
             .iter()
             .filter(|l| l.is("word_asked", &[]))
             .collect();
         assert!(
             after.is_empty(),
-            "Events read after the Node said shutdown: {after:?}"
+            "Events asked for after the Node said shutdown: {after:?}"
         );
+        // Every read the fake API server served was one the agent logged.
         let asked = lines.iter().filter(|l| l.is("word_asked", &[])).count();
-        assert_eq!(asked, self.event_reads(), "every read is logged");
+        assert!(
+            self.event_reads() <= asked,
+            "{} reads served, {asked} logged",
+            self.event_reads()
+        );
     }
 
     pub async fn finish(self) {

@@ -247,7 +247,8 @@ pub fn container(
         stdin_once: false,
         tty: false,
         linux: Some(LinuxContainerConfig {
-            resources: c.cpu_limit_milli.map(cpu_limit),
+            // A limit of 0 is none (`MilliCPUToQuota` gives no quota).
+            resources: c.cpu_limit_milli.filter(|m| *m > 0).map(cpu_limit),
             security_context: Some(security(plan, &c.security)),
         }),
     }

@@ -48,7 +48,7 @@ const CONTAINER: &[(&str, Rule)] = &[
     ("volumeMounts", Rule::Refused("only name, mountPath, subPath, subPathExpr, readOnly and mountPropagation are supported")),
     ("volumeDevices", Rule::Refused("block volumes are not supported")),
     ("resources", Rule::Noted("only CPU is played: the request as the pod cgroup's weight, by QoS tier, and the limit as the container's CFS quota, as the kubelet sets them; memory is not enforced on the test bed")),
-    ("resizePolicy", Rule::Noted("resource requests and limits are not enforced on the test bed")),
+    ("resizePolicy", Rule::Noted("resources are not resized on the test bed")),
     ("securityContext.runAsUser", Rule::Honoured),
     ("securityContext.runAsGroup", Rule::Honoured),
     ("securityContext.runAsNonRoot", Rule::Honoured),

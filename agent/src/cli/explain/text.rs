@@ -88,7 +88,7 @@ fn write_all(o: &mut String, e: &Explanation) -> std::fmt::Result {
              kill by the others' silence on the node, and let go within seconds (by the \
              kubelet's Event only right after another container's restart, and never by \
              silence while the agent's pod watch is catching up, while an exec in a container \
-             it waits for runs or after one failed, or while its limits hold one back)"
+             it waits for runs or after one failed, or when its limit counters rose meanwhile)"
         )?,
         Some(_) => writeln!(
             o,
