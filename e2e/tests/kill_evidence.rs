@@ -612,7 +612,7 @@ async fn a_silent_pod_kill_whose_apps_hook_fails_stays_ordered() {
 }
 
 /// A kill the API server does not show, of a pod whose app is held by its CPU limit (10m: a
-/// CFS quota of 1 ms per 100 ms period) while two of its threads spin: the kubelet's exec of
+/// CFS quota of 1 ms per 100 ms period) while its threads spin: the kubelet's exec of
 /// its mark (`runc init`, then the entrypoint) runs inside that quota and marks seconds after
 /// the proxy's wait began, past the window. The runtime told of the exec as it was added, and
 /// it was still in progress when the window ended: the proxy's wait is held for the kubelet's
@@ -624,19 +624,28 @@ async fn a_silent_pod_kill_whose_app_is_held_by_its_cpu_limit_stays_ordered() {
         return;
     };
     let mut p = injected("cpu-held", "2");
+    // The app runs everything inside its quota, its TERM handler too: room for that on a busy
+    // machine, so that the proxy's allow is the order's and never the deadline's.
+    support::set_grace(&mut p, 90);
     let app = support::container_mut(&mut p, "app");
     app["resources"] = json!({"limits": {"cpu": "10m"}});
     // Its own exec probe would run inside the quota too, and time out: not the point here.
     if let Some(o) = app.as_object_mut() {
         o.remove("readinessProbe");
     }
-    // Ten threads spin until TERM, which stops them first: an exec gets a tenth of the quota.
-    let spin = (0..10)
+    // Fourteen threads spin until TERM, which stops them first: an exec gets a fifteenth of the
+    // quota (its mark 6-18 s late with ten, 1.8 s with two).
+    let spin = (0..14)
         .map(|_| "(while :; do :; done) &\nS=\"$S $!\"\n")
         .collect::<String>();
     support::edit_script(&mut p, "app", "trap '", &format!("{spin}trap 'kill $S; "));
     let running = kb.run(&p).await;
     let uid = running.uid().to_owned();
+    // Every spinner started (the app says `serving` after them), each forked inside the quota.
+    support::until("the app's spinners", secs(120), || {
+        std::future::ready(running.container_log("app").contains("serving"))
+    })
+    .await;
     let d = running
         .delete_with(DeleteOptions::kubelet(Kill::Silent))
         .await
