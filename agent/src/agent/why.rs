@@ -15,6 +15,8 @@ use crate::decide::{self, Deletion, PodFacts, RunState};
 use crate::kubelet::evidence::{self, Judgement, Peer};
 use crate::kubelet::kills::{Kill, PodKill};
 use crate::pod::PodUid;
+use crate::runtime::kernel::KernelExits;
+use crate::view::{ContainerEntry, Strain};
 
 /// A silence judged while file events were still queued is judged again this soon after.
 const UNREAD_RETRY: std::time::Duration = std::time::Duration::from_millis(20);
@@ -33,6 +35,75 @@ struct Undecided {
     attempt: String,
     created_s: i64,
     since: Instant,
+}
+
+/// A wait whose containers' doubts are looked for (see [`doubts`]).
+struct Held<'a> {
+    /// The waiting container's newest attempt.
+    me: &'a ContainerEntry,
+    since: Instant,
+    window: std::time::Duration,
+    /// Its judgement is the others' silence: the counters are compared.
+    silent: bool,
+    now: Instant,
+}
+
+/// What the containers a wait is held for show of a hook that may be running, or have failed,
+/// while its mark has not come.
+#[derive(Default)]
+struct Doubts {
+    /// For good, which container and why: an exec of it failed since a window before the wait
+    /// (a hook that failed before it marked; a failing exec probe too, which only costs a
+    /// restart its early release), one added since then has run for longer than the window,
+    /// or its limits held it back since (see [`crate::runtime::strain`]).
+    doubt: Option<(String, &'static str)>,
+    /// For now: an exec added since then is in progress (a hook the runtime or the
+    /// container's CPU quota runs slowly; a probe ends in milliseconds).
+    exec_running: bool,
+    /// Counters first read now, with nothing to compare them with yet: the wait's baseline.
+    bases: Vec<((String, String), Strain)>,
+}
+
+fn doubts<'a>(
+    kernel: &KernelExits,
+    strain_base: &BTreeMap<(String, String), Strain>,
+    held: &Held<'_>,
+    blocking: impl Iterator<Item = &'a ContainerEntry>,
+) -> Doubts {
+    let mut d = Doubts::default();
+    let from = held.since.checked_sub(held.window).unwrap_or(held.since);
+    for c in blocking {
+        if c.execs.failed.is_some_and(|t| t >= from) {
+            d.doubt.get_or_insert((c.info.name.clone(), "exec_failed"));
+        }
+        // An exec in progress for longer than the window is no probe: a hook stuck or slow
+        // (or an exec that never started, whose end the runtime never tells).
+        for (_, at) in c.execs.running.iter().filter(|(_, at)| *at >= from) {
+            if held.now.saturating_duration_since(*at) >= held.window {
+                d.doubt.get_or_insert((c.info.name.clone(), "exec_running"));
+            } else {
+                d.exec_running = true;
+            }
+        }
+        // The counters are read when first needed, and when a silence is judged.
+        let key = (held.me.info.id.clone(), c.info.id.clone());
+        let base = strain_base.get(&key);
+        if base.is_some() && !held.silent {
+            continue;
+        }
+        let Some(now_strain) = kernel.strain(&c.info.id) else {
+            continue;
+        };
+        match base {
+            Some(base) => {
+                if let Some(what) = now_strain.rose_since(base) {
+                    d.doubt.get_or_insert((c.info.name.clone(), what));
+                }
+            }
+            None => d.bases.push((key, now_strain)),
+        }
+    }
+    d
 }
 
 impl Agent {
@@ -154,56 +225,25 @@ impl Agent {
             };
             let judgement = evidence::judge(rule, &waiter, &peers, now_ns);
             let silent = judgement == Judgement::Alone(evidence::Alone::Silence);
-            // Whether a container it waits for may be running its hook while its mark has not
-            // come. For good: an exec of it failed since a window before this wait (a hook
-            // that failed before it marked; a failing exec probe too, which only costs a
-            // restart its early release), one added since then has run for longer than the
-            // window, or its limits held it back since (see [`crate::runtime::strain`]). For
-            // now: an exec added since then is still in progress (a hook the runtime or the
-            // container's CPU quota runs slowly; a probe ends in milliseconds). A counter
-            // first read now has nothing to compare with yet. Either way the kubelet's word
-            // is asked for, as for any wait the node has not decided.
-            let mut doubt = None;
-            let mut exec_running = false;
-            let mut fresh = false;
-            if let Some(me) = newest.get(name) {
-                let from = w.since.checked_sub(rule.window).unwrap_or(w.since);
-                for c in blockers.iter().filter_map(|b| newest.get(b.as_str())) {
-                    if c.execs.failed.is_some_and(|t| t >= from) {
-                        doubt.get_or_insert((c.info.name.clone(), "exec_failed"));
-                    }
-                    // An exec in progress for longer than the window is no probe: a hook
-                    // stuck or slow (or an exec that never started, whose end the runtime
-                    // never tells).
-                    for (_, at) in c.execs.running.iter().filter(|(_, at)| *at >= from) {
-                        if now.saturating_duration_since(*at) >= rule.window {
-                            doubt.get_or_insert((c.info.name.clone(), "exec_running"));
-                        } else {
-                            exec_running = true;
-                        }
-                    }
-                    // The counters are read when first needed, and when a silence is judged.
-                    let key = (me.info.id.clone(), c.info.id.clone());
-                    let base = p.confirm.strain_base.get(&key);
-                    if base.is_some() && !silent {
-                        continue;
-                    }
-                    let Some(now_strain) = self.kernel.strain(&c.info.id) else {
-                        continue;
-                    };
-                    match base {
-                        Some(base) => {
-                            if let Some(what) = now_strain.rose_since(base) {
-                                doubt.get_or_insert((c.info.name.clone(), what));
-                            }
-                        }
-                        None => {
-                            fresh = true;
-                            strain_base.push((key, now_strain));
-                        }
-                    }
-                }
-            }
+            let blocking = blockers
+                .iter()
+                .filter_map(|b| newest.get(b.as_str()).copied());
+            let Doubts {
+                doubt,
+                exec_running,
+                bases,
+            } = newest.get(name).map_or_else(Doubts::default, |me| {
+                let held = Held {
+                    me,
+                    since: w.since,
+                    window: rule.window,
+                    silent,
+                    now,
+                };
+                doubts(&self.kernel, &p.confirm.strain_base, &held, blocking)
+            });
+            let fresh = !bases.is_empty();
+            strain_base.extend(bases);
             match judgement {
                 Judgement::PodKill { stopping: s } => stopping.extend(s),
                 Judgement::Alone(evidence::Alone::Silence) if unread => {
@@ -235,10 +275,10 @@ impl Agent {
                 Judgement::Alone(evidence::Alone::Silence) if exec_running || fresh => {
                     // Judged again once the exec ended (it marks, or fails), or once the
                     // counters first read now had a window to show what the hooks met.
-                    if exec_running && !p.confirm.deferred.contains(name) {
-                        debug!(event = "silence_deferred", pod = %pod, container = %name, why = "exec_running", "an exec of a container this one waits for is in progress: its silence is judged again once it ended");
-                    }
                     if exec_running {
+                        if !p.confirm.deferred.contains(name) {
+                            debug!(event = "silence_deferred", pod = %pod, container = %name, why = "exec_running", "an exec of a container this one waits for is in progress: its silence is judged again once it ended");
+                        }
                         deferred.push(name.to_owned());
                     }
                     let again = if exec_running {

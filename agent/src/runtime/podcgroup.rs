@@ -119,15 +119,8 @@ impl CgroupMounts {
         if id.len() < 32 || !id.bytes().all(|b| b.is_ascii_hexdigit()) {
             return None;
         }
-        proc_cgroup.lines().find_map(|line| {
-            let mut parts = line.splitn(3, ':');
-            let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
-            let (parent, last) = path.rsplit_once('/')?;
-            if id_of(last) != Some(id) {
-                return None;
-            }
-            self.dir(controllers, parent)
-        })
+        container_cgroups(proc_cgroup, id)
+            .find_map(|(controllers, path)| self.dir(controllers, path.rsplit_once('/')?.0))
     }
 
     /// Where cgroup `path` of the hierarchy of `controllers` (as a `/proc/<pid>/cgroup` line
@@ -142,6 +135,20 @@ impl CgroupMounts {
                 .find_map(|m| m.dir_of(path))
         }
     }
+}
+
+/// The lines of a `/proc/<pid>/cgroup` text whose cgroup is container `id`'s own (named after
+/// the id, not its pod's): each one's controllers (empty for cgroup v2) and cgroup path.
+pub fn container_cgroups<'a>(
+    proc_cgroup: &'a str,
+    id: &'a str,
+) -> impl Iterator<Item = (&'a str, &'a str)> + 'a {
+    proc_cgroup.lines().filter_map(move |line| {
+        let mut parts = line.splitn(3, ':');
+        let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
+        let last = path.rsplit('/').next()?;
+        (id_of(last) == Some(id)).then_some((controllers, path))
+    })
 }
 
 /// The first `max` bytes of a small file the kernel makes (`/proc/<pid>/cgroup`, a cgroup's

@@ -25,7 +25,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::runtime::podcgroup::{id_of, read_head, CgroupMounts};
+use crate::runtime::podcgroup::{container_cgroups, read_head, CgroupMounts};
 pub use crate::view::Strain;
 
 /// How much of one counters file is read: a few short lines.
@@ -52,17 +52,7 @@ impl Dirs {
     /// its pod's), that one of `mounts` shows.
     pub fn of(mounts: &CgroupMounts, proc_cgroup: &str, id: &str) -> Dirs {
         let mut dirs = Dirs::default();
-        for line in proc_cgroup.lines() {
-            let mut parts = line.splitn(3, ':');
-            let (Some(_), Some(controllers), Some(path)) =
-                (parts.next(), parts.next(), parts.next())
-            else {
-                continue;
-            };
-            let last = path.rsplit('/').next().unwrap_or_default();
-            if id_of(last) != Some(id) {
-                continue;
-            }
+        for (controllers, path) in container_cgroups(proc_cgroup, id) {
             let Some(dir) = mounts.dir(controllers, path) else {
                 continue;
             };
