@@ -260,7 +260,9 @@ const CFS_PERIOD_US: i64 = 100_000;
 const MIN_QUOTA_US: i64 = 1_000;
 
 /// A CPU limit as the kubelet makes it (`kuberuntime_container_linux.go`
-/// `calculateLinuxResources`, `MilliCPUToQuota`): a quota of the limit's share of each period.
+/// `calculateLinuxResources`, which calls `cm/helpers_linux.go` `MilliCPUToQuota`: the limit's
+/// share of each 100 ms period, at least 1 ms; the period stays 100 ms unless the
+/// `CPUCFSQuotaPeriod` feature gate is on).
 fn cpu_limit(milli: u64) -> LinuxContainerResources {
     let milli = i64::try_from(milli).unwrap_or(i64::MAX);
     LinuxContainerResources {
