@@ -8,6 +8,8 @@
 //! - The README's map and `docs/architecture.md`'s "where changes go" table name folders that
 //!   exist, and the README's Layout stays short.
 //! - No source file passes 600 lines before its tests.
+//! - The test bed turns on no feature in a crate of the agent's build, so the demo's build
+//!   reuses the image's.
 //!
 //! The sources are read as text: `use` trees and `crate::`, `super::`, `self::` and child-module
 //! paths, with comments and string literals blanked first.
@@ -735,5 +737,66 @@ fn no_test_target_is_named_as_a_dependency() {
     assert!(
         clashes.is_empty(),
         "test targets named as a dependency (rename them): {clashes:?}"
+    );
+}
+
+/// `cargo tree`'s packages with their features (`name version features`), one per line, for
+/// the packages given: what a build of them together compiles.
+fn features_of(packages: &[&str]) -> BTreeSet<String> {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let mut cmd = std::process::Command::new(cargo);
+    cmd.current_dir(repo()).args([
+        "tree",
+        "--locked",
+        "--offline",
+        "-e",
+        "normal,build",
+        "--prefix",
+        "none",
+        "-f",
+        "{p} {f}",
+    ]);
+    for p in packages {
+        cmd.args(["-p", p]);
+    }
+    let out = cmd.output().expect("cargo tree runs");
+    assert!(
+        out.status.success(),
+        "cargo tree: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        // "name vX.Y.Z (path)? features": the path (a workspace member's) and the
+        // repetition mark `(*)` are not part of what is compiled.
+        .map(|l| {
+            l.split_whitespace()
+                .filter(|w| !w.starts_with('('))
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .collect()
+}
+
+#[test]
+fn the_test_bed_changes_no_feature_of_the_agents_build() {
+    // The demo builds the test bed into the image's release target directory: a feature the
+    // test bed turns on in a crate the agent also uses changes that crate's hash and every
+    // crate above it (tokio, hyper, kube), and the demo compiled the agent's whole tree again.
+    let agent = features_of(&["exitorder"]);
+    let together = features_of(&["exitorder", "exitorder-testbed"]);
+    let package = |line: &str| line.split(' ').take(2).collect::<Vec<_>>().join(" ");
+    let agents: BTreeSet<String> = agent.iter().map(|l| package(l)).collect();
+    assert!(
+        agents.iter().any(|p| p.starts_with("tokio v")),
+        "{agents:?}"
+    );
+    let changed: Vec<&String> = together
+        .iter()
+        .filter(|l| agents.contains(&package(l)) && !agent.contains(*l))
+        .collect();
+    assert!(
+        changed.is_empty(),
+        "built with the test bed, these crates of the agent's build get other features: {changed:?}"
     );
 }

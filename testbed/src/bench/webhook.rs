@@ -17,6 +17,7 @@ use serde_json::{json, Value};
 
 use super::proc::{mib, Sample};
 use super::summary::summarize;
+use crate::node::dirs::{make_temp_dir, DirGuard};
 
 /// The pods reviewed, in turn.
 const PODS: [(&str, &str); 4] = [
@@ -88,7 +89,7 @@ fn review(uid: usize, pod: &Value) -> Vec<u8> {
 
 /// Runs `reviews` reviews against `exitorder webhook` started from `binary`.
 pub async fn measure(binary: &Path, reviews: usize) -> anyhow::Result<WebhookRow> {
-    let dir = tempfile_dir()?;
+    let dir = DirGuard::new(make_temp_dir("eo-bench-webhook").context("a temporary directory")?);
     let ca = certificates(dir.path())?;
     let addr = SocketAddr::from((
         [127, 0, 0, 1],
@@ -125,13 +126,6 @@ pub async fn measure(binary: &Path, reviews: usize) -> anyhow::Result<WebhookRow
         rss_mib: mib(sample.memory.rss_kib),
         cpu_seconds: sample.cpu_seconds,
     })
-}
-
-fn tempfile_dir() -> anyhow::Result<tempfile::TempDir> {
-    tempfile::Builder::new()
-        .prefix("eo-bench-webhook-")
-        .tempdir()
-        .context("a temporary directory")
 }
 
 type Sender = hyper::client::conn::http1::SendRequest<Full<Bytes>>;

@@ -1,119 +1,17 @@
-//! Leaving nothing behind: sandboxes, shims, cgroups runc leaves, mounts and directories.
+//! Leaving nothing behind: sandboxes, shims and the cgroups runc leaves (the directories and
+//! their mounts: `dirs`).
 
-use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use exitorder::cri::runtime_service_client::RuntimeServiceClient;
 use exitorder::cri::{ListPodSandboxRequest, RemovePodSandboxRequest, StopPodSandboxRequest};
 
 use super::containerd::{unescape_mount_path, Containerd, NAMESPACE};
-use super::{NodeShared, TestbedError};
+use super::NodeShared;
 
 /// How long a shim may take to exit once its sandbox is removed.
 pub(crate) const SHIM_EXIT_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// A fresh private directory `/tmp/<prefix>-<8 hex>`. Under /tmp, not `$TMPDIR`: containerd's
-/// socket path must stay under the 108 bytes of `sun_path`.
-pub(crate) fn make_temp_dir(prefix: &str) -> Result<PathBuf, TestbedError> {
-    let mut last = None;
-    for _ in 0..16 {
-        let suffix: String = super::random_bytes::<4>()
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect();
-        let path = PathBuf::from(format!("/tmp/{prefix}-{suffix}"));
-        match std::fs::DirBuilder::new().mode(0o700).create(&path) {
-            Ok(()) => return Ok(path),
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => last = Some(e),
-            Err(e) => return Err(TestbedError::io("create", path, e)),
-        }
-    }
-    Err(TestbedError::io(
-        "create",
-        format!("/tmp/{prefix}-*"),
-        last.unwrap_or_else(|| std::io::Error::other("no free name")),
-    ))
-}
-
-/// The node's directory and its id (the directory's random suffix).
-pub(crate) fn make_node_dir() -> Result<(PathBuf, String), TestbedError> {
-    let dir = make_temp_dir("eo")?;
-    // Others may pass through, not list, as through containerd's own /run/containerd: a
-    // user-namespaced container's root is an unprivileged host uid, and runc reaches its
-    // rootfs under the node's state directory as that uid.
-    std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o711))
-        .map_err(|e| TestbedError::io("chmod", &dir, e))?;
-    let id = dir
-        .file_name()
-        .and_then(|n| n.to_str())
-        .and_then(|n| n.strip_prefix("eo-"))
-        .unwrap_or("node")
-        .to_owned();
-    Ok((dir, id))
-}
-
-/// Removes a directory tree when dropped, never through a mount point left inside it.
-pub(crate) struct DirGuard(PathBuf);
-
-impl DirGuard {
-    pub(crate) fn new(path: PathBuf) -> Self {
-        DirGuard(path)
-    }
-
-    pub(crate) fn path(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for DirGuard {
-    fn drop(&mut self) {
-        if let Err(e) = remove_tree(&self.0) {
-            eprintln!("exitorder testbed: {e}");
-        }
-    }
-}
-
-/// Mount points at or below `dir`, deepest first.
-fn mounts_below(dir: &Path) -> Vec<PathBuf> {
-    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
-        return Vec::new();
-    };
-    let mut out: Vec<PathBuf> = info
-        .lines()
-        .filter_map(|l| l.split(' ').nth(4))
-        .map(unescape_mount_path)
-        .filter(|p| p.starts_with(dir))
-        .collect();
-    out.sort_by_key(|p| std::cmp::Reverse(p.as_os_str().len()));
-    out.dedup();
-    out
-}
-
-/// Removes `dir`. A containerd that died with containers running leaves rootfs and shm mounts
-/// in its state directory; they are detached first, and if one cannot be, the directory is
-/// kept rather than deleting through it.
-pub(crate) fn remove_tree(dir: &Path) -> Result<(), String> {
-    if !dir.exists() {
-        return Ok(());
-    }
-    for m in mounts_below(dir) {
-        let _ = Command::new("umount").arg("--lazy").arg(&m).output();
-    }
-    let left = mounts_below(dir);
-    if !left.is_empty() {
-        return Err(format!(
-            "{} kept: mounts still inside it: {}",
-            dir.display(),
-            left.iter()
-                .map(|p| p.display().to_string())
-                .collect::<Vec<_>>()
-                .join(", ")
-        ));
-    }
-    std::fs::remove_dir_all(dir).map_err(|e| format!("remove {}: {e}", dir.display()))
-}
 
 /// PID of the shim serving a sandbox, from the pid file the shim writes in its bundle.
 pub(crate) fn shim_pid(state_dir: &Path, sandbox_id: &str) -> Option<u32> {
@@ -346,20 +244,6 @@ pub(crate) async fn teardown(shared: &NodeShared, mut cd: Containerd) -> Vec<Str
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn temp_dirs_are_private_and_unique() {
-        use std::os::unix::fs::PermissionsExt;
-        let a = DirGuard::new(make_temp_dir("eo-unit").unwrap());
-        let b = DirGuard::new(make_temp_dir("eo-unit").unwrap());
-        assert_ne!(a.path(), b.path());
-        let mode = std::fs::metadata(a.path()).unwrap().permissions().mode() & 0o777;
-        assert_eq!(mode, 0o700);
-        std::fs::create_dir_all(a.path().join("x/y")).unwrap();
-        let p = a.path().to_owned();
-        drop(a);
-        assert!(!p.exists());
-    }
 
     #[test]
     fn own_process_is_not_a_shim() {

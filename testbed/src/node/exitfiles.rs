@@ -3,11 +3,17 @@
 //! removes `exit` within a millisecond of reading `allow`, which a poll would miss.
 
 use std::collections::BTreeMap;
+use std::ffi::OsStr;
+use std::mem::MaybeUninit;
+use std::os::fd::OwnedFd;
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
 
-use notify::event::{ModifyKind, RenameMode};
-use notify::{EventKind, RecommendedWatcher, RecursiveMode, Watcher};
+use rustix::event::{eventfd, poll, EventfdFlags, PollFd, PollFlags};
+use rustix::fs::inotify::{self, CreateFlags, ReadFlags, WatchFlags};
+use rustix::io::Errno;
 
 use exitorder::handshake::share::EXIT_FILE;
 
@@ -28,10 +34,12 @@ struct Seen {
     pod_dir_created: Option<i64>,
 }
 
-/// A running watch on one pod's share directories.
+/// A running watch on one pod's share directories: a thread reading one inotify instance
+/// until the probe is finished or dropped.
 pub struct ExitFileProbe {
-    _watcher: RecommendedWatcher,
     seen: Arc<Mutex<Seen>>,
+    wake: Arc<OwnedFd>,
+    reader: Option<JoinHandle<()>>,
 }
 
 fn lock(seen: &Mutex<Seen>) -> std::sync::MutexGuard<'_, Seen> {
@@ -48,7 +56,7 @@ impl ExitFileProbe {
         pods_dir: &Path,
         uid: &str,
         containers: &[String],
-    ) -> Result<ExitFileProbe, notify::Error> {
+    ) -> std::io::Result<ExitFileProbe> {
         let seen = Arc::new(Mutex::new(Seen {
             files: containers
                 .iter()
@@ -57,24 +65,29 @@ impl ExitFileProbe {
             pod_dir_created: None,
         }));
         let pod_dir = pods_dir.join(uid);
-        let handler = {
-            let seen = Arc::clone(&seen);
-            let pod_dir = pod_dir.clone();
-            move |res: notify::Result<notify::Event>| {
-                let Ok(ev) = res else { return };
-                let at = crate::clock::now_ns();
-                record(&mut lock(&seen), &pod_dir, &ev, at);
-            }
-        };
-        let mut watcher = notify::recommended_watcher(handler)?;
+        let fd = inotify::init(CreateFlags::NONBLOCK | CreateFlags::CLOEXEC)?;
         let mut dirs: Vec<PathBuf> = vec![pods_dir.to_owned(), pod_dir.clone()];
         dirs.extend(containers.iter().map(|c| pod_dir.join(c)));
-        for d in dirs.iter().filter(|d| d.is_dir()) {
-            watcher.watch(d, RecursiveMode::NonRecursive)?;
+        let mut watched = BTreeMap::new();
+        for d in dirs.into_iter().filter(|d| d.is_dir()) {
+            let mask = WatchFlags::CREATE
+                | WatchFlags::MOVED_TO
+                | WatchFlags::DELETE
+                | WatchFlags::ONLYDIR;
+            let wd = inotify::add_watch(&fd, &d, mask)?;
+            watched.insert(wd, d);
         }
+        let wake = Arc::new(eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)?);
+        let reader = {
+            let (seen, wake) = (Arc::clone(&seen), Arc::clone(&wake));
+            std::thread::Builder::new()
+                .name("exit-file-probe".into())
+                .spawn(move || read(&fd, &wake, &watched, &pod_dir, &seen))?
+        };
         Ok(ExitFileProbe {
-            _watcher: watcher,
             seen,
+            wake,
+            reader: Some(reader),
         })
     }
 
@@ -84,44 +97,99 @@ impl ExitFileProbe {
     }
 
     /// Stops watching; returns the events and when the pod directory appeared, if it did.
-    pub fn finish(self) -> (BTreeMap<String, ExitFileEvents>, Option<i64>) {
+    pub fn finish(mut self) -> (BTreeMap<String, ExitFileEvents>, Option<i64>) {
+        self.stop();
         let seen = lock(&self.seen);
         (seen.files.clone(), seen.pod_dir_created)
     }
+
+    /// Wakes the reader to end and waits for it: what it read is recorded when this returns.
+    fn stop(&mut self) {
+        if let Some(reader) = self.reader.take() {
+            let _ = rustix::io::write(&*self.wake, &1u64.to_ne_bytes());
+            let _ = reader.join();
+        }
+    }
 }
 
-fn record(seen: &mut Seen, pod_dir: &Path, ev: &notify::Event, at: i64) {
-    for path in &ev.paths {
-        if path == pod_dir {
-            if matches!(ev.kind, EventKind::Create(_)) {
-                seen.pod_dir_created.get_or_insert(at);
-            }
-            continue;
+impl Drop for ExitFileProbe {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// The probe's thread: reads the instance until woken, then once more, so nothing already
+/// queued when the probe finished is lost.
+fn read(
+    fd: &OwnedFd,
+    wake: &OwnedFd,
+    watched: &BTreeMap<i32, PathBuf>,
+    pod_dir: &Path,
+    seen: &Mutex<Seen>,
+) {
+    let mut buf = vec![MaybeUninit::<u8>::uninit(); 16 * 1024];
+    loop {
+        let mut fds = [
+            PollFd::new(fd, PollFlags::IN),
+            PollFd::new(wake, PollFlags::IN),
+        ];
+        match poll(&mut fds, None) {
+            Ok(_) | Err(Errno::INTR) => {}
+            Err(_) => return,
         }
-        let Ok(rel) = path.strip_prefix(pod_dir) else {
-            continue;
-        };
-        let parts: Vec<&str> = rel.iter().filter_map(|p| p.to_str()).collect();
-        let [container, file] = parts.as_slice() else {
-            continue;
-        };
-        if *file != EXIT_FILE {
-            continue;
+        let woken = !fds[1].revents().is_empty();
+        let mut reader = inotify::Reader::new(fd, &mut buf);
+        loop {
+            let ev = match reader.next() {
+                Ok(ev) => ev,
+                Err(Errno::INTR) => continue,
+                Err(_) => break,
+            };
+            let Some(dir) = watched.get(&ev.wd()) else {
+                continue;
+            };
+            let Some(name) = ev.file_name().map(|n| n.to_bytes()) else {
+                continue;
+            };
+            let path = dir.join(OsStr::from_bytes(name));
+            record(
+                &mut lock(seen),
+                pod_dir,
+                &path,
+                ev.events(),
+                crate::clock::now_ns(),
+            );
         }
-        let entry = seen.files.entry((*container).to_owned()).or_default();
-        match ev.kind {
-            EventKind::Create(_) => {
-                entry.created.get_or_insert(at);
-            }
-            EventKind::Modify(ModifyKind::Name(RenameMode::From)) => {}
-            EventKind::Modify(ModifyKind::Name(_)) => {
-                entry.allowed.get_or_insert(at);
-            }
-            EventKind::Remove(_) => {
-                entry.removed.get_or_insert(at);
-            }
-            _ => {}
+        if woken {
+            return;
         }
+    }
+}
+
+fn record(seen: &mut Seen, pod_dir: &Path, path: &Path, flags: ReadFlags, at: i64) {
+    if path == pod_dir {
+        if flags.contains(ReadFlags::CREATE) {
+            seen.pod_dir_created.get_or_insert(at);
+        }
+        return;
+    }
+    let Ok(rel) = path.strip_prefix(pod_dir) else {
+        return;
+    };
+    let parts: Vec<&str> = rel.iter().filter_map(|p| p.to_str()).collect();
+    let [container, file] = parts.as_slice() else {
+        return;
+    };
+    if *file != EXIT_FILE {
+        return;
+    }
+    let entry = seen.files.entry((*container).to_owned()).or_default();
+    if flags.contains(ReadFlags::CREATE) {
+        entry.created.get_or_insert(at);
+    } else if flags.contains(ReadFlags::MOVED_TO) {
+        entry.allowed.get_or_insert(at);
+    } else if flags.contains(ReadFlags::DELETE) {
+        entry.removed.get_or_insert(at);
     }
 }
 

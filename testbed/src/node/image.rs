@@ -7,8 +7,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Arc, Mutex};
 
-use super::cleanup::{make_temp_dir, DirGuard};
 use super::containerd::{run_command, PAUSE_IMAGE};
+use super::dirs::{make_temp_dir, DirGuard};
 use super::TestbedError;
 
 /// The image every test container runs: busybox, `sh` by default.

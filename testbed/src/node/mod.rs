@@ -15,12 +15,15 @@
 //! - `agent`: the agent as a child process, its JSON log lines captured;
 //! - `exits`: the relist that tells the runner of exits, as the kubelet's PLEG does;
 //! - `exitfiles`: a pod's exit files watched while it is deleted, for its timeline;
-//! - `cleanup`: nothing left behind: sandboxes, shims, cgroups, mounts, directories.
+//! - `dirs`: the node's directories: made private, the kubelet's root mounted shared, removed
+//!   without passing through a mount;
+//! - `cleanup`: nothing left behind: sandboxes, shims, cgroups.
 
 mod agent;
 pub(crate) mod cleanup;
 mod containerd;
 mod cpu;
+pub(crate) mod dirs;
 pub mod exitfiles;
 pub mod exits;
 mod image;
@@ -157,17 +160,6 @@ impl TestbedError {
     }
 }
 
-/// Makes `dir` a mount of its own with shared propagation, as a node's kubelet root is (systemd
-/// makes `/` shared): a container that mounts it with `HostToContainer` (rslave) needs a
-/// shared or slave source, and containerd refuses the mount otherwise. The node's teardown
-/// unmounts it with the rest.
-fn shared_mount(dir: &Path) -> Result<(), TestbedError> {
-    rustix::mount::mount_bind(dir, dir)
-        .map_err(|e| TestbedError::io("bind mount", dir, e.into()))?;
-    rustix::mount::mount_change(dir, rustix::mount::MountPropagationFlags::SHARED)
-        .map_err(|e| TestbedError::io("make shared", dir, e.into()))
-}
-
 /// The kubelet's root directory, below the node's.
 pub(crate) const KUBELET_ROOT: &str = "kubelet";
 
@@ -250,7 +242,7 @@ pub struct Node {
     runc: Option<PathBuf>,
     version: VersionResponse,
     /// Removes the node's directory when dropped, after everything else is torn down.
-    _dir_guard: cleanup::DirGuard,
+    _dir_guard: dirs::DirGuard,
 }
 
 impl Node {
@@ -269,8 +261,8 @@ impl Node {
         let bins =
             containerd::Binaries::find(opts.containerd_bin.as_deref(), opts.runc.as_deref())?;
         let archive = image::archive()?;
-        let (dir, id) = cleanup::make_node_dir()?;
-        let dir_guard = cleanup::DirGuard::new(dir.clone());
+        let (dir, id) = dirs::make_node_dir()?;
+        let dir_guard = dirs::DirGuard::new(dir.clone());
         let share_dir = opts.share_dir.clone().unwrap_or_else(|| dir.join("share"));
         let log_dir = dir.join("pod-logs");
         // The kubelet makes its directory of pods when it starts, before any pod.
@@ -282,7 +274,7 @@ impl Node {
         for d in [&share_dir, &log_dir, &kubelet_pods, &bin_dir] {
             std::fs::create_dir_all(d).map_err(|e| TestbedError::io("create", d, e))?;
         }
-        shared_mount(&dir.join(KUBELET_ROOT))?;
+        dirs::shared_mount(&dir.join(KUBELET_ROOT))?;
         let snapshotter = opts
             .snapshotter
             .clone()
@@ -457,7 +449,7 @@ impl Node {
     /// cleaned up.
     pub async fn shutdown(self) -> Result<(), TestbedError> {
         let mut problems = self.teardown_with_runtime().await;
-        if let Err(e) = cleanup::remove_tree(&self.shared.dir) {
+        if let Err(e) = dirs::remove_tree(&self.shared.dir) {
             problems.push(e);
         }
         // Drop finds containerd stopped and the directory gone.

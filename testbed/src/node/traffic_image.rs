@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
 
-use super::cleanup::{make_temp_dir, DirGuard};
 use super::containerd::run_command;
+use super::dirs::{make_temp_dir, DirGuard};
 use super::image::{busybox_rootfs, mkdir, pack, ArchiveImage, Cached};
 use super::TestbedError;
 

@@ -26,6 +26,7 @@ use super::baseline::{KruiseDaemon, KRUISE_SCAN};
 use crate::binaries::Binaries;
 use crate::clock::until;
 use crate::kubelet::{DeleteOptions, Deletion, Kill, RunOptions, RunningPod};
+use crate::node::dirs::{make_temp_dir, DirGuard};
 use crate::node::Node;
 
 pub use net::Load;
@@ -275,7 +276,7 @@ struct World {
     upstream: u16,
     sink: net::Sink,
     sink_port: u16,
-    logs: tempfile::TempDir,
+    logs: DirGuard,
     stop: CancellationToken,
 }
 
@@ -285,10 +286,8 @@ impl World {
         let upstream = net::upstream(stop.clone()).await?;
         let sink = net::Sink::default();
         let sink_port = sink.start(stop.clone()).await?;
-        let logs = tempfile::Builder::new()
-            .prefix("eo-traffic-")
-            .tempdir()
-            .context("a directory for the apps' logs")?;
+        let logs =
+            DirGuard::new(make_temp_dir("eo-traffic").context("a directory for the apps' logs")?);
         Ok(World {
             upstream,
             sink,
