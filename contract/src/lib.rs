@@ -24,6 +24,14 @@ pub mod share {
         Ok(s) => s,
         Err(_) => panic!("the entrypoint's name is UTF-8"),
     };
+    /// The entrypoint's second name in the host's bin directory, run by the hooks that use a
+    /// verb the first release's entrypoint does not know (`mark`). The agent installs the
+    /// entrypoint under both names; an earlier agent, after a rollback, rewrites only the
+    /// first and leaves this one, so a pod admitted before the rollback keeps an entrypoint
+    /// that knows its hook, and its own hook after it runs.
+    pub const ENTRYPOINT_V2: &str = "exitorder-entrypoint-v2";
+    /// Every name the entrypoint has in the host's bin directory.
+    pub const ENTRYPOINT_NAMES: [&str; 2] = [ENTRYPOINT, ENTRYPOINT_V2];
 }
 
 /// The host directory the agent installs the entrypoint in (`--bin-dir`), apart from the
@@ -107,6 +115,9 @@ pub mod mount {
     pub const BIN_DIR: &str = "/var/run/exitorder-bin";
     /// The entrypoint as a sidecar runs it.
     pub const ENTRYPOINT: &str = "/var/run/exitorder-bin/exitorder-entrypoint";
+    /// The entrypoint as a hook that uses `mark` runs it from the host's bin directory (see
+    /// [`super::share::ENTRYPOINT_V2`]).
+    pub const ENTRYPOINT_V2: &str = "/var/run/exitorder-bin/exitorder-entrypoint-v2";
 }
 
 /// Pod annotations.

@@ -2,8 +2,9 @@
 //! under this agent (pods admitted before an upgrade), and this entrypoint under the previous
 //! release's agent (pods admitted by the new webhook on a node the DaemonSet has not reached
 //! yet: the webhook injects `EXITORDER_PRESENCE=0ms` while the DaemonSet rolls out; the eight
-//! orders of a default upgrade are `upgrade.rs`'s). The previous release is built from its
-//! commit (`e2e/compat/previous`).
+//! orders of a default upgrade are `upgrade.rs`'s), and the agents rolled back to the previous
+//! release under pods admitted before. The previous release is built from its commit
+//! (`e2e/compat/previous`).
 //!
 //! Needs root, `containerd runc busybox-static` and the repository's history; without them
 //! each test prints "SKIPPED: <reason>" and passes, except in CI (`CI` set), where they are
@@ -125,8 +126,9 @@ async fn this_entrypoint_waits_for_an_earlier_agent_with_presence_off() {
     let mut opts = AgentOptions::new(&prev.agent, &node, support::static_entrypoint());
     opts.grace_reserve = secs(1);
     let bed = Bed::with_agent(node, opts).await;
+    // While the agents roll out, the webhook gives the app no `mark`.
     let running = bed
-        .run_ready(&with_presence_off(draining_two_level(4)))
+        .run_ready(&with_presence_off(as_before(draining_two_level(4))))
         .await;
     let uid = running.uid().to_owned();
     let d = running.delete().await.expect("delete pod");
@@ -136,5 +138,69 @@ async fn this_entrypoint_waits_for_an_earlier_agent_with_presence_off() {
     );
     assert_exited_after(&bed, &d, "proxy", "app");
     bed.allowed_ordered(&uid, "proxy", &bed.context(&d)).await;
+    bed.finish().await;
+}
+
+/// The agents rolled back to the previous release, in the host share's layout, under a pod
+/// admitted before: its app's hook (`exitorder-entrypoint-v2 mark -- CMD`) still runs its own
+/// command. The earlier agent writes its entrypoint, which knows no `mark` (it answers 64, and
+/// the app's own command would never run), over `exitorder-entrypoint` only.
+#[tokio::test]
+async fn a_rollback_of_the_agents_keeps_the_apps_own_hook() {
+    let Some(prev) = previous_or_skip() else {
+        return;
+    };
+    let Some(node) = support::node_or_skip().await else {
+        return;
+    };
+    let mut opts = AgentOptions::new(agent_bin(), &node, support::static_entrypoint());
+    opts.grace_reserve = secs(1);
+    let mut bed = Bed::with_agent(node, opts).await;
+    let mut pod = draining_two_level(3);
+    let own = "own-prestop-ran";
+    container_mut(&mut pod, "app")["lifecycle"]["preStop"]["exec"]["command"] =
+        serde_json::json!([
+            exitorder_contract::mount::ENTRYPOINT_V2,
+            "mark",
+            "--",
+            "sh",
+            "-c",
+            format!("echo {own}")
+        ]);
+    let running = bed.run_ready(&pod).await;
+    let uid = running.uid().to_owned();
+
+    // The rollback: the earlier agent in this one's place, installing its own entrypoint.
+    bed.terminate_agent().await;
+    bed.agent_opts = AgentOptions::new(&prev.agent, &bed.node, &prev.entrypoint);
+    bed.agent_opts.grace_reserve = secs(1);
+    bed.restart_agent()
+        .await
+        .unwrap_or_else(|e| panic!("the earlier agent: {e}"));
+    let bin = bed.node.bin_dir();
+    let read = |name: &str| std::fs::read(bin.join(name)).expect("an installed entrypoint");
+    assert_eq!(
+        read(exitorder_contract::share::ENTRYPOINT),
+        std::fs::read(&prev.entrypoint).expect("the earlier entrypoint"),
+        "the earlier agent installed its entrypoint"
+    );
+    assert_eq!(
+        read(exitorder_contract::share::ENTRYPOINT_V2),
+        std::fs::read(support::static_entrypoint()).expect("this entrypoint"),
+        "the second name kept this release's entrypoint"
+    );
+
+    let d = running.delete().await.expect("delete pod");
+    bed.show("a_rollback_of_the_agents_keeps_the_apps_own_hook", &d);
+    let hook = d
+        .container("app")
+        .and_then(|c| c.prestop.clone())
+        .expect("the app's preStop");
+    assert!(
+        hook.ok && hook.detail.contains(own),
+        "the app's hook: {hook:?}{}",
+        bed.context(&d)
+    );
+    bed.assert_ordered(&d, &uid, "proxy", "app").await;
     bed.finish().await;
 }

@@ -407,19 +407,23 @@ fn assert_share_injected(pod: &Value, name: &str, timeout: &str, then: &[&str]) 
 
 /// `name`, a container the sidecars wait for, got only what makes it say on the node when the
 /// kubelet stops it: its own exit directory, the entrypoint read-only (and `POD_UID` in the
-/// host share's layout), and a preStop `exitorder-entrypoint mark` running its own hook after;
-/// nothing else of it changed.
+/// host share's layout), and a preStop `exitorder-entrypoint mark` running its own hook after
+/// (in the host share's layout, the node's entrypoint by the name a rollback of the agents
+/// leaves as it is, `exitorder-entrypoint-v2`); nothing else of it changed.
 fn assert_untouched(before: &Value, after: &Value, name: &str) {
     let (was, is) = (container(before, name), container(after, name));
     let prestop = prestop(&is);
+    let host_share = after["spec"]["volumes"]
+        .as_array()
+        .is_some_and(|v| v.iter().any(|v| v["name"] == "exitorder-share"));
+    let program = if host_share {
+        "/var/run/exitorder-bin/exitorder-entrypoint-v2"
+    } else {
+        "/var/run/exitorder-bin/exitorder-entrypoint"
+    };
     assert_eq!(
         prestop.get(..2),
-        Some(
-            &[
-                "/var/run/exitorder-bin/exitorder-entrypoint".to_owned(),
-                "mark".to_owned()
-            ][..]
-        ),
+        Some(&[program.to_owned(), "mark".to_owned()][..]),
         "{name}: {prestop:?}"
     );
     let mounts = is.volume_mounts.clone().unwrap_or_default();

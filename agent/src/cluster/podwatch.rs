@@ -420,12 +420,66 @@ impl PodWatch {
     }
 }
 
+impl PodWatch {
+    /// Remembers `pod` as deleted: gone from the API (a force delete does that at once) while
+    /// its containers may still be stopping.
+    fn bury(&self, pod: &Pod) {
+        let Some(mut p) = ApiPod::from_pod(pod) else {
+            return;
+        };
+        p.deleting = true;
+        let uid = p.uid.clone();
+        if let Ok(mut t) = self.shared.tombstones.lock() {
+            if let Some(forgot) = remember(&mut t, p, Instant::now()) {
+                warn!(pod = %forgot, limit = MAX_TOMBSTONES, "more deleted pods than the agent remembers; forgetting the oldest (its remaining waits are decided by the runtime's rules)");
+            }
+            self.stats
+                .set_kept(crate::stats::Kept::ApiTombstones, t.len());
+        }
+        let _ = self.tx.send(PodSignal::Changed(uid));
+    }
+
+    /// Buries the pods of `before` (the view before a list) that the list no longer has: a
+    /// pod deleted while the watch was away, force-deleted or its deletion finished, is a
+    /// deletion still, never a pod the view does not know.
+    fn bury_vanished(&self, before: &[Arc<Pod>]) {
+        let listed = self.writer.as_reader().state();
+        let listed: std::collections::HashSet<&str> = listed
+            .iter()
+            .filter_map(|p| p.metadata.uid.as_deref())
+            .collect();
+        let vanished: Vec<&Arc<Pod>> = before
+            .iter()
+            .filter(|p| {
+                p.metadata
+                    .uid
+                    .as_deref()
+                    .is_some_and(|uid| !listed.contains(uid))
+            })
+            .collect();
+        if vanished.is_empty() {
+            return;
+        }
+        info!(node = %self.node, pods = vanished.len(), "pods deleted while the pod watch was away");
+        for pod in vanished {
+            self.bury(pod);
+        }
+    }
+}
+
 impl watchloop::Consumer<Pod> for PodWatch {
     fn on_event(&mut self, ev: watcher::Event<Pod>) -> bool {
+        // What the view held before a list replaces it: a pod it had that the list lacks was
+        // deleted while the watch was away (no DELETED reaches a new list).
+        let before =
+            matches!(ev, watcher::Event::InitDone).then(|| self.writer.as_reader().state());
         self.writer.apply_watcher_event(&ev);
         match ev {
             watcher::Event::Init | watcher::Event::InitApply(_) => false,
             watcher::Event::InitDone => {
+                // Buried before the view says it is current, so no reader sees it current
+                // without them.
+                self.bury_vanished(&before.unwrap_or_default());
                 let was_current = self.shared.current.swap(true, Ordering::AcqRel);
                 self.stats.set_api_watch("up");
                 if !was_current {
@@ -447,20 +501,7 @@ impl watchloop::Consumer<Pod> for PodWatch {
                 true
             }
             watcher::Event::Delete(pod) => {
-                if let Some(mut p) = ApiPod::from_pod(&pod) {
-                    // Gone from the API (a force delete does that at once) while its
-                    // containers may still be stopping.
-                    p.deleting = true;
-                    let uid = p.uid.clone();
-                    if let Ok(mut t) = self.shared.tombstones.lock() {
-                        if let Some(forgot) = remember(&mut t, p, Instant::now()) {
-                            warn!(pod = %forgot, limit = MAX_TOMBSTONES, "more deleted pods than the agent remembers; forgetting the oldest (its remaining waits are decided by the runtime's rules)");
-                        }
-                        self.stats
-                            .set_kept(crate::stats::Kept::ApiTombstones, t.len());
-                    }
-                    let _ = self.tx.send(PodSignal::Changed(uid));
-                }
+                self.bury(&pod);
                 true
             }
         }
@@ -519,6 +560,52 @@ mod tests {
                 ..Default::default()
             }),
         }
+    }
+
+    /// A client that reaches no API server: the watch's events are given by hand.
+    fn offline_client() -> Client {
+        let svc = tower::service_fn(|_: hyper::Request<kube::client::Body>| async {
+            Err::<hyper::Response<kube::client::Body>, _>(std::io::Error::other(
+                "no API server here",
+            ))
+        });
+        Client::new(svc, "default")
+    }
+
+    #[tokio::test]
+    async fn a_pod_the_list_after_an_outage_lacks_is_a_deletion() {
+        use watchloop::Consumer;
+        let (view, mut watch, _confirmer, mut rx, _tx) =
+            pod_watch(offline_client(), "node-a", Arc::new(Stats::default()));
+        let uid = crate::pod::test_uid(UID);
+        watch.on_event(watcher::Event::Init);
+        watch.on_event(watcher::Event::InitApply(pod(None, None)));
+        watch.on_event(watcher::Event::InitDone);
+        let running = view.get("shop", "web-0", &uid).expect("the listed pod");
+        assert!(!running.deleting);
+        // An outage after which the list still has the pod buries nothing.
+        watch.on_error(&watcher::Error::NoResourceVersion);
+        assert!(view.get("shop", "web-0", &uid).is_none(), "not current");
+        watch.on_event(watcher::Event::Init);
+        watch.on_event(watcher::Event::InitApply(pod(None, None)));
+        watch.on_event(watcher::Event::InitDone);
+        assert!(view.get_by_uid(&uid).is_some_and(|p| !p.deleting));
+        assert_eq!(view.keep_tombstones(|_| true), 0);
+        watch.on_error(&watcher::Error::NoResourceVersion);
+        while rx.try_recv().is_ok() {}
+        // Force-deleted while the watch was away: the next list lacks it, and no DELETED came.
+        watch.on_event(watcher::Event::Init);
+        watch.on_event(watcher::Event::InitDone);
+        let gone = view
+            .get("shop", "web-0", &uid)
+            .expect("remembered as deleted");
+        assert!(gone.deleting, "{gone:?}");
+        assert!(view.get_by_uid(&uid).is_some_and(|p| p.deleting));
+        let mut changed = false;
+        while let Ok(signal) = rx.try_recv() {
+            changed |= matches!(&signal, PodSignal::Changed(u) if *u == uid);
+        }
+        assert!(changed, "the decision loop is told of the pod");
     }
 
     #[test]

@@ -10,9 +10,11 @@ use rustix::fs::{self as rfs, Mode, OFlags};
 
 use crate::handshake::share::{ShareError, ENTRYPOINT_NAME};
 
-/// Installs `src` as `<dir>/exitorder-entrypoint` (temp file, fsync, rename; mode 0555), so a
-/// container starting at the same moment runs either the old or the new binary, never a
-/// partial one. Creates `dir` (0755) when missing.
+/// Installs `src` as `<dir>/exitorder-entrypoint` and `<dir>/exitorder-entrypoint-v2` (each a
+/// temp file, fsync, rename; mode 0555), so a container starting at the same moment runs
+/// either the old or the new binary, never a partial one. Creates `dir` (0755) when missing.
+/// The second name is the one hooks that use `mark` run: an earlier agent that a rollback
+/// brings back writes only the first, so those hooks keep an entrypoint that knows `mark`.
 pub fn install(dir: &Path, src: &Path) -> Result<PathBuf, ShareError> {
     let bytes = std::fs::read(src).map_err(|e| ShareError::io("read", src, e))?;
     std::fs::DirBuilder::new()
@@ -26,7 +28,10 @@ pub fn install(dir: &Path, src: &Path) -> Result<PathBuf, ShareError> {
         Mode::empty(),
     )
     .map_err(|e| ShareError::io("open directory", dir, e))?;
-    crate::handshake::share::write_replace(&fd, dir, ENTRYPOINT_NAME, &bytes, 0o555, true)?;
+    // The second name first: once the first name holds this release, so does the second.
+    for name in exitorder_contract::share::ENTRYPOINT_NAMES.iter().rev() {
+        crate::handshake::share::write_replace(&fd, dir, name, &bytes, 0o555, true)?;
+    }
     Ok(dir.join(ENTRYPOINT_NAME))
 }
 
@@ -65,7 +70,12 @@ mod tests {
         std::fs::write(&src, b"v2").unwrap();
         install(&dir, &src).unwrap();
         assert_eq!(std::fs::read(&dst).unwrap(), b"v2");
-        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 1);
+        assert_eq!(
+            std::fs::read(dir.join("exitorder-entrypoint-v2")).unwrap(),
+            b"v2",
+            "the name hooks with `mark` run holds the same binary"
+        );
+        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 2);
         assert!(install(&dir, &t.path().join("missing")).is_err());
     }
 

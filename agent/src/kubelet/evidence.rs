@@ -249,7 +249,7 @@ pub fn prestop_marks(handler_json: &str) -> bool {
         return false;
     };
     let base = program.rsplit('/').next().unwrap_or(program);
-    base == exitorder_contract::share::ENTRYPOINT
+    exitorder_contract::share::ENTRYPOINT_NAMES.contains(&base)
         && matches!(
             first.as_str(),
             "wait"
@@ -568,6 +568,7 @@ mod tests {
         let yes = [
             r#"{"exec":{"command":["/var/run/exitorder-bin/exitorder-entrypoint","wait","--timeout","25s"]}}"#,
             r#"{"exec":{"command":["/var/run/exitorder-bin/exitorder-entrypoint","mark","--","/bin/sh","-c","sleep 1"]}}"#,
+            r#"{"exec":{"command":["/var/run/exitorder-bin/exitorder-entrypoint-v2","mark"]}}"#,
             r#"{"exec":{"command":["exitorder-entrypoint","-wait-container-exit","-entrypoint","/stop"]}}"#,
         ];
         let no = [

@@ -157,7 +157,18 @@ impl Sidecar {
                 "--timeout".to_owned(),
                 format!("{}s", self.timeout.as_secs()),
             ],
-            Hook::Mark => vec![mount::ENTRYPOINT.to_owned(), "mark".to_owned()],
+            // The node's entrypoint by its second name (`exitorder-entrypoint-v2`): a rollback
+            // of the agents rewrites only the first, with an entrypoint that knows no `mark`
+            // and would fail the hook before the container's own ran. The pod's own copy
+            // (emptyDir) is the one its init container installed, whatever the node runs.
+            Hook::Mark => vec![
+                match self.handshake {
+                    HandshakeVolume::HostPath => mount::ENTRYPOINT_V2,
+                    HandshakeVolume::EmptyDir => mount::ENTRYPOINT,
+                }
+                .to_owned(),
+                "mark".to_owned(),
+            ],
         };
         let then = match then(&hook, c.ports.as_deref().unwrap_or_default()) {
             Then::Wrapped => {
@@ -216,7 +227,7 @@ pub fn waits_for_agent(hook: &LifecycleHandler) -> bool {
         .as_ref()
         .and_then(|e| e.command.as_ref())
         .and_then(|c| c.first())
-        .is_some_and(|first| first == mount::ENTRYPOINT)
+        .is_some_and(|first| first == mount::ENTRYPOINT || first == mount::ENTRYPOINT_V2)
 }
 
 fn then(hook: &LifecycleHandler, ports: &[k8s_openapi::api::core::v1::ContainerPort]) -> Then {
