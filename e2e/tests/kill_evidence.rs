@@ -718,6 +718,95 @@ async fn a_deletion_while_the_pod_watch_is_down_and_the_apps_mark_failing_stays_
     kb.finish().await;
 }
 
+/// A node never quiet for the window: another pod's container exits every 2 s (a crash loop on
+/// a short backoff). The others' silence proves no restart there, so a sidecar restarted by its
+/// probe waits for the kubelet's word: its `Killing` Event lets it go (read at 250 ms or
+/// 1.25 s), not the deadline; with the Event lost, it is held at least the window, and then to
+/// its deadline unless the node went quiet for the window meanwhile. Prints both waits (the
+/// figures docs/architecture.md gives).
+#[tokio::test]
+async fn a_restart_beside_a_container_exiting_every_two_seconds_waits_for_the_kubelets_word() {
+    let Some(kb) = KillBed::start().await else {
+        return;
+    };
+    kb.served.api.send_kubelet_events_after(EVENT_LATENCY);
+    let ticker = json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "ticker", "namespace": "default"},
+        "spec": {
+            "restartPolicy": "Always", "terminationGracePeriodSeconds": 1,
+            "containers": [{"name": "tick", "image": "busybox:1.36",
+                            "command": ["sh", "-c", "sleep 2; exit 3"]}],
+        },
+    });
+    let ticker = kb
+        .run_tuned(&ticker, |o| o.crash_backoff = Duration::from_millis(100))
+        .await;
+    ticker
+        .wait_for("the neighbour's second exit", secs(30), |s| {
+            s.timeline
+                .first("tick", |w| matches!(w, What::Started { attempt: 2 }))
+                .is_some()
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let window = exitorder::kubelet::evidence::DEFAULT_WINDOW;
+    for (name, events) in [("busy-node-event", true), ("busy-node-silent", false)] {
+        kb.served.api.drop_kubelet_events(!events);
+        let mut p = restarted_once(injected(name, "1"));
+        support::set_grace(&mut p, 10);
+        let running = kb.run(&p).await;
+        let uid = running.uid().to_owned();
+        let s = proxy_reached(&running, "the proxy's restart", |w| {
+            matches!(w, What::PreStopEnded { .. })
+        })
+        .await;
+        let took = prestop_ms(&s.timeline, "proxy", 0).unwrap_or(i64::MAX);
+        let ticks = ticker
+            .status()
+            .timeline
+            .sorted()
+            .iter()
+            .filter(|e| matches!(e.what, What::Exited { .. }))
+            .count();
+        eprintln!(
+            "{name}: the proxy's preStop returned after {took} ms (the neighbour exited {ticks} times so far)"
+        );
+        let allows = kb.allows(&uid, "proxy");
+        let allow = allows.first();
+        let context = || {
+            format!(
+                "{name}: {took} ms, {allows:?}\n{}\n{}",
+                s.timeline.render(0),
+                kb.bed.agent.log_tail(60)
+            )
+        };
+        if events {
+            assert!(
+                allow.is_some_and(|l| l.is("allow", &[("evidence", "kubelet_event")]))
+                    && took < 5_000,
+                "{}",
+                context()
+            );
+        } else {
+            let let_go = allow.is_some_and(|l| {
+                l.is("allow", &[("reason", "deadline")])
+                    || l.is("allow", &[("evidence", "others_silent")])
+            });
+            assert!(
+                let_go && took >= i64::try_from(window.as_millis()).unwrap_or(i64::MAX),
+                "{}",
+                context()
+            );
+        }
+        let app = running.status().container("app").cloned().expect("app");
+        assert!(app.running && app.attempt == 0, "{name}: {app:?}");
+        running.delete().await.unwrap_or_else(|e| panic!("{e}"));
+    }
+    ticker.delete().await.unwrap_or_else(|e| panic!("{e}"));
+    kb.finish().await;
+}
+
 /// Above the longest the runtime was measured to go without returning any preStop exec while
 /// 110 pods were killed at once (1.9 s, `scripts/bench --only skew`, docs/architecture.md).
 const WORST_MEASURED_SPREAD: Duration = Duration::from_millis(2_000);
