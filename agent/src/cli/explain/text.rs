@@ -88,7 +88,9 @@ fn write_all(o: &mut String, e: &Explanation) -> std::fmt::Result {
              kill by the others' silence on the node, and let go within seconds (by the \
              kubelet's Event only right after another container's restart, and never by \
              silence while the agent's pod watch is catching up, while an exec in a container \
-             it waits for runs or after one failed, or when its limit counters rose meanwhile)"
+             it waits for runs or after one failed, when its limit counters rose meanwhile, or \
+             while other pods' containers on the node exit or mark more often than the 4 s \
+             window)"
         )?,
         Some(_) => writeln!(
             o,
