@@ -7,7 +7,8 @@
 //! Parts:
 //! - `mutation`: the webhook's pass and what it added, in words;
 //! - `job`: a Job's pod run until its work is done, then deleted;
-//! - `kill`: how `--kill` ends the pod: a deletion, or one of the kubelet's own kills.
+//! - `kill`: how `--kill` ends the pod: a deletion, or one of the kubelet's own kills;
+//! - `kernel`: the exits in the timeline as the kernel told them, the runtime's stamp beside.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -26,6 +27,7 @@ use crate::node::{AgentOptions, AgentProcess, LogLine, Node, NodeOptions, Testbe
 use crate::verdict::{self, Allowed, ContainerVerdict, Verdict};
 
 mod job;
+mod kernel;
 mod kill;
 mod mutation;
 
@@ -465,6 +467,10 @@ async fn scenario(
         };
         out(&format!("{what} the kubelet's way: preStop hooks at once, then TERM, KILL at the end of the grace period..."));
     }
+    let clock = match &job {
+        Some(j) if j.completed => None,
+        _ => kernel::watch(node, &running).await,
+    };
     let d = running
         .delete_with(DeleteOptions {
             grace_period,
@@ -476,6 +482,9 @@ async fn scenario(
         .context("deleting the pod")?;
     let mut allows: HashMap<String, Allowed> = HashMap::new();
     let mut timeline = d.timeline.clone();
+    if let Some(clock) = &clock {
+        kernel::restamp(&mut timeline, &d, clock);
+    }
     if let Some(agent) = &agent {
         // Every held container's allow, if the agent wrote one: its log may trail the
         // deletion by a moment.

@@ -1,0 +1,131 @@
+//! The exits in the demo's timeline as the kernel told them. The runtime stamps a container's
+//! `finished_at` after its shim reaped the process and did its bookkeeping, while the agent
+//! acts on the kernel's word (a pidfd): timed by the runtime's stamp, an allow could read as
+//! written before the exit it followed. The demo awaits each container's first process on a
+//! pidfd of its own, as the benchmark does, and puts that moment in the timeline, with the
+//! runtime's stamp beside it where they differ.
+
+use crate::bench::kernelclock::KernelClock;
+use crate::kubelet::{Deletion, RunningPod, Timeline, What};
+use crate::node::Node;
+
+/// Below this the two stamps say the same thing to a reader of milliseconds.
+const SAME_MS: i64 = 1;
+
+/// A clock on every running container of `running`; `None` where the kernel has no pidfds.
+pub(super) async fn watch(node: &Node, running: &RunningPod) -> Option<KernelClock> {
+    let mut clock = KernelClock::start();
+    if !clock.available() {
+        return None;
+    }
+    let status = running.status();
+    let ids: Vec<String> = running
+        .plan()
+        .all()
+        .filter_map(|c| status.container(&c.name).and_then(|s| s.id.clone()))
+        .collect();
+    for id in ids {
+        clock.watch(node, &id).await;
+    }
+    Some(clock)
+}
+
+/// Each container's last exit in `timeline` moved to when the kernel said it ended, the
+/// runtime's stamp said beside it.
+pub(super) fn restamp(timeline: &mut Timeline, d: &Deletion, clock: &KernelClock) {
+    let kernel: Vec<(&str, i64)> = d
+        .containers
+        .iter()
+        .filter_map(|r| Some((r.name.as_str(), clock.stamp(&r.id)?)))
+        .collect();
+    move_exits(timeline, &kernel);
+}
+
+/// `kernel`: (container, when its process ended, Unix ns).
+fn move_exits(timeline: &mut Timeline, kernel: &[(&str, i64)]) {
+    for &(name, kernel_ns) in kernel {
+        let last_exit = timeline
+            .events
+            .iter_mut()
+            .filter(|e| {
+                e.container.as_deref() == Some(name) && matches!(e.what, What::Exited { .. })
+            })
+            .max_by_key(|e| e.at_ns);
+        let Some(event) = last_exit else { continue };
+        let later_ms = (event.at_ns - kernel_ns) / 1_000_000;
+        if later_ms.abs() < SAME_MS {
+            continue;
+        }
+        event.at_ns = kernel_ns;
+        if let What::Exited { reason, .. } = &mut event.what {
+            let said = if later_ms > 0 {
+                format!("the kernel's time; the runtime stamped it {later_ms} ms later")
+            } else {
+                format!(
+                    "the kernel's time; the runtime stamped it {} ms earlier",
+                    -later_ms
+                )
+            };
+            *reason = if reason.is_empty() {
+                said
+            } else {
+                format!("{reason}; {said}")
+            };
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: i64 = 1_000_000;
+
+    fn exited(reason: &str) -> What {
+        What::Exited {
+            attempt: 0,
+            exit_code: 0,
+            reason: reason.into(),
+        }
+    }
+
+    #[test]
+    fn an_exit_is_shown_at_the_kernels_time_with_the_runtimes_beside() {
+        let mut t = Timeline::default();
+        t.push(100 * MS, Some("app"), exited("Error"));
+        t.push(2_000 * MS, Some("app"), exited("Completed"));
+        t.push(2_010 * MS, Some("proxy"), exited("Completed"));
+        t.push(
+            2_001 * MS,
+            Some("proxy"),
+            What::Allowed {
+                reason: "ordered".into(),
+            },
+        );
+        move_exits(&mut t, &[("app", 1_998 * MS), ("proxy", 2_010 * MS - 1)]);
+        let app: Vec<(i64, String)> = t
+            .events
+            .iter()
+            .filter(|e| e.container.as_deref() == Some("app"))
+            .map(|e| (e.at_ns / MS, e.what.to_string()))
+            .collect();
+        assert_eq!(
+            app,
+            [
+                (100, "exited with 0 (Error)".to_owned()),
+                (
+                    1_998,
+                    "exited with 0 (Completed; the kernel's time; the runtime stamped it 2 ms later)"
+                        .to_owned()
+                ),
+            ],
+            "only the last attempt's exit moves"
+        );
+        let proxy = t.last("proxy", |w| matches!(w, What::Exited { .. }));
+        assert_eq!(
+            proxy.map(|e| (e.at_ns, e.what.to_string())),
+            Some((2_010 * MS, "exited with 0 (Completed)".to_owned())),
+            "within a millisecond the runtime's stamp stays"
+        );
+    }
+}
