@@ -30,7 +30,8 @@ pub struct Config {
     pub gc_interval: Duration,
     /// A pod directory younger than this is never removed (the kubelet may be creating it).
     pub gc_min_age: Duration,
-    /// Installed as `exitorder-entrypoint` in `bin_dir` at start-up, when given.
+    /// Installed as `exitorder-entrypoint` and `exitorder-entrypoint-v2` in `bin_dir` at
+    /// start-up, when given.
     pub entrypoint_binary: Option<PathBuf>,
     /// The host directory the entrypoint is installed in, apart from the share.
     pub bin_dir: PathBuf,

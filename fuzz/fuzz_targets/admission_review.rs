@@ -16,7 +16,7 @@ use std::ffi::CString;
 use base64::Engine as _;
 use exitorder::webhook::review::{self, Outcome};
 use exitorder::webhook::{mutate, Admission, Settings};
-use exitorder_contract::mount::ENTRYPOINT;
+use exitorder_contract::mount::{ENTRYPOINT, ENTRYPOINT_V2};
 use exitorder_entrypoint::cli::{self, Command, Env};
 use k8s_openapi::api::core::v1::{Container, LifecycleHandler, Pod};
 use libfuzzer_sys::fuzz_target;
@@ -156,8 +156,8 @@ fn check_hooks(before: &Pod, after: &Pod) {
 /// entrypoint, or holds a NUL, which no runtime would exec.
 fn entrypoint(argv: &[String]) -> Option<Result<Command, cli::UsageError>> {
     let (program, args) = argv.split_first()?;
-    assert_eq!(
-        program, ENTRYPOINT,
+    assert!(
+        program == ENTRYPOINT || program == ENTRYPOINT_V2,
         "the webhook's hooks run the entrypoint: {argv:?}"
     );
     let args: Vec<CString> = args

@@ -265,8 +265,8 @@ pub struct AgentArgs {
     /// Address of the HTTP endpoint for /metrics, /healthz and /readyz.
     #[arg(long, env = "EXITORDER_METRICS_ADDR", default_value = "0.0.0.0:9484")]
     pub metrics_addr: SocketAddr,
-    /// The static entrypoint to install in `--bin-dir` (default: `exitorder-entrypoint` beside
-    /// this executable).
+    /// The static entrypoint to install in `--bin-dir`, as `exitorder-entrypoint` and
+    /// `exitorder-entrypoint-v2` (default: `exitorder-entrypoint` beside this executable).
     #[arg(long, env = "EXITORDER_ENTRYPOINT_BINARY")]
     pub entrypoint_binary: Option<PathBuf>,
     /// How old a wait must be before the kubelet's word that it restarts that one container
