@@ -31,13 +31,19 @@ pub(super) async fn watch(node: &Node, running: &RunningPod) -> Option<KernelClo
 }
 
 /// Each container's last exit in `timeline` moved to when the kernel said it ended, the
-/// runtime's stamp said beside it.
-pub(super) fn restamp(timeline: &mut Timeline, d: &Deletion, clock: &KernelClock) {
-    let kernel: Vec<(&str, i64)> = d
+/// runtime's stamp said beside it; the deletion's records (what the verdict reads) get the
+/// kernel's time too, so the timeline and the verdict read one clock.
+pub(super) fn restamp(timeline: &mut Timeline, d: &mut Deletion, clock: &KernelClock) {
+    let kernel: Vec<(String, i64)> = d
         .containers
-        .iter()
-        .filter_map(|r| Some((r.name.as_str(), clock.stamp(&r.id)?)))
+        .iter_mut()
+        .filter_map(|r| {
+            let at = clock.stamp(&r.id)?;
+            r.finished_at_ns = at;
+            Some((r.name.clone(), at))
+        })
         .collect();
+    let kernel: Vec<(&str, i64)> = kernel.iter().map(|(n, at)| (n.as_str(), *at)).collect();
     move_exits(timeline, &kernel);
 }
 

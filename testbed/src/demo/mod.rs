@@ -471,7 +471,7 @@ async fn scenario(
         Some(j) if j.completed => None,
         _ => kernel::watch(node, &running).await,
     };
-    let d = running
+    let mut d = running
         .delete_with(DeleteOptions {
             grace_period,
             probe_exit_files: true,
@@ -483,7 +483,7 @@ async fn scenario(
     let mut allows: HashMap<String, Allowed> = HashMap::new();
     let mut timeline = d.timeline.clone();
     if let Some(clock) = &clock {
-        kernel::restamp(&mut timeline, &d, clock);
+        kernel::restamp(&mut timeline, &mut d, clock);
     }
     if let Some(agent) = &agent {
         // Every held container's allow, if the agent wrote one: its log may trail the
