@@ -142,7 +142,10 @@ fn restart_evidence(
     warnings.push(Warning {
         code: "restart-needs-event",
         message: format!(
-            "{} {} not say when the kubelet stops {}: a restart of a sidecar waiting for {}              (a failed probe, a changed spec) is told from the pod's kill only by the kubelet's              Event, and held to the deadline when that is lost; give {} the preStop              `exitorder-entrypoint mark` (the webhook does; from the node's bin directory, \
+            "{} {} not say when the kubelet stops {}: a restart of a sidecar waiting for {} \
+             (a failed probe, a changed spec) is told from the pod's kill only by the kubelet's \
+             Event, and held to the deadline when that is lost; give {} the preStop \
+             `exitorder-entrypoint mark` (the webhook does; from the node's bin directory, \
              `exitorder-entrypoint-v2 mark`)",
             silent.join(", "),
             if silent.len() == 1 { "does" } else { "do" },
