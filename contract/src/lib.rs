@@ -118,6 +118,8 @@ pub mod mount {
     /// The entrypoint as a hook that uses `mark` runs it from the host's bin directory (see
     /// [`super::share::ENTRYPOINT_V2`]).
     pub const ENTRYPOINT_V2: &str = "/var/run/exitorder-bin/exitorder-entrypoint-v2";
+    /// Every path a container runs the entrypoint by.
+    pub const ENTRYPOINTS: [&str; 2] = [ENTRYPOINT, ENTRYPOINT_V2];
 }
 
 /// Pod annotations.

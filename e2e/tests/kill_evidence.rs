@@ -761,15 +761,15 @@ async fn a_restart_beside_a_container_exiting_every_two_seconds_waits_for_the_ku
             matches!(w, What::PreStopEnded { .. })
         })
         .await;
-        let took = prestop_ms(&s.timeline, "proxy", 0).unwrap_or(i64::MAX);
         let at = |f: fn(&What) -> bool| s.timeline.first("proxy", f).map_or(0, |e| e.at_ns);
         let (began, ended) = (
             at(|w| matches!(w, What::PreStopStarted { .. })),
             at(|w| matches!(w, What::PreStopEnded { .. })),
         );
+        let took = (ended - began) / 1_000_000;
         // The longest the node went without the neighbour's exit during the wait (as the
         // runtime stamped them): the quiet the silence rule could have counted.
-        let mut marks: Vec<i64> = ticker
+        let mut stamps: Vec<i64> = ticker
             .status()
             .timeline
             .sorted()
@@ -777,10 +777,10 @@ async fn a_restart_beside_a_container_exiting_every_two_seconds_waits_for_the_ku
             .filter(|e| matches!(e.what, What::Exited { .. }) && e.at_ns > began && e.at_ns < ended)
             .map(|e| e.at_ns)
             .collect();
-        let ticks = marks.len();
-        marks.insert(0, began);
-        marks.push(ended);
-        let quiet_ms = marks.windows(2).map(|w| w[1] - w[0]).max().unwrap_or(0) / 1_000_000;
+        let ticks = stamps.len();
+        stamps.insert(0, began);
+        stamps.push(ended);
+        let quiet_ms = stamps.windows(2).map(|w| w[1] - w[0]).max().unwrap_or(0) / 1_000_000;
         eprintln!(
             "{name}: the proxy's preStop returned after {took} ms; the neighbour exited {ticks} times meanwhile, the longest quiet {quiet_ms} ms"
         );

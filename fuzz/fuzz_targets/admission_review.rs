@@ -16,7 +16,7 @@ use std::ffi::CString;
 use base64::Engine as _;
 use exitorder::webhook::review::{self, Outcome};
 use exitorder::webhook::{mutate, Admission, Settings};
-use exitorder_contract::mount::{ENTRYPOINT, ENTRYPOINT_V2};
+use exitorder_contract::mount::ENTRYPOINTS;
 use exitorder_entrypoint::cli::{self, Command, Env};
 use k8s_openapi::api::core::v1::{Container, LifecycleHandler, Pod};
 use libfuzzer_sys::fuzz_target;
@@ -157,7 +157,7 @@ fn check_hooks(before: &Pod, after: &Pod) {
 fn entrypoint(argv: &[String]) -> Option<Result<Command, cli::UsageError>> {
     let (program, args) = argv.split_first()?;
     assert!(
-        program == ENTRYPOINT || program == ENTRYPOINT_V2,
+        ENTRYPOINTS.contains(&program.as_str()),
         "the webhook's hooks run the entrypoint: {argv:?}"
     );
     let args: Vec<CString> = args

@@ -227,7 +227,7 @@ pub fn waits_for_agent(hook: &LifecycleHandler) -> bool {
         .as_ref()
         .and_then(|e| e.command.as_ref())
         .and_then(|c| c.first())
-        .is_some_and(|first| first == mount::ENTRYPOINT || first == mount::ENTRYPOINT_V2)
+        .is_some_and(|first| mount::ENTRYPOINTS.contains(&first.as_str()))
 }
 
 fn then(hook: &LifecycleHandler, ports: &[k8s_openapi::api::core::v1::ContainerPort]) -> Then {

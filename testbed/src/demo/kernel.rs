@@ -34,50 +34,41 @@ pub(super) async fn watch(node: &Node, running: &RunningPod) -> Option<KernelClo
 /// runtime's stamp said beside it; the deletion's records (what the verdict reads) get the
 /// kernel's time too, so the timeline and the verdict read one clock.
 pub(super) fn restamp(timeline: &mut Timeline, d: &mut Deletion, clock: &KernelClock) {
-    let kernel: Vec<(String, i64)> = d
-        .containers
-        .iter_mut()
-        .filter_map(|r| {
-            let at = clock.stamp(&r.id)?;
+    for r in &mut d.containers {
+        if let Some(at) = clock.stamp(&r.id) {
             r.finished_at_ns = at;
-            Some((r.name.clone(), at))
-        })
-        .collect();
-    let kernel: Vec<(&str, i64)> = kernel.iter().map(|(n, at)| (n.as_str(), *at)).collect();
-    move_exits(timeline, &kernel);
+            move_exit(timeline, &r.name, at);
+        }
+    }
 }
 
-/// `kernel`: (container, when its process ended, Unix ns).
-fn move_exits(timeline: &mut Timeline, kernel: &[(&str, i64)]) {
-    for &(name, kernel_ns) in kernel {
-        let last_exit = timeline
-            .events
-            .iter_mut()
-            .filter(|e| {
-                e.container.as_deref() == Some(name) && matches!(e.what, What::Exited { .. })
-            })
-            .max_by_key(|e| e.at_ns);
-        let Some(event) = last_exit else { continue };
-        let later_ms = (event.at_ns - kernel_ns) / 1_000_000;
-        if later_ms.abs() < SAME_MS {
-            continue;
-        }
-        event.at_ns = kernel_ns;
-        if let What::Exited { reason, .. } = &mut event.what {
-            let said = if later_ms > 0 {
-                format!("the kernel's time; the runtime stamped it {later_ms} ms later")
-            } else {
-                format!(
-                    "the kernel's time; the runtime stamped it {} ms earlier",
-                    -later_ms
-                )
-            };
-            *reason = if reason.is_empty() {
-                said
-            } else {
-                format!("{reason}; {said}")
-            };
-        }
+/// `name`'s last exit in `timeline` moved to `kernel_ns` (Unix ns), when its process ended.
+fn move_exit(timeline: &mut Timeline, name: &str, kernel_ns: i64) {
+    let last_exit = timeline
+        .events
+        .iter_mut()
+        .filter(|e| e.container.as_deref() == Some(name) && matches!(e.what, What::Exited { .. }))
+        .max_by_key(|e| e.at_ns);
+    let Some(event) = last_exit else { return };
+    let later_ms = (event.at_ns - kernel_ns) / 1_000_000;
+    if later_ms.abs() < SAME_MS {
+        return;
+    }
+    event.at_ns = kernel_ns;
+    if let What::Exited { reason, .. } = &mut event.what {
+        let said = if later_ms > 0 {
+            format!("the kernel's time; the runtime stamped it {later_ms} ms later")
+        } else {
+            format!(
+                "the kernel's time; the runtime stamped it {} ms earlier",
+                -later_ms
+            )
+        };
+        *reason = if reason.is_empty() {
+            said
+        } else {
+            format!("{reason}; {said}")
+        };
     }
 }
 
@@ -108,7 +99,8 @@ mod tests {
                 reason: "ordered".into(),
             },
         );
-        move_exits(&mut t, &[("app", 1_998 * MS), ("proxy", 2_010 * MS - 1)]);
+        move_exit(&mut t, "app", 1_998 * MS);
+        move_exit(&mut t, "proxy", 2_010 * MS - 1);
         let app: Vec<(i64, String)> = t
             .events
             .iter()
