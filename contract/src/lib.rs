@@ -97,6 +97,20 @@ pub mod handshake {
         }
         Presence::Serving
     }
+
+    /// The presence file's line by which an agent says it holds an app's wait until the pod's
+    /// endpoints are withdrawn ([`super::annotation::WAIT_FOR_ENDPOINTS`]). An entrypoint let
+    /// go by an agent that does not say it (a release before the feature, a rollback) waits
+    /// the settle time itself, so a rollout never makes the wait shorter than the sleep it
+    /// replaces.
+    pub const HOLDS_ENDPOINTS: &str = "endpoints=1";
+
+    /// Whether a presence file says [`HOLDS_ENDPOINTS`].
+    pub fn holds_endpoints(content: &[u8]) -> bool {
+        content
+            .split(|b| *b == b'\n')
+            .any(|line| line.trim_ascii() == HOLDS_ENDPOINTS.as_bytes())
+    }
 }
 
 /// Where a sidecar sees the share.
@@ -149,6 +163,34 @@ pub mod annotation {
     /// [`NATIVE_SIDECARS`], all Job completion needs from the spec, so an agent without the
     /// API server completes the pod's Job as one with it.
     pub const RESTARTS: &str = "exitorder.io/restart-policy";
+    /// `"true"`: the app containers' preStop (priority 0) is held until no EndpointSlice
+    /// lists the pod as ready, then for [`ENDPOINTS_SETTLE`], at most
+    /// [`ENDPOINTS_MAX_WAIT`] and never past the grace deadline (see [`super::endpoints`]).
+    pub const WAIT_FOR_ENDPOINTS: &str = "exitorder.io/wait-for-endpoints";
+    /// A duration (`2s`, `1500ms`): how long after the withdrawal the consumers of the
+    /// pod's endpoints (kube-proxy, ingress controllers, mesh balancers) are given to
+    /// reprogram; also the whole wait when nothing can tell the withdrawal (no agent, no
+    /// API server, the kubelet's own kills).
+    pub const ENDPOINTS_SETTLE: &str = "exitorder.io/endpoints-settle";
+    /// A duration: the longest the withdrawal is waited for, from the app's preStop.
+    pub const ENDPOINTS_MAX_WAIT: &str = "exitorder.io/endpoints-max-wait";
+}
+
+/// Endpoints first: the defaults and bounds of [`annotation::WAIT_FOR_ENDPOINTS`].
+pub mod endpoints {
+    /// The default settle time, ms. kube-proxy applies an EndpointSlice change at most
+    /// `minSyncPeriod` after the previous sync (1 s by default in iptables and nftables mode,
+    /// `pkg/proxy/apis/config/v1alpha1/defaults.go`), and a sync of a large node's rules
+    /// takes up to about another second: 2 s covers both with the watch's delivery.
+    pub const DEFAULT_SETTLE_MS: u64 = 2_000;
+    /// The default longest wait for the withdrawal, ms: a controller-manager that has not
+    /// withdrawn the pod by then is not about to.
+    pub const DEFAULT_MAX_WAIT_MS: u64 = 15_000;
+    /// The largest settle time or maximum a pod may ask for, ms; the grace deadline bounds
+    /// every wait anyway.
+    pub const LIMIT_MS: u64 = 300_000;
+    /// The label the EndpointSlice controller puts on each slice: its Service's name.
+    pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
 }
 
 /// Container env.

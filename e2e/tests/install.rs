@@ -317,6 +317,11 @@ fn assert_agent_rbac(docs: &[Value], accounts: usize) {
             (s(&[""]), s(&["pods"]), s(&["list", "watch"])),
             (s(&[""]), s(&["nodes"]), s(&["list", "watch"])),
             (s(&[""]), s(&["events"]), s(&["list"])),
+            (
+                s(&["discovery.k8s.io"]),
+                s(&["endpointslices"]),
+                s(&["list", "watch"])
+            ),
             (s(&["events.k8s.io"]), s(&["events"]), s(&["create"])),
         ]
     );

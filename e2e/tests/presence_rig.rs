@@ -45,7 +45,7 @@ async fn every_directory_served_is_marked_before_any_request() {
         "{:?}",
         presence(&dir)
     );
-    assert_eq!(presence(&dir), "version=1\nstate=serving\n");
+    assert_eq!(presence(&dir), "version=1\nstate=serving\nendpoints=1\n");
     // Removed by the container: marked again when it asks.
     std::fs::remove_file(dir.join("agent")).expect("rm");
     let f = rig.request_exit(APP_UID, "proxy");

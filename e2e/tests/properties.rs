@@ -103,6 +103,7 @@ fn facts(p: &Pod, start: Instant) -> PodFacts {
         deletion: Deletion::Deleting,
         deadline: Some(start + Duration::from_millis(p.deadline_in_ms)),
         stop_order: StopOrder::new(p.native.clone()),
+        endpoints: None,
     }
 }
 

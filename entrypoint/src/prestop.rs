@@ -35,10 +35,33 @@ const SIGNALS: [c_int; 3] = [libc::SIGTERM, libc::SIGINT, libc::SIGHUP];
 /// command to run in this process's place or it could not be started, with
 /// the exit status to use.
 pub fn run(args: &WaitArgs) -> u8 {
-    if let Some(signal) = wait_for_permission(args) {
+    let waited = wait_for_permission(args);
+    if let Some(signal) = waited.signal {
         return signal_status(signal);
     }
+    if let Some(settle) = args.settle {
+        // An app's wait for its endpoints' withdrawal that no agent held (none answered, or
+        // one of a release that does not hold such waits): the settle time alone, as the
+        // sleep this wait replaces would have.
+        if waited.owes_settle {
+            log!(
+                "no agent held this exit until the pod's endpoints were withdrawn; \
+                 waiting the settle time ({}) instead",
+                duration::show(settle)
+            );
+            sys::sleep_until(Instant::now().saturating_add(settle));
+        }
+    }
     then(args)
+}
+
+/// How a wait for permission ended, as far as what follows goes.
+struct Waited {
+    /// The signal that ended it.
+    signal: Option<c_int>,
+    /// An app's wait for its endpoints (`--settle`) still owes the settle time: no agent
+    /// that holds such waits let it go, and the wait did not already last its whole timeout.
+    owes_settle: bool,
 }
 
 /// `mark`: says the container is being stopped, then runs what follows at once. A mark that
@@ -65,8 +88,8 @@ fn then(args: &WaitArgs) -> u8 {
     }
 }
 
-/// Waits; `Some(signal)` when a signal ended the wait.
-fn wait_for_permission(args: &WaitArgs) -> Option<c_int> {
+/// Waits, and says how it ended.
+fn wait_for_permission(args: &WaitArgs) -> Waited {
     let started = Instant::now();
     let dir = Lossy(args.dir.to_bytes());
     let timeout = duration::show(args.timeout);
@@ -82,7 +105,10 @@ fn wait_for_permission(args: &WaitArgs) -> Option<c_int> {
         Ok(request) => request,
         Err(err) => {
             log!("{err}; proceeding without exit permission");
-            return None;
+            return Waited {
+                signal: None,
+                owes_settle: true,
+            };
         }
     };
     if let Some(err) = request.polling() {
@@ -100,14 +126,20 @@ fn wait_for_permission(args: &WaitArgs) -> Option<c_int> {
     }
     log!("waiting up to {timeout} for exit permission in {dir}");
     let mut signalled = None;
+    let mut owes_settle = true;
     match request.wait(args.timeout, args.presence, signals.as_ref()) {
         Ok(Outcome::Allowed) => {
             log!("exit allowed after {}ms", started.elapsed().as_millis());
+            owes_settle = args.settle.is_some() && !request.agent_holds_endpoints();
         }
-        Ok(Outcome::TimedOut) => log!(
-            "no exit permission after {timeout}; proceeding \
-             (is the exitorder agent running on this node?)"
-        ),
+        Ok(Outcome::TimedOut) => {
+            log!(
+                "no exit permission after {timeout}; proceeding \
+                 (is the exitorder agent running on this node?)"
+            );
+            // The whole bound is spent: no settle time on top of it.
+            owes_settle = false;
+        }
         Ok(Outcome::DirectoryGone) => {
             log!("{dir} was removed or unmounted while waiting; proceeding");
         }
@@ -138,7 +170,10 @@ fn wait_for_permission(args: &WaitArgs) -> Option<c_int> {
     // Only now are the signals let through again: one that came after the
     // wait ended takes its default action, with `exit` already gone.
     drop(signals);
-    signalled
+    Waited {
+        signal: signalled,
+        owes_settle,
+    }
 }
 
 fn signal_status(signal: c_int) -> u8 {

@@ -33,7 +33,7 @@ use core::time::Duration;
 
 use crate::lossy::Lossy;
 use crate::sys::{self, Fd, Instant, OsError, SignalFd};
-use exitorder_contract::handshake::{presence, Presence};
+use exitorder_contract::handshake::{holds_endpoints, presence, Presence};
 
 /// Name of the request/answer file inside the directory.
 pub const EXIT_FILE: &str = exitorder_contract::handshake::EXIT_FILE;
@@ -343,6 +343,13 @@ impl ExitRequest {
         }
     }
 
+    /// Whether the agent serving the directory says it holds an app's wait until its pod's
+    /// endpoints are withdrawn ([`holds_endpoints`]): asked once it answered.
+    pub fn agent_holds_endpoints(&self) -> bool {
+        read_agent_file(&self.agent_file)
+            .is_some_and(|(content, len)| holds_endpoints(&content[..len]))
+    }
+
     /// Without inotify: reads `exit` every [`POLL_FALLBACK`]. A removed
     /// directory shows as a missing `exit`.
     fn poll_answer(
@@ -447,6 +454,14 @@ fn until(unseen: Option<Instant>, slice: Duration) -> Duration {
 /// that cannot be read (a directory or a link the container put there) reads as an agent
 /// serving: it errs toward the order, and only the container's own preStop pays.
 fn read_presence(path: &CStr) -> Option<Presence> {
+    read_agent_file(path).map(|(content, len)| presence(&content[..len]))
+}
+
+/// The presence file's first [`MAX_PRESENCE`] bytes and how many there are; `None` when
+/// there is no file. One that cannot be opened reads as empty (an agent's, erring toward
+/// the order).
+fn read_agent_file(path: &CStr) -> Option<([u8; MAX_PRESENCE], usize)> {
+    let mut content = [0u8; MAX_PRESENCE];
     let fd = match sys::open(
         path,
         libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_CLOEXEC,
@@ -454,9 +469,8 @@ fn read_presence(path: &CStr) -> Option<Presence> {
     ) {
         Ok(fd) => fd,
         Err(OsError(libc::ENOENT)) => return None,
-        Err(_) => return Some(Presence::Serving),
+        Err(_) => return Some((content, 0)),
     };
-    let mut content = [0u8; MAX_PRESENCE];
     let mut len = 0;
     while len < MAX_PRESENCE {
         match sys::read(&fd, &mut content[len..]) {
@@ -466,7 +480,7 @@ fn read_presence(path: &CStr) -> Option<Presence> {
             Err(_) => break,
         }
     }
-    Some(presence(&content[..len]))
+    Some((content, len))
 }
 
 /// How long to wait next: at most `most`, and no later than `deadline`; `None` once the

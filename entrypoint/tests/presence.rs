@@ -4,21 +4,12 @@
 
 mod common;
 
-use std::fs;
-use std::path::Path;
 use std::time::Duration;
 
 use common::*;
 
 const SERVING: &str = "version=1\nstate=serving\n";
 const UNINSTALLED: &str = "version=1\nstate=uninstalled\n";
-
-/// Writes the presence file the way the agent does: a temp file renamed into place.
-fn mark(dir: &Path, content: &str) {
-    let temp = dir.join(".agent.tmp");
-    fs::write(&temp, content).expect("write presence");
-    fs::rename(&temp, dir.join("agent")).expect("rename presence");
-}
 
 #[test]
 fn a_directory_no_agent_serves_is_left_after_the_presence_wait() {
@@ -38,7 +29,7 @@ fn a_directory_no_agent_serves_is_left_after_the_presence_wait() {
 #[test]
 fn an_agent_that_said_it_serves_is_waited_for_past_the_presence_wait() {
     let dir = tempfile::tempdir().expect("tempdir");
-    mark(dir.path(), SERVING);
+    present(dir.path(), SERVING);
     let mut hook = Hook::spawn(&[
         "wait",
         "--dir",
@@ -75,7 +66,7 @@ fn an_agent_that_shows_itself_within_the_presence_wait_is_waited_for() {
     wait_for_request(dir.path());
     // The agent sees the request and marks the directory, as it does for a directory it
     // had not seen before.
-    mark(dir.path(), SERVING);
+    present(dir.path(), SERVING);
     hook.assert_blocked_for(Duration::from_secs(6));
     answer(dir.path(), "allow\n");
     let output = hook.exit_within(PROMPTLY);
@@ -90,14 +81,14 @@ fn an_agent_that_shows_itself_within_the_presence_wait_is_waited_for() {
 #[test]
 fn an_uninstall_ends_a_wait_at_once() {
     let dir = tempfile::tempdir().expect("tempdir");
-    mark(dir.path(), SERVING);
+    present(dir.path(), SERVING);
     let mut hook = Hook::spawn_with_env(
         &["wait", "--dir", path(dir.path()), "--timeout", "120s"],
         &[("EXITORDER_PRESENCE", "1s")],
     );
     wait_for_request(dir.path());
     hook.assert_blocked_for(BLOCKED_FOR);
-    mark(dir.path(), UNINSTALLED);
+    present(dir.path(), UNINSTALLED);
     let output = hook.exit_within(PROMPTLY);
     assert_code(&output, 0);
     let log = stderr(&output);
@@ -108,7 +99,7 @@ fn an_uninstall_ends_a_wait_at_once() {
 #[test]
 fn a_directory_left_by_an_uninstall_is_not_waited_on_at_all() {
     let dir = tempfile::tempdir().expect("tempdir");
-    mark(dir.path(), UNINSTALLED);
+    present(dir.path(), UNINSTALLED);
     // Presence off: the uninstall's word is enough on its own.
     let hook = Hook::spawn(&["wait", "--dir", path(dir.path()), "--timeout", "120s"]);
     let output = hook.exit_within(PROMPTLY);
@@ -136,7 +127,7 @@ fn presence_zero_waits_for_the_answer_whatever() {
 #[test]
 fn a_later_releases_flag_is_skipped_with_a_warning() {
     let dir = tempfile::tempdir().expect("tempdir");
-    mark(dir.path(), SERVING);
+    present(dir.path(), SERVING);
     let hook = Hook::spawn(&[
         "wait",
         "--from-a-later-release=2",

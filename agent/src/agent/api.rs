@@ -1,7 +1,13 @@
 //! The loop's side of the API server, when there is one: the pods as it tells them, their
 //! changes as they come, and the sink of the Kubernetes Events the agent posts.
 
+use std::collections::HashMap;
+
 use tokio::sync::mpsc;
+
+use crate::cluster::endpoints::Request;
+use crate::decide::endpoints::{Untold, Withdrawal};
+use crate::pod::PodUid;
 
 use crate::cluster::nodewatch::NodeView;
 use crate::cluster::podwatch::PodView;
@@ -20,6 +26,10 @@ pub(super) struct ApiLink {
     pub(super) events: Option<EventSink>,
     /// The decisions took the Node's word that the node shuts down (told once).
     pub(super) shutdown_applied: bool,
+    /// Asks for a pod's endpoints to be followed.
+    follow: Option<mpsc::UnboundedSender<Request>>,
+    /// The pods whose endpoints are followed, each with what is known of them.
+    pub(super) followed: HashMap<PodUid, Withdrawal>,
 }
 
 impl ApiLink {
@@ -28,6 +38,53 @@ impl ApiLink {
         self.node = Some(cluster.node);
         self.signals = Some(cluster.signals);
         self.events = Some(cluster.events);
+        self.follow = Some(cluster.endpoints);
+    }
+
+    /// What is known of the endpoints of `uid`, a pod being deleted through the API whose
+    /// apps wait for them: followed from the first ask until [`Self::stop_following`].
+    pub(super) fn endpoints(&mut self, uid: &PodUid, namespace: &str) -> Withdrawal {
+        if let Some(w) = self.followed.get(uid) {
+            return *w;
+        }
+        let Some(tx) = &self.follow else {
+            return Withdrawal::Untold(Untold::NoApi);
+        };
+        let asked = tx.send(Request::Follow {
+            uid: uid.clone(),
+            namespace: namespace.to_owned(),
+        });
+        if asked.is_err() {
+            return Withdrawal::Untold(Untold::NoApi);
+        }
+        self.followed.insert(uid.clone(), Withdrawal::Listed);
+        Withdrawal::Listed
+    }
+
+    /// What the follow of `uid` tells now; `false` when it is no longer followed.
+    pub(super) fn endpoints_told(&mut self, uid: &PodUid, withdrawal: Withdrawal) -> bool {
+        match self.followed.get_mut(uid) {
+            Some(w) => {
+                *w = withdrawal;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Ends the follows of the pods `keep` says no longer wait.
+    pub(super) fn stop_following(&mut self, keep: impl Fn(&PodUid) -> bool) {
+        let Some(tx) = &self.follow else {
+            self.followed.clear();
+            return;
+        };
+        self.followed.retain(|uid, _| {
+            let kept = keep(uid);
+            if !kept {
+                let _ = tx.send(Request::Stop(uid.clone()));
+            }
+            kept
+        });
     }
 
     /// The next change the pod watch tells; `None` once the watch ended (at shutdown), and
@@ -49,6 +106,8 @@ impl ApiLink {
         self.signals = None;
         self.pods = None;
         self.node = None;
+        self.follow = None;
+        self.followed.clear();
     }
 
     /// What is known of this node's Node (nothing without an API server).

@@ -40,6 +40,10 @@ impl Agent {
             let facts = self.facts(&pod);
             self.apply(&pod, facts, now);
         }
+        if !self.api.followed.is_empty() {
+            let pending = &self.waits.pending;
+            self.api.stop_following(|uid| pending.contains_key(uid));
+        }
         self.stats.set_pending(self.waits.count());
     }
 
@@ -179,6 +183,7 @@ impl Agent {
         let v = self.view.pod(pod)?;
         let api_annotations = api.as_ref().map(|a| &a.annotations);
         let named = facts::pod_priorities(v, api_annotations);
+        let endpoints_policy = facts::endpoints_policy(v, api_annotations);
         let stop_order = facts::stop_order(v, api.as_ref().map(|a| &a.native_sidecars[..]));
         let mut ordered = facts::order(
             v,
@@ -231,7 +236,9 @@ impl Agent {
                 p.checking = true;
             }
         }
+        let endpoints = self.endpoints_gate(pod, endpoints_policy, api.as_ref());
         let mut facts = facts::assemble(ordered, deletion, &clock, stop_order);
+        facts.endpoints = endpoints;
         self.explain_stop_order(pod, &facts, &waiting);
         let next = self.judge(pod, &mut facts, now);
         if let Some(p) = self.waits.pending.get_mut(pod) {
@@ -302,7 +309,7 @@ impl Agent {
         Some((deletion, clock))
     }
 
-    fn warn_once(&mut self, pod: &PodUid, e: &dyn std::error::Error, consequence: &str) {
+    pub(super) fn warn_once(&mut self, pod: &PodUid, e: &dyn std::error::Error, consequence: &str) {
         if self.warned.first(pod, e.to_string()) {
             warn!(pod = %pod, error = %e, "{consequence}");
         }
@@ -347,6 +354,12 @@ impl Agent {
                 dirty.extend(self.waits.pending.keys().cloned());
             }
             PodSignal::Node => dirty.extend(self.waits.pending.keys().cloned()),
+            PodSignal::Endpoints { uid, withdrawal } => {
+                if self.api.endpoints_told(&uid, withdrawal) {
+                    debug!(event = "endpoints", pod = %uid, withdrawal = ?withdrawal, "the pod's endpoints");
+                    dirty.insert(uid);
+                }
+            }
             PodSignal::Confirmed {
                 uid: pod,
                 asked_at,

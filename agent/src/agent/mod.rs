@@ -10,6 +10,8 @@
 //!   the node view;
 //! - `api`: the API server's pods, their changes, and the Events sink, when there is one;
 //! - `decisions`: deciding the pending waits and carrying the answers out;
+//! - `endpoints`: the hold of a pod's apps for its endpoints, from its annotations and the
+//!   follow of its EndpointSlices;
 //! - `files`: a round of file changes, the pods polled past their budget, roots watched again;
 //! - `farewell`: how the agent leaves the node: waits kept for the next agent on a restart,
 //!   every wait let go on an uninstall;
@@ -26,6 +28,7 @@
 mod api;
 mod changes;
 mod decisions;
+mod endpoints;
 mod farewell;
 mod files;
 mod gc;

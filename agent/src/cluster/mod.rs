@@ -8,10 +8,12 @@
 //! - [`podwatch`]: this node's pods as the API server sees them;
 //! - [`nodewatch`]: this node's own Node: a graceful shutdown, the kubelet's version;
 //! - [`podevents`]: the kubelet's word on one pod's kill, from its Events (a hint);
+//! - [`endpoints`]: a pod's EndpointSlices, followed while its apps wait for them;
 //! - [`recorder`]: Kubernetes Events about held exits;
 //! - [`owner`]: the agent's own DaemonSet, which tells an uninstall from a restart;
 //! - [`watchloop`]: one way to keep each of these watches running.
 
+pub mod endpoints;
 pub mod nodewatch;
 pub mod owner;
 pub mod podevents;
@@ -95,6 +97,8 @@ pub struct Cluster {
     pub node: NodeView,
     pub signals: mpsc::UnboundedReceiver<PodSignal>,
     pub events: EventSink,
+    /// Asks the [`endpoints::Follower`] to follow a pod's endpoints, or to stop.
+    pub endpoints: mpsc::UnboundedSender<endpoints::Request>,
 }
 
 /// The cluster side's tasks, to be spawned by the caller.
@@ -103,6 +107,7 @@ pub struct Tasks {
     pub node: NodeWatch,
     pub confirmer: Confirmer,
     pub recorder: Recorder,
+    pub endpoints: endpoints::Follower,
 }
 
 impl Tasks {
@@ -120,8 +125,11 @@ impl Tasks {
                 .run(stopped(stop.clone()))
                 .instrument(tracing::info_span!("pod_confirm")),
             self.recorder
-                .run(stopped(stop))
+                .run(stopped(stop.clone()))
                 .instrument(tracing::info_span!("pod_events")),
+            self.endpoints
+                .run(stopped(stop))
+                .instrument(tracing::info_span!("pod_endpoints")),
         );
     }
 }
@@ -135,6 +143,9 @@ pub async fn stopped(mut stop: watch::Receiver<bool>) {
 pub fn start(client: Client, node: &str, stats: Arc<Stats>) -> (Cluster, Tasks) {
     let (view, watch, confirmer, signals, tx) =
         podwatch::pod_watch(client.clone(), node, stats.clone());
+    let (endpoints_tx, endpoints_rx) = mpsc::unbounded_channel();
+    let follower =
+        endpoints::Follower::new(client.clone(), endpoints_rx, tx.clone(), stats.clone());
     let (node_view, node_watch) = nodewatch::node_watch(client.clone(), node, tx);
     let (events, recorder) = recorder::recorder(client, node, stats);
     (
@@ -143,12 +154,14 @@ pub fn start(client: Client, node: &str, stats: Arc<Stats>) -> (Cluster, Tasks) 
             node: node_view,
             signals,
             events,
+            endpoints: endpoints_tx,
         },
         Tasks {
             watch,
             node: node_watch,
             confirmer,
             recorder,
+            endpoints: follower,
         },
     )
 }
@@ -169,6 +182,11 @@ pub enum PodSignal {
         uid: PodUid,
         asked_at: Instant,
         word: Option<Word>,
+    },
+    /// What is known of a followed pod's endpoints now (see [`endpoints`]).
+    Endpoints {
+        uid: PodUid,
+        withdrawal: crate::decide::endpoints::Withdrawal,
     },
 }
 

@@ -6,11 +6,13 @@
 //!
 //! Parts:
 //! - [`bounds`]: numbers from pods, bounded before arithmetic;
+//! - [`endpoints`]: an app's hold for its pod's endpoints to be withdrawn;
 //! - [`priority`]: exit priorities: annotation, env, presets;
 //! - [`restart`]: whether the kubelet starts a container again;
 //! - [`stoporder`]: the kubelet's stop order for native sidecars.
 
 pub mod bounds;
+pub mod endpoints;
 pub mod priority;
 pub mod restart;
 pub mod stoporder;
@@ -58,6 +60,9 @@ pub struct PodFacts {
     /// The kubelet's own stop order (native sidecars): no container waits for one the
     /// kubelet stops only after it.
     pub stop_order: StopOrder,
+    /// The pod asked that its apps (priority 0) wait for its endpoints' withdrawal: what is
+    /// known of it.
+    pub endpoints: Option<endpoints::Gate>,
 }
 
 /// Whether the pod is going away, which is what makes exit order matter.
@@ -93,14 +98,26 @@ pub enum Reason {
     Deadline,
     /// The runtime does not know the pod or the container: fail open.
     Unknown,
+    /// An app whose pod waits for its endpoints: no EndpointSlice lists the pod as ready
+    /// (or none ever did), and the settle time after the withdrawal passed.
+    Withdrawn,
+    /// An app whose pod waits for its endpoints, where nothing tells the withdrawal (no API
+    /// server, the kubelet's own kill): the settle time passed.
+    Settled,
+    /// An app whose pod waits for its endpoints: the withdrawal was not seen within the
+    /// pod's maximum wait.
+    MaxWait,
 }
 
 impl Reason {
-    pub const ALL: [Reason; 4] = [
+    pub const ALL: [Reason; 7] = [
         Reason::Ordered,
         Reason::NotTerminating,
         Reason::Deadline,
         Reason::Unknown,
+        Reason::Withdrawn,
+        Reason::Settled,
+        Reason::MaxWait,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -109,6 +126,9 @@ impl Reason {
             Reason::NotTerminating => "not_terminating",
             Reason::Deadline => "deadline",
             Reason::Unknown => "unknown",
+            Reason::Withdrawn => "withdrawn",
+            Reason::Settled => "settled",
+            Reason::MaxWait => "max_wait",
         }
     }
 }
@@ -229,8 +249,20 @@ pub fn decide(pod: Option<&PodFacts>, waiting: &str, since: Instant, now: Instan
             .iter()
             .map(|name| format!("{name} (exit priority not known yet)")),
     );
+    // An app of a pod that waits for its endpoints: once nothing else holds it, the
+    // withdrawal does.
+    let gate = pod
+        .endpoints
+        .filter(|_| me.priority == 0 && blocked_by.is_empty())
+        .map(|g| (g, g.opens(since)));
+    if let Some((g, (opens, _))) = gate {
+        if now < opens {
+            blocked_by.push(g.holding());
+            settled_at = Some(settled_at.map_or(opens, |s: Instant| s.min(opens)));
+        }
+    }
     if blocked_by.is_empty() {
-        return Verdict::Allow(Reason::Ordered);
+        return Verdict::Allow(gate.map_or(Reason::Ordered, |(_, (_, why))| why));
     }
     match pod.deadline {
         Some(d) if now >= d => Verdict::Allow(Reason::Deadline),
@@ -264,6 +296,7 @@ mod tests {
             deletion: Deletion::Deleting,
             deadline,
             stop_order: StopOrder::default(),
+            endpoints: None,
         }
     }
 
@@ -280,6 +313,58 @@ mod tests {
             blocked_by: blocked.iter().map(|s| s.to_string()).collect(),
             until,
         }
+    }
+
+    #[test]
+    fn an_app_of_a_pod_waiting_for_its_endpoints_is_held_by_them() {
+        use endpoints::{Gate, Policy, Withdrawal};
+        let now = Instant::now();
+        let policy = Policy {
+            settle: Duration::from_secs(2),
+            max_wait: Duration::from_secs(10),
+        };
+        let mut p = pod(
+            vec![c("app", 0, Running, 0), c("proxy", 0, Running, 1)],
+            Some(now + Duration::from_secs(25)),
+        );
+        p.endpoints = Some(Gate {
+            policy,
+            withdrawal: Withdrawal::Listed,
+        });
+        match decide(Some(&p), "app", now, now) {
+            Verdict::Wait { blocked_by, until } => {
+                assert_eq!(until, Some(now + Duration::from_secs(10)));
+                assert!(blocked_by[0].contains("endpoints"), "{blocked_by:?}");
+            }
+            v => panic!("{v:?}"),
+        }
+        // The sidecar still waits for the app, not for the endpoints.
+        assert!(
+            matches!(decide(Some(&p), "proxy", now, now), Verdict::Wait { blocked_by, .. } if blocked_by == ["app"])
+        );
+        let withdrawn = now + Duration::from_millis(300);
+        p.endpoints = Some(Gate {
+            policy,
+            withdrawal: Withdrawal::Withdrawn(withdrawn),
+        });
+        let open = withdrawn + Duration::from_secs(2);
+        assert!(
+            matches!(decide(Some(&p), "app", now, now), Verdict::Wait { until: Some(u), .. } if u == open)
+        );
+        assert_eq!(decide(Some(&p), "app", now, open), allow(Reason::Withdrawn));
+        // The grace deadline bounds it whatever the pod asked.
+        p.deadline = Some(now + Duration::from_secs(1));
+        p.endpoints = Some(Gate {
+            policy,
+            withdrawal: Withdrawal::Listed,
+        });
+        assert_eq!(
+            decide(Some(&p), "app", now, now + Duration::from_secs(1)),
+            allow(Reason::Deadline)
+        );
+        // Without the pod's ask, an app goes at once.
+        p.endpoints = None;
+        assert_eq!(decide(Some(&p), "app", now, now), allow(Reason::Ordered));
     }
 
     #[test]

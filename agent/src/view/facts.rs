@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use super::{ContainerEntry, EnvPriority, PodEntry};
 use crate::decide::bounds::Later as _;
+use crate::decide::endpoints::{self, Policy, PolicyError};
 use crate::decide::priority::{self, PodPriorities, PriorityError};
 use crate::decide::stoporder::{StopOrder, StopOrderError};
 use crate::decide::{self, Attempt, Deletion, PodFacts};
@@ -23,21 +24,38 @@ pub struct Ordered {
     pub malformed: Option<PriorityError>,
 }
 
-/// The pod's priority annotation: the API server's copy when there is one (the pod's current
+/// The pod's annotations: the API server's copy when there is one (the pod's current
 /// annotations), else the sandbox's (those it was created with).
+fn annotations<'a>(
+    pod: &'a PodEntry,
+    api_annotations: Option<&'a std::collections::BTreeMap<String, String>>,
+) -> Vec<(&'a str, &'a str)> {
+    let pairs = |m: &'a HashMap<String, String>| m.iter().map(|(k, v)| (k.as_str(), v.as_str()));
+    match api_annotations {
+        Some(a) => a.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect(),
+        None => pod
+            .sandbox
+            .iter()
+            .flat_map(|s| pairs(&s.annotations))
+            .collect(),
+    }
+}
+
+/// The pod's priority annotation (see [`annotations`]).
 pub fn pod_priorities(
     pod: &PodEntry,
     api_annotations: Option<&std::collections::BTreeMap<String, String>>,
 ) -> Result<Option<PodPriorities>, PriorityError> {
-    match api_annotations {
-        Some(a) => priority::from_annotations(a.iter().map(|(k, v)| (k.as_str(), v.as_str()))),
-        None => priority::from_annotations(
-            pod.sandbox
-                .iter()
-                .flat_map(|s| s.annotations.iter())
-                .map(|(k, v)| (k.as_str(), v.as_str())),
-        ),
-    }
+    priority::from_annotations(annotations(pod, api_annotations))
+}
+
+/// Whether the pod asked its apps to wait for its endpoints' withdrawal, and how (see
+/// [`annotations`]).
+pub fn endpoints_policy(
+    pod: &PodEntry,
+    api_annotations: Option<&std::collections::BTreeMap<String, String>>,
+) -> Result<Option<Policy>, PolicyError> {
+    endpoints::policy(annotations(pod, api_annotations))
 }
 
 /// The kubelet's stop order: from the API server's pod spec when there is one (its init
@@ -227,6 +245,7 @@ pub fn assemble(
         deletion,
         deadline: Some(clock.deadline()),
         stop_order,
+        endpoints: None,
     }
 }
 
@@ -258,6 +277,7 @@ pub fn without_runtime(waiting: &[&str], deletion: Deletion, clock: &Clock) -> P
         deletion,
         deadline: Some(clock.deadline()),
         stop_order: StopOrder::default(),
+        endpoints: None,
     }
 }
 
@@ -560,6 +580,7 @@ pub(crate) mod tests {
             deletion: Deletion::Deleting,
             deadline: None,
             stop_order: StopOrder::default(),
+            endpoints: None,
         };
         let now = Instant::now();
         assert!(matches!(

@@ -110,6 +110,9 @@ pub struct Sidecar {
     pub handshake: HandshakeVolume,
     /// The entrypoint's `--presence`, when the webhook is told one.
     pub presence: Option<Duration>,
+    /// Every node has the entrypoint by its second name (see [`Sidecar::entrypoint_v2`]):
+    /// off in the host share's layout while the agents roll out from a release before it.
+    pub second_name: bool,
 }
 
 impl Sidecar {
@@ -131,6 +134,25 @@ impl Sidecar {
     pub fn mark(&self, c: &mut Container, warnings: &mut Vec<String>) -> Result<(), String> {
         self.own_directory(c)?;
         self.pre_stop(c, Hook::Mark, warnings);
+        Ok(())
+    }
+
+    /// What an app of a pod that waits for its endpoints gets (`exitorder.io/wait-for-endpoints`):
+    /// its own exit directory and a preStop that waits for the agent's `allow`, which comes
+    /// once the pod's endpoints are withdrawn and `settle` has passed, then does what its own
+    /// preStop did. The wait says on the node that the kubelet stops the container, as a
+    /// mark does; with no agent to answer, the entrypoint sleeps `settle` itself.
+    pub fn hold_for_endpoints(
+        &self,
+        c: &mut Container,
+        settle: Duration,
+        warnings: &mut Vec<String>,
+    ) -> Result<(), String> {
+        self.own_directory(c)?;
+        if let Some(presence) = self.presence {
+            presence_env(c, presence);
+        }
+        self.pre_stop(c, Hook::Endpoints(settle), warnings);
         Ok(())
     }
 
@@ -157,17 +179,15 @@ impl Sidecar {
                 "--timeout".to_owned(),
                 format!("{}s", self.timeout.as_secs()),
             ],
-            // The node's entrypoint by its second name (`exitorder-entrypoint-v2`): a rollback
-            // of the agents rewrites only the first, with an entrypoint that knows no `mark`
-            // and would fail the hook before the container's own ran. The pod's own copy
-            // (emptyDir) is the one its init container installed, whatever the node runs.
-            Hook::Mark => vec![
-                match self.handshake {
-                    HandshakeVolume::HostPath => mount::ENTRYPOINT_V2,
-                    HandshakeVolume::EmptyDir => mount::ENTRYPOINT,
-                }
-                .to_owned(),
-                "mark".to_owned(),
+            Hook::Mark => vec![self.entrypoint_v2().to_owned(), "mark".to_owned()],
+            // `--settle=` in one argument: an entrypoint of a release that does not know it
+            // skips it, and a node's entrypoint by its second name is this release's.
+            Hook::Endpoints(settle) => vec![
+                self.entrypoint_v2().to_owned(),
+                "wait".to_owned(),
+                "--timeout".to_owned(),
+                format!("{}s", self.timeout.as_secs()),
+                format!("--settle={}ms", settle.as_millis()),
             ],
         };
         let then = match then(&hook, c.ports.as_deref().unwrap_or_default()) {
@@ -178,6 +198,9 @@ impl Sidecar {
             Then::Keep(why) => {
                 let consequence = match hook_kind {
                     Hook::Wait => "this sidecar's exit is not ordered",
+                    Hook::Endpoints(_) => {
+                        "this container's exit does not wait for the pod's endpoints"
+                    }
                     Hook::Mark => {
                         "the agent cannot see on the node when the kubelet stops it (a \
                          restart of a sidecar waiting for it is held until its deadline unless \
@@ -209,6 +232,23 @@ enum Hook {
     Wait,
     /// Says the container is being stopped, and goes on at once: a container sidecars serve.
     Mark,
+    /// Waits for the agent's `allow` until the pod's endpoints are withdrawn, then this
+    /// settle time: an app of a pod that waits for its endpoints.
+    Endpoints(Duration),
+}
+
+impl Sidecar {
+    /// The entrypoint for a hook a release before `mark` does not know: the node's by its
+    /// second name (`exitorder-entrypoint-v2`), since a rollback of the agents rewrites only
+    /// the first, with an entrypoint that would fail the hook or skip what it asks before the
+    /// container's own ran. The pod's own copy (emptyDir) is the one its init container
+    /// installed, whatever the node runs.
+    fn entrypoint_v2(&self) -> &'static str {
+        match self.handshake {
+            HandshakeVolume::HostPath if self.second_name => mount::ENTRYPOINT_V2,
+            HandshakeVolume::HostPath | HandshakeVolume::EmptyDir => mount::ENTRYPOINT,
+        }
+    }
 }
 
 enum Then {
@@ -668,6 +708,7 @@ mod tests {
             timeout: Duration::from_secs(25),
             handshake: super::HandshakeVolume::HostPath,
             presence: None,
+            second_name: true,
         };
         s.inject(&mut c, &mut warnings).unwrap();
         let first = c.clone();
@@ -688,6 +729,7 @@ mod tests {
             timeout: Duration::from_secs(25),
             handshake: super::HandshakeVolume::EmptyDir,
             presence: Some(Duration::ZERO),
+            second_name: true,
         };
         let env_of = |c: &Container| {
             c.env
@@ -862,6 +904,7 @@ mod tests {
             timeout: Duration::from_secs(1),
             handshake: super::HandshakeVolume::HostPath,
             presence: None,
+            second_name: true,
         }
         .inject(&mut spec.containers[0], &mut Vec::new())
         .unwrap();
@@ -914,6 +957,7 @@ mod tests {
             timeout: Duration::from_secs(1),
             handshake: super::HandshakeVolume::HostPath,
             presence: None,
+            second_name: true,
         };
         let e = s.inject(&mut c, &mut Vec::new()).unwrap_err();
         assert!(e.contains("POD_UID"), "{e}");

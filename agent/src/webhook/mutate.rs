@@ -273,7 +273,10 @@ fn inject_into(
     let order = stop_order(&members);
     check_stop_order(&members, &order)?;
     let sidecars: Vec<&Member> = members.iter().filter(|m| m.priority > 0).collect();
-    if sidecars.is_empty() {
+    let endpoints =
+        crate::decide::endpoints::policy(annotations.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .map_err(|e| e.to_string())?;
+    if sidecars.is_empty() && endpoints.is_none() {
         if let Some(spec) = &pod.spec {
             inject::share_only_as_injected(spec, &settings.share_dir)?;
         }
@@ -308,6 +311,9 @@ fn inject_into(
         timeout,
         handshake: settings.handshake_volume,
         presence: settings.agent_presence,
+        // While the host share's agents roll out from a release before the second name,
+        // marks are off for the same reason.
+        second_name: settings.mark_containers,
     };
     for c in spec.containers.iter_mut().chain(
         spec.init_containers
@@ -317,6 +323,8 @@ fn inject_into(
     ) {
         if sidecars.iter().any(|m| m.name == c.name) {
             sidecar.inject(c, &mut warnings)?;
+        } else if let Some(policy) = endpoints {
+            sidecar.hold_for_endpoints(c, policy.settle, &mut warnings)?;
         } else if settings.mark_containers {
             sidecar.mark(c, &mut warnings)?;
         }
@@ -510,6 +518,70 @@ mod tests {
             Admission::unchanged(),
             "a second pass changes nothing"
         );
+    }
+
+    #[test]
+    fn the_apps_of_a_pod_that_waits_for_its_endpoints_wait_with_their_settle_time() {
+        let prestop = |out: &Value, name: &str| -> Vec<String> {
+            let c = out["spec"]["containers"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|c| c["name"] == name)
+                .unwrap();
+            serde_json::from_value(c["lifecycle"]["preStop"]["exec"]["command"].clone()).unwrap()
+        };
+        let p = pod(
+            json!({"exitorder.io/inject": "true", "exitorder.io/wait-for-endpoints": "true",
+                   "exitorder.io/endpoints-settle": "3s"}),
+            json!({"containers": [
+                {"name": "app", "image": "a",
+                 "lifecycle": {"preStop": {"exec": {"command": ["drain", "--now"]}}}},
+                {"name": "linkerd-proxy", "image": "p"}]}),
+        );
+        let out = apply(&p, &mutate(&p, &Settings::default()));
+        assert_eq!(
+            prestop(&out, "app"),
+            [
+                exitorder_contract::mount::ENTRYPOINT,
+                "wait",
+                "--timeout",
+                "25s",
+                "--settle=3000ms",
+                "--",
+                "drain",
+                "--now"
+            ]
+        );
+        assert_eq!(prestop(&out, "linkerd-proxy")[1], "wait");
+        assert_eq!(
+            mutate(&out, &Settings::default()),
+            Admission::unchanged(),
+            "a second pass changes nothing"
+        );
+        // A pod without sidecars still gets its app's wait, with the default settle time.
+        let p = pod(
+            json!({"exitorder.io/inject": "true", "exitorder.io/wait-for-endpoints": "true"}),
+            json!({"containers": [{"name": "web", "image": "a"}]}),
+        );
+        let out = apply(&p, &mutate(&p, &Settings::default()));
+        assert_eq!(
+            prestop(&out, "web"),
+            [
+                exitorder_contract::mount::ENTRYPOINT,
+                "wait",
+                "--timeout",
+                "25s",
+                "--settle=2000ms"
+            ]
+        );
+        // A bad value is refused, naming the annotation.
+        let p = pod(
+            json!({"exitorder.io/inject": "true", "exitorder.io/wait-for-endpoints": "true",
+                   "exitorder.io/endpoints-settle": "soon"}),
+            json!({"containers": [{"name": "web", "image": "a"}]}),
+        );
+        assert!(denied(&mutate(&p, &Settings::default())).contains("exitorder.io/endpoints-settle"));
     }
 
     #[test]

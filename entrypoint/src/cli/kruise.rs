@@ -61,6 +61,7 @@ pub(super) fn parse(
         dir,
         timeout,
         presence: None,
+        settle: None,
         ignored: Vec::new(),
     };
     finish(flags, then, env)

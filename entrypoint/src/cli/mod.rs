@@ -63,6 +63,7 @@ pub const EX_USAGE: u8 = 64;
 
 pub const USAGE: &str = "\
 usage: exitorder-entrypoint wait [--dir DIR] [--timeout DURATION] [--presence DURATION]
+                                 [--settle DURATION]
                                  [-- CMD [ARGS...] | --http-get URL | --sleep DURATION]
        exitorder-entrypoint mark [--dir DIR]
                                  [-- CMD [ARGS...] | --http-get URL | --sleep DURATION]
@@ -101,6 +102,10 @@ options:
                        1s; 0 waits for the timeout whatever); an agent that
                        said so is waited for while it restarts, and an
                        uninstall lets the wait go at once
+  --settle DURATION    wait: an app's wait for its endpoints' withdrawal
+                       (the pod's exitorder.io/wait-for-endpoints): when no
+                       agent that holds such waits let it go, sleep DURATION
+                       before going on, as a sleep preStop would
   --http-get URL       wait: GET URL after the wait, as an httpGet hook would;
                        await: the URL to poll
   --sleep DURATION     wait: sleep after the wait, as a sleep hook would
@@ -155,6 +160,9 @@ pub struct WaitArgs {
     /// How long an agent has to show it serves the directory before the wait gives up on
     /// it; `None` waits for the timeout whatever (`--presence 0`).
     pub presence: Option<Duration>,
+    /// `--settle`: this wait is an app's, held for its pod's endpoints; when no agent that
+    /// holds such waits answers, this long is slept instead.
+    pub settle: Option<Duration>,
     pub then: Then,
     /// Flags this entrypoint does not know (`--name` or `--name=value`), from a later
     /// release's webhook or manifests: skipped with a warning rather than failing the hook.
@@ -337,6 +345,7 @@ fn parse_wait(mut args: impl Iterator<Item = CString>, env: &Env) -> Result<Comm
     let mut dir = None;
     let mut timeout = None;
     let mut presence = None;
+    let mut settle = None;
     let mut ignored = Vec::new();
     let mut command = Vec::new();
     let mut http_get = None;
@@ -372,6 +381,12 @@ fn parse_wait(mut args: impl Iterator<Item = CString>, env: &Env) -> Result<Comm
                     "--presence",
                 )?)
             }
+            "settle" => {
+                settle = Some(timeout_value(
+                    flag.value("--settle", &mut args)?,
+                    "--settle",
+                )?)
+            }
             // A later release's flag: a hook that fails on it would skip the wait and the
             // sidecar's own preStop both. Later flags come as `--name=value`, so one not
             // known here takes no separate value.
@@ -405,6 +420,7 @@ fn parse_wait(mut args: impl Iterator<Item = CString>, env: &Env) -> Result<Comm
             dir,
             timeout,
             presence,
+            settle,
             ignored,
         },
         then,
@@ -414,7 +430,7 @@ fn parse_wait(mut args: impl Iterator<Item = CString>, env: &Env) -> Result<Comm
 
 /// The flag of `wait` that `name` spells differently (case, `_` for `-`), if any.
 fn misspelt(name: &str) -> Option<&'static str> {
-    const WAIT_FLAGS: [&str; 5] = ["dir", "timeout", "presence", "http-get", "sleep"];
+    const WAIT_FLAGS: [&str; 6] = ["dir", "timeout", "presence", "settle", "http-get", "sleep"];
     WAIT_FLAGS.into_iter().find(|known| {
         name.len() == known.len()
             && name
@@ -429,6 +445,7 @@ struct Flags {
     dir: Option<CString>,
     timeout: Option<Duration>,
     presence: Option<Duration>,
+    settle: Option<Duration>,
     ignored: Vec<CString>,
 }
 
@@ -573,6 +590,7 @@ fn finish(flags: Flags, then: Then, env: &Env) -> Result<Command, UsageError> {
         dir,
         timeout,
         presence: (!presence.is_zero()).then_some(presence),
+        settle: flags.settle.filter(|s| !s.is_zero()),
         then,
         ignored: flags.ignored,
     }))
@@ -623,10 +641,26 @@ mod tests {
                 dir: c("/var/run/exitorder"),
                 timeout: Duration::from_secs(25),
                 presence: Some(Duration::from_secs(1)),
+                settle: None,
                 then: Then::Nothing,
                 ignored: Vec::new(),
             }
         );
+    }
+
+    #[test]
+    fn an_apps_wait_carries_its_settle_time() {
+        let parsed = wait(&["wait", "--settle=2s", "--", "sh", "-c", "drain"]);
+        assert_eq!(parsed.settle, Some(Duration::from_secs(2)));
+        assert_eq!(parsed.then, exec("sh", &["-c", "drain"]));
+        assert_eq!(
+            wait(&["wait", "--settle", "1500ms"]).settle,
+            Some(Duration::from_millis(1500))
+        );
+        // 0 is no settle time: a pod that asked for none.
+        assert_eq!(wait(&["wait", "--settle=0"]).settle, None);
+        assert!(error(&["wait", "--settle=soon"]).contains("--settle"));
+        assert!(error(&["wait", "--Settle=2s"]).contains("did you mean --settle"));
     }
 
     #[test]

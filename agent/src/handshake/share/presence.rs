@@ -22,13 +22,14 @@ pub enum PresenceState {
 }
 
 impl PresenceState {
-    /// The file's content: the format's version, then the state.
+    /// The file's content: the format's version, then the state; a serving agent says it
+    /// holds an app's wait for its pod's endpoints (`HOLDS_ENDPOINTS`).
     ///
     /// Spelt out (`version=AGENT_VERSION`, `state=STATE_*` of the contract), so that marking
     /// every directory of a node allocates nothing; a unit test holds it to the contract.
     pub fn content(self) -> &'static str {
         match self {
-            PresenceState::Serving => "version=1\nstate=serving\n",
+            PresenceState::Serving => "version=1\nstate=serving\nendpoints=1\n",
             PresenceState::Uninstalled => "version=1\nstate=uninstalled\n",
         }
     }

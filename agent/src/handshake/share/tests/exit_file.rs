@@ -385,17 +385,26 @@ fn refusals_say_what_they_are() {
 #[test]
 fn the_presence_file_is_the_contracts_and_its_states_differ_in_size() {
     use exitorder_contract::handshake::{
-        presence, Presence, AGENT_VERSION, STATE_SERVING, STATE_UNINSTALLED,
+        holds_endpoints, presence, Presence, AGENT_VERSION, HOLDS_ENDPOINTS, STATE_SERVING,
+        STATE_UNINSTALLED,
     };
-    for (state, name) in [
-        (PresenceState::Serving, STATE_SERVING),
-        (PresenceState::Uninstalled, STATE_UNINSTALLED),
+    for (state, tail) in [
+        (
+            PresenceState::Serving,
+            format!("state={STATE_SERVING}\n{HOLDS_ENDPOINTS}\n"),
+        ),
+        (
+            PresenceState::Uninstalled,
+            format!("state={STATE_UNINSTALLED}\n"),
+        ),
     ] {
-        assert_eq!(
-            state.content(),
-            format!("version={AGENT_VERSION}\nstate={name}\n")
-        );
+        assert_eq!(state.content(), format!("version={AGENT_VERSION}\n{tail}"));
     }
+    assert!(holds_endpoints(PresenceState::Serving.content().as_bytes()));
+    assert!(!holds_endpoints(b"version=1\nstate=serving\n"));
+    assert!(!holds_endpoints(
+        b"version=1\nstate=serving\nendpoints=10\n"
+    ));
     assert_eq!(
         presence(PresenceState::Uninstalled.content().as_bytes()),
         Presence::Uninstalled

@@ -1,0 +1,256 @@
+//! Endpoints first (`exitorder.io/wait-for-endpoints`): an app's wait is held until no
+//! EndpointSlice lists its pod as ready, then for a settle time in which the consumers of the
+//! slices (kube-proxy, ingress controllers, mesh balancers) reprogram, at most a maximum from
+//! the wait's start and never past the grace deadline. Where nothing can tell the withdrawal
+//! (no API server, or one of the kubelet's own kills, which withdraws nothing until the pod is
+//! terminal: kubernetes#116965), the settle time alone, as the sleep it replaces.
+//!
+//! Which waits it holds: those of the pod's priority-0 containers (its apps); sidecars wait
+//! for the apps as before, so the chain is endpoints, then apps, then sidecars.
+
+use std::time::{Duration, Instant};
+
+use exitorder_contract::annotation::{ENDPOINTS_MAX_WAIT, ENDPOINTS_SETTLE, WAIT_FOR_ENDPOINTS};
+use exitorder_contract::endpoints::{DEFAULT_MAX_WAIT_MS, DEFAULT_SETTLE_MS, LIMIT_MS};
+
+use crate::decide::bounds::Later as _;
+use crate::decide::Reason;
+
+/// What a pod asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Policy {
+    /// After the withdrawal; the whole wait where nothing tells it.
+    pub settle: Duration,
+    /// The longest the withdrawal is waited for, from the wait's start.
+    pub max_wait: Duration,
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Policy {
+            settle: Duration::from_millis(DEFAULT_SETTLE_MS),
+            max_wait: Duration::from_millis(DEFAULT_MAX_WAIT_MS),
+        }
+    }
+}
+
+/// A pod's endpoints annotations that cannot be read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PolicyError {
+    #[error("{WAIT_FOR_ENDPOINTS}: {0:?} is neither \"true\" nor \"false\"")]
+    Switch(String),
+    #[error("{annotation}: {value:?} is not a duration ({why}; examples: 500ms, 2s)")]
+    Duration {
+        annotation: &'static str,
+        value: String,
+        why: String,
+    },
+    #[error("{annotation}: {value:?} is more than the limit of {}s", LIMIT_MS / 1000)]
+    TooLong {
+        annotation: &'static str,
+        value: String,
+    },
+}
+
+/// The pod's policy from its annotations; `None` when it did not ask (no annotation, or
+/// `"false"`).
+pub fn policy<'a>(
+    annotations: impl IntoIterator<Item = (&'a str, &'a str)> + Clone,
+) -> Result<Option<Policy>, PolicyError> {
+    let get = |name: &str| {
+        annotations
+            .clone()
+            .into_iter()
+            .find(|(k, _)| *k == name)
+            .map(|(_, v)| v)
+    };
+    match get(WAIT_FOR_ENDPOINTS).map(str::trim) {
+        None | Some("false") => return Ok(None),
+        Some("true") => {}
+        Some(other) => return Err(PolicyError::Switch(other.to_owned())),
+    }
+    let mut p = Policy::default();
+    if let Some(v) = get(ENDPOINTS_SETTLE) {
+        p.settle = duration(ENDPOINTS_SETTLE, v)?;
+    }
+    if let Some(v) = get(ENDPOINTS_MAX_WAIT) {
+        p.max_wait = duration(ENDPOINTS_MAX_WAIT, v)?;
+    }
+    Ok(Some(p))
+}
+
+fn duration(annotation: &'static str, value: &str) -> Result<Duration, PolicyError> {
+    let d = humantime::parse_duration(value.trim()).map_err(|e| PolicyError::Duration {
+        annotation,
+        value: value.to_owned(),
+        why: e.to_string(),
+    })?;
+    if d > Duration::from_millis(LIMIT_MS) {
+        return Err(PolicyError::TooLong {
+            annotation,
+            value: value.to_owned(),
+        });
+    }
+    Ok(d)
+}
+
+/// What is known of the pod's endpoints.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Withdrawal {
+    /// No EndpointSlice lists the pod (no Service selects it): nothing to wait for.
+    NotListed,
+    /// Some slice lists it as ready, or the slices are being read: the withdrawal is waited
+    /// for, up to the maximum.
+    Listed,
+    /// Every slice that listed it as ready no longer does, since then (when the agent saw it).
+    Withdrawn(Instant),
+    /// Nothing can tell: the API server is away, or the kill is one of the kubelet's own.
+    Untold(Untold),
+}
+
+/// Why nothing tells the withdrawal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Untold {
+    /// The API server cannot be asked (none configured, down, or the read failed).
+    NoApi,
+    /// The pod is not being deleted through the API: a kill of the kubelet's own (eviction,
+    /// node shutdown, `activeDeadlineSeconds`, preemption) or a restart, which the
+    /// EndpointSlice controller does not see until a container exits.
+    NotDeleted,
+}
+
+impl Untold {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Untold::NoApi => "no_api",
+            Untold::NotDeleted => "not_deleted",
+        }
+    }
+}
+
+/// An app's hold for its pod's endpoints.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Gate {
+    pub policy: Policy,
+    pub withdrawal: Withdrawal,
+}
+
+impl Gate {
+    /// When a wait that began at `since` may go, and why: the withdrawal and the settle time
+    /// after it, the settle time alone where nothing tells, at most the maximum.
+    pub fn opens(&self, since: Instant) -> (Instant, Reason) {
+        let most = since.later(self.policy.max_wait);
+        let (at, reason) = match self.withdrawal {
+            Withdrawal::NotListed => (since, Reason::Withdrawn),
+            // Withdrawn before the wait began (the controller saw the deletion first): the
+            // consumers have been reprogramming since.
+            Withdrawal::Withdrawn(at) => (at.later(self.policy.settle), Reason::Withdrawn),
+            Withdrawal::Listed => (most, Reason::MaxWait),
+            Withdrawal::Untold(_) => (since.later(self.policy.settle), Reason::Settled),
+        };
+        if at > most {
+            (most, Reason::MaxWait)
+        } else {
+            (at, reason)
+        }
+    }
+
+    /// What the wait is held for, as said in the log and by `explain`.
+    pub fn holding(&self) -> String {
+        match self.withdrawal {
+            Withdrawal::NotListed => "nothing (no EndpointSlice lists the pod)".to_owned(),
+            Withdrawal::Listed => {
+                "the pod's endpoints (an EndpointSlice lists it as ready)".to_owned()
+            }
+            Withdrawal::Withdrawn(_) => format!(
+                "the settle time ({}) after the pod's endpoints were withdrawn",
+                humantime::format_duration(self.policy.settle)
+            ),
+            Withdrawal::Untold(why) => format!(
+                "the settle time ({}): the withdrawal cannot be told ({})",
+                humantime::format_duration(self.policy.settle),
+                why.as_str()
+            ),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    fn pairs<'a>(
+        v: &'a [(&'a str, &'a str)],
+    ) -> impl IntoIterator<Item = (&'a str, &'a str)> + Clone + 'a {
+        v.iter().copied()
+    }
+
+    #[test]
+    fn a_pod_asks_with_the_switch_and_may_tune_both_times() {
+        assert_eq!(policy(pairs(&[])), Ok(None));
+        assert_eq!(policy(pairs(&[(WAIT_FOR_ENDPOINTS, "false")])), Ok(None));
+        assert_eq!(
+            policy(pairs(&[(WAIT_FOR_ENDPOINTS, "true")])),
+            Ok(Some(Policy::default()))
+        );
+        assert_eq!(
+            policy(pairs(&[
+                (WAIT_FOR_ENDPOINTS, "true"),
+                (ENDPOINTS_SETTLE, "1500ms"),
+                (ENDPOINTS_MAX_WAIT, "1m")
+            ])),
+            Ok(Some(Policy {
+                settle: ms(1500),
+                max_wait: ms(60_000)
+            }))
+        );
+        // Times without the switch ask for nothing.
+        assert_eq!(policy(pairs(&[(ENDPOINTS_SETTLE, "soon")])), Ok(None));
+    }
+
+    #[test]
+    fn bad_annotations_are_named() {
+        let e = policy(pairs(&[(WAIT_FOR_ENDPOINTS, "yes")])).unwrap_err();
+        assert!(e.to_string().contains(WAIT_FOR_ENDPOINTS), "{e}");
+        let e = policy(pairs(&[
+            (WAIT_FOR_ENDPOINTS, "true"),
+            (ENDPOINTS_SETTLE, "soon"),
+        ]))
+        .unwrap_err();
+        assert!(e.to_string().contains(ENDPOINTS_SETTLE), "{e}");
+        let e = policy(pairs(&[
+            (WAIT_FOR_ENDPOINTS, "true"),
+            (ENDPOINTS_MAX_WAIT, "1h"),
+        ]))
+        .unwrap_err();
+        assert!(e.to_string().contains("limit of 300s"), "{e}");
+    }
+
+    #[test]
+    fn when_the_gate_opens() {
+        let since = Instant::now();
+        let policy = Policy {
+            settle: ms(2000),
+            max_wait: ms(10_000),
+        };
+        let gate = |withdrawal| Gate { policy, withdrawal };
+        #[rustfmt::skip]
+        let table = [
+            ("no Service selects the pod", Withdrawal::NotListed, since, Reason::Withdrawn),
+            ("withdrawn during the wait", Withdrawal::Withdrawn(since + ms(300)), since + ms(2300), Reason::Withdrawn),
+            ("withdrawn before the wait", Withdrawal::Withdrawn(since - ms(500)), since + ms(1500), Reason::Withdrawn),
+            ("withdrawn long before", Withdrawal::Withdrawn(since - ms(5000)), since - ms(3000), Reason::Withdrawn),
+            ("still listed", Withdrawal::Listed, since + ms(10_000), Reason::MaxWait),
+            ("withdrawn late", Withdrawal::Withdrawn(since + ms(9000)), since + ms(10_000), Reason::MaxWait),
+            ("no API server", Withdrawal::Untold(Untold::NoApi), since + ms(2000), Reason::Settled),
+            ("the kubelet's own kill", Withdrawal::Untold(Untold::NotDeleted), since + ms(2000), Reason::Settled),
+        ];
+        for (what, w, at, reason) in table {
+            assert_eq!(gate(w).opens(since), (at, reason), "{what}");
+        }
+    }
+}
