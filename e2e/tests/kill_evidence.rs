@@ -29,24 +29,9 @@ fn two_level(name: &str, drain: &str) -> Value {
     p
 }
 
-/// Without the preStop and mounts the example writes by hand: the webhook adds them.
-fn bare(mut p: Value) -> Value {
-    for c in p["spec"]["containers"].as_array_mut().into_iter().flatten() {
-        if let Some(o) = c.as_object_mut() {
-            o.remove("lifecycle");
-            o.remove("volumeMounts");
-            o.remove("env");
-        }
-    }
-    if let Some(o) = p["spec"].as_object_mut() {
-        o.remove("volumes");
-    }
-    p
-}
-
 /// The two-level pod as the webhook injects it: the proxy waits, the app marks.
 fn injected(name: &str, drain: &str) -> Value {
-    support::injected(&bare(two_level(name, drain)))
+    support::injected(&support::bare(two_level(name, drain)))
 }
 
 /// A proxy whose liveness probe fails on its first attempt only: the attempt before the
@@ -194,7 +179,7 @@ async fn two_restarts_in_a_row_are_two_restarts() {
         return;
     };
     kb.served.api.send_kubelet_events_after(EVENT_LATENCY);
-    let mut base = bare(two_level("in-a-row", "1"));
+    let mut base = support::bare(two_level("in-a-row", "1"));
     let mut app2 = support::container_mut(&mut base, "app").clone();
     app2["name"] = "app2".into();
     if let Some(cs) = base["spec"]["containers"].as_array_mut() {

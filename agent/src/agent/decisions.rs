@@ -236,7 +236,17 @@ impl Agent {
                 p.checking = true;
             }
         }
-        let endpoints = self.endpoints_gate(pod, endpoints_policy, api.as_ref());
+        // Only an app's wait is held for the endpoints: a pod's sidecars asking alone cost no
+        // read of its slices.
+        let app_waits = ordered
+            .attempts
+            .iter()
+            .any(|a| a.priority == 0 && waiting.contains(&a.name.as_str()));
+        let endpoints = if app_waits {
+            self.endpoints_gate(pod, endpoints_policy, api.as_ref())
+        } else {
+            None
+        };
         let mut facts = facts::assemble(ordered, deletion, &clock, stop_order);
         facts.endpoints = endpoints;
         self.explain_stop_order(pod, &facts, &waiting);

@@ -15,20 +15,25 @@
 //! - `node`: the kubelet's Node and its `Ready` condition;
 //! - `daemonsets`: the agent's own DaemonSet, read and watched by name, made forbidden as an
 //!   uninstall leaves it;
+//! - `objects`: pods as the API server returns them, being deleted, in another phase;
+//! - `slices`: Services' EndpointSlices, read and watched, written by the EndpointSlice
+//!   controller as it follows the pods;
 //! - `sink`: the API server of the test bed's kubelet: its Events, pod status and Node.
 
 mod daemonsets;
 mod events;
 mod node;
+mod objects;
 mod requests;
 mod select;
 mod sink;
+mod slices;
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http_body_util::{combinators::BoxBody, BodyExt, Full, StreamBody};
@@ -40,9 +45,11 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 use tokio_stream::StreamExt;
 
+pub use objects::{deleting, pod, with_phase};
 use requests::classify;
 pub(crate) use requests::Query;
 pub use requests::RequestKind;
+pub use slices::SliceChange;
 
 type Body = BoxBody<Bytes, Infallible>;
 
@@ -85,6 +92,7 @@ struct State {
     node_watchers: Vec<mpsc::UnboundedSender<Bytes>>,
     /// Every Node watch event sent, by resourceVersion.
     node_history: Vec<(u64, Bytes)>,
+    slices: slices::Slices,
 }
 
 /// A kind's watch history and its watchers.
@@ -138,57 +146,6 @@ pub fn write_kubeconfig(dir: &std::path::Path, addr: &str) -> std::path::PathBuf
     path
 }
 
-/// A pod as the API server returns it. `deleted` is (seconds from now until the kill,
-/// deletionGracePeriodSeconds).
-pub fn pod(uid: &str, name: &str, node: &str, deleted: Option<(i64, i64)>) -> Value {
-    let mut meta = json!({
-        "name": name,
-        "namespace": "default",
-        "uid": uid,
-        "annotations": {"exitorder.io/container-exit-priority": "{\"proxy\":1}"},
-    });
-    if let Some((in_secs, grace)) = deleted {
-        let now = SystemTime::now()
-            .duration_since(SystemTime::UNIX_EPOCH)
-            .expect("clock after 1970")
-            .as_secs() as i64;
-        let ts = k8s_openapi::jiff::Timestamp::from_second(now + in_secs).expect("time");
-        meta["deletionTimestamp"] = json!(ts.to_string());
-        meta["deletionGracePeriodSeconds"] = json!(grace);
-    }
-    json!({
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": meta,
-        "spec": {
-            "nodeName": node,
-            "terminationGracePeriodSeconds": 30,
-            "restartPolicy": "Always",
-            "containers": [{"name": "app", "image": "app"}, {"name": "proxy", "image": "proxy"}],
-        },
-        "status": {"phase": "Running"},
-    })
-}
-
-/// `pod` being deleted, as the API server writes a deletion asked now with `grace` seconds
-/// (a later, shorter one rewrites both fields).
-pub fn deleting(mut pod: Value, grace: i64) -> Value {
-    let now = SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .expect("clock after 1970")
-        .as_secs() as i64;
-    let ts = k8s_openapi::jiff::Timestamp::from_second(now + grace).expect("time");
-    pod["metadata"]["deletionTimestamp"] = json!(ts.to_string());
-    pod["metadata"]["deletionGracePeriodSeconds"] = json!(grace);
-    pod
-}
-
-/// `pod` in another phase (the kubelet sets Failed when it evicts a pod).
-pub fn with_phase(mut pod: Value, phase: &str) -> Value {
-    pod["status"]["phase"] = json!(phase);
-    pod
-}
-
 fn status(code: StatusCode, message: &str) -> Response<Body> {
     // The reason as the real API server gives it: clients (kube's `get_opt`) go by it.
     let reason = match code {
@@ -239,7 +196,11 @@ impl FakeApi {
         let addr = std_listener.local_addr().expect("addr");
         let listener = tokio::net::TcpListener::from_std(std_listener).expect("listener");
         let api = self.clone();
+        let controller = self
+            .clone()
+            .endpointslice_controller(self.lock().slices.take_queue());
         let task = tokio::spawn(async move {
+            tokio::spawn(controller);
             loop {
                 let Ok((stream, _)) = listener.accept().await else {
                     continue;
@@ -283,6 +244,9 @@ impl FakeApi {
         }
         if method == Method::GET {
             if let Some(r) = self.daemonsets(&path, &q) {
+                return r;
+            }
+            if let Some(r) = self.slices_request(&path, &q) {
                 return r;
             }
         }
@@ -434,13 +398,7 @@ impl FakeApi {
             }
             watchers.push(tx);
         }
-        let stream = UnboundedReceiverStream::new(rx).map(|b| Ok::<_, Infallible>(Frame::data(b)));
-        let mut r = Response::new(BodyExt::boxed(StreamBody::new(stream)));
-        r.headers_mut().insert(
-            hyper::header::CONTENT_TYPE,
-            hyper::header::HeaderValue::from_static("application/json"),
-        );
-        r
+        stream_response(rx)
     }
 
     fn publish(&self, kind: &str, pod: Value) {
@@ -459,6 +417,17 @@ impl FakeApi {
     }
 }
 
+/// A watch's response: each line sent on `rx`, as it comes.
+fn stream_response(rx: mpsc::UnboundedReceiver<Bytes>) -> Response<Body> {
+    let stream = UnboundedReceiverStream::new(rx).map(|b| Ok::<_, Infallible>(Frame::data(b)));
+    let mut r = Response::new(BodyExt::boxed(StreamBody::new(stream)));
+    r.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static("application/json"),
+    );
+    r
+}
+
 /// Stores `pod` as written now and sends it to the watches (or holds it for them).
 fn publish_in(s: &mut State, kind: &str, mut pod: Value) {
     s.rv += 1;
@@ -472,6 +441,7 @@ fn publish_in(s: &mut State, kind: &str, mut pod: Value) {
     } else {
         s.pods.insert(uid, pod.clone());
     }
+    s.slices.pod_written(&pod, kind == "DELETED");
     let line = Bytes::from(format!("{}\n", json!({"type": kind, "object": pod})));
     let rv = s.rv;
     if let Some(held) = s.held.as_mut() {
@@ -507,6 +477,7 @@ impl FakeApi {
         s.down = down;
         if down {
             s.watchers.clear();
+            s.slices.drop_watches();
         }
     }
 

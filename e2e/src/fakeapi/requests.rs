@@ -16,6 +16,9 @@ pub enum RequestKind {
     EventCreate,
     NodeGet,
     NodeList,
+    /// An EndpointSlice LIST, and a WATCH.
+    SliceList,
+    SliceWatch,
     /// Anything else (answered 404).
     Other,
 }
@@ -84,6 +87,8 @@ pub(super) fn classify(method: &Method, path: &str, q: &Query) -> RequestKind {
         Method::GET if path.starts_with("/api/v1/namespaces/") && path.contains("/pods/") => {
             RequestKind::PodGet
         }
+        Method::GET if path.ends_with("/endpointslices") && watch => RequestKind::SliceWatch,
+        Method::GET if path.ends_with("/endpointslices") => RequestKind::SliceList,
         Method::GET if watch => RequestKind::Other,
         Method::GET if path.starts_with("/api/v1/") && events(path) => RequestKind::EventList,
         Method::GET if path.starts_with("/apis/events.k8s.io/v1/") && events(path) => {

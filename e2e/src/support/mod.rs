@@ -20,8 +20,8 @@ pub mod pods;
 pub mod procfs;
 
 pub use pods::{
-    api_pod_of, container_mut, draining_two_level, edit_script, example, inject_with, injected,
-    pod, pod_local, set_grace,
+    api_pod_of, bare, container_mut, draining_two_level, edit_script, example, inject_with,
+    injected, pod, pod_local, set_grace,
 };
 
 use std::path::{Path, PathBuf};

@@ -68,6 +68,21 @@ pub fn injected(pod: &Value) -> Value {
     inject_with(&pod, &settings)
 }
 
+/// `p` without the preStops, mounts and env an example writes by hand: the webhook adds them.
+pub fn bare(mut p: Value) -> Value {
+    for c in p["spec"]["containers"].as_array_mut().into_iter().flatten() {
+        if let Some(o) = c.as_object_mut() {
+            o.remove("lifecycle");
+            o.remove("volumeMounts");
+            o.remove("env");
+        }
+    }
+    if let Some(o) = p["spec"].as_object_mut() {
+        o.remove("volumes");
+    }
+    p
+}
+
 /// A pod of deploy/examples/, as users start from it.
 pub fn example(name: &str) -> Value {
     let path = crate::repo()
