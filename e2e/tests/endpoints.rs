@@ -13,7 +13,7 @@ use exitorder_e2e::fakeapi::{self, RequestKind};
 use exitorder_e2e::support::killbed::{secs, KillBed, NODE};
 use exitorder_e2e::support::{self, Bed};
 use exitorder_testbed::agentlog::{parse_allow, AgentAllow};
-use exitorder_testbed::{DeleteOptions, Deletion, LogLine};
+use exitorder_testbed::{DeleteOptions, Deletion, Kill, LogLine};
 use serde_json::Value;
 
 /// The settle time the test pods ask for.
@@ -181,6 +181,58 @@ async fn with_the_api_server_down_the_wait_is_the_settle_time() {
     );
     support::assert_exited_after(&kb.bed, &d, "proxy", "app");
     kb.served.api.set_down(false);
+    kb.finish().await;
+}
+
+/// A soft eviction, one of the kubelet's own kills: nothing withdraws the pod's endpoints
+/// until it is terminal (kubernetes#116965), so the app is held for the settle time alone, and
+/// an Event on the pod says so.
+#[tokio::test]
+async fn an_eviction_holds_the_app_for_the_settle_time_and_says_so() {
+    let Some(kb) = KillBed::start().await else {
+        return;
+    };
+    let p = web("evicted");
+    kb.served
+        .api
+        .add_service("default", "evicted", &[("app", "evicted")], false);
+    let running = kb.run(&p).await;
+    let uid = running.uid().to_owned();
+    let d = running
+        .delete_with(DeleteOptions::kubelet(Kill::Eviction {
+            hard: false,
+            max_pod_grace_seconds: 20,
+        }))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    kb.bed.show("evicted", &d);
+    let allow = allow_of(&kb.bed.allowed(&uid, "app").await);
+    assert_eq!(allow.reason, "settled", "{}", kb.bed.context(&d));
+    let waited = allow.at_ns - allow.wait_since_ns.unwrap_or(allow.at_ns);
+    assert!(
+        waited >= i64::try_from(SETTLE.as_nanos()).unwrap_or(i64::MAX),
+        "held {waited} ns{}",
+        kb.bed.context(&d)
+    );
+    // The slices still list it as ready: the controller saw no deletion.
+    assert!(
+        kb.served
+            .api
+            .slice_changes()
+            .iter()
+            .all(|c| c.pod_uid != uid || c.terminating != Some(true)),
+        "{:?}",
+        kb.served.api.slice_changes()
+    );
+    let events = kb.served.api.wait_events(1, secs(10)).await;
+    assert!(
+        events.iter().any(|e| {
+            let note = e["note"].as_str().unwrap_or_default();
+            note.contains("container app") && note.contains("reason settled")
+        }),
+        "{events:?}"
+    );
+    support::assert_exited_after(&kb.bed, &d, "proxy", "app");
     kb.finish().await;
 }
 

@@ -440,7 +440,10 @@ impl Agent {
             else {
                 continue;
             };
-            let tell = (held || reason == Reason::Deadline).then_some(still_running);
+            // A deadline, and an app held for the settle time alone (no word of its
+            // endpoints: the kubelet's own kill, no API server), always tell.
+            let told = held || matches!(reason, Reason::Deadline | Reason::Settled);
+            let tell = told.then_some(still_running);
             self.allow(&key, reason, tell, names.clone());
         }
     }

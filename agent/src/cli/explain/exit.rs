@@ -5,7 +5,8 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{Container, Pod};
 
-use super::{ExitPlan, Member, Warning};
+use super::{EndpointsWait, ExitPlan, Member, Warning};
+use crate::decide::endpoints;
 use crate::decide::priority::{self, Source};
 use crate::presets;
 use crate::webhook::mutate;
@@ -107,12 +108,43 @@ pub(super) fn exit_plan(
     let mut native_stop_order: Vec<String> = order.native().to_vec();
     native_stop_order.reverse();
     let restart_evidence = restart_evidence(&members, ordered, warnings);
+    let endpoints = endpoints_wait(&members, annotations, warnings);
     ExitPlan {
         ordered,
         members,
         native_stop_order,
         restart_evidence,
+        endpoints,
     }
+}
+
+/// The apps' wait for the pod's endpoints, as the agent reads the pod's annotations.
+fn endpoints_wait(
+    members: &[Member],
+    annotations: &BTreeMap<String, String>,
+    warnings: &mut Vec<Warning>,
+) -> Option<EndpointsWait> {
+    let policy = match endpoints::policy(annotations.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+    {
+        Ok(p) => p?,
+        Err(e) => {
+            warnings.push(Warning {
+                code: "bad-endpoints-annotation",
+                message: format!("{e}: the webhook refuses the pod"),
+            });
+            return None;
+        }
+    };
+    let ms = |d: std::time::Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+    Some(EndpointsWait {
+        apps: members
+            .iter()
+            .filter(|m| m.priority == 0)
+            .map(|m| m.name.clone())
+            .collect(),
+        settle_ms: ms(policy.settle),
+        max_wait_ms: ms(policy.max_wait),
+    })
 }
 
 /// What tells a waiting sidecar's restart from the pod's kill (see `kubelet::evidence`): the

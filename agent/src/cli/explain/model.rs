@@ -70,6 +70,21 @@ pub struct ExitPlan {
     /// a sidecar waits for anything: `others_silent` (every container it waits for marks: the
     /// node's own evidence) or `kubelet_event` (some do not: only the kubelet's Event).
     pub restart_evidence: Option<&'static str>,
+    /// The apps' wait for the pod's endpoints, when it asks for one
+    /// (`exitorder.io/wait-for-endpoints`).
+    pub endpoints: Option<EndpointsWait>,
+}
+
+/// The apps' hold for the pod's endpoints on deletion, and its bounds.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EndpointsWait {
+    /// The containers held (priority 0).
+    pub apps: Vec<String>,
+    /// After no EndpointSlice lists the pod as ready; the whole wait where nothing tells.
+    pub settle_ms: u64,
+    /// The longest the withdrawal is waited for.
+    pub max_wait_ms: u64,
 }
 
 /// The pod's time budget on deletion.

@@ -545,3 +545,39 @@ fn what_tells_a_restart_is_said() {
     let text = super::text::render(&e);
     assert!(text.contains("only by the kubelet's Event"), "{text}");
 }
+
+#[test]
+fn the_apps_wait_for_the_pods_endpoints_is_shown_with_its_bounds() {
+    let e = run(&pod(
+        json!({INJECT: "true", "exitorder.io/wait-for-endpoints": "true",
+               "exitorder.io/endpoints-settle": "3s"}),
+        json!({"containers": [{"name": "app", "image": "busybox"},
+                              {"name": "linkerd-proxy", "image": "cr.l5d.io/linkerd/proxy:stable-2.14.10"}]}),
+    ));
+    let w = e.exit.endpoints.as_ref().expect("the endpoints wait");
+    assert_eq!(w.apps, ["app"]);
+    assert_eq!((w.settle_ms, w.max_wait_ms), (3000, 15_000));
+    let text = text::render(&e);
+    assert!(
+        text.contains("endpoints first: app wait(s) until no EndpointSlice lists the pod as ready"),
+        "{text}"
+    );
+    assert!(text.contains("3000 ms for its consumers"), "{text}");
+    // Without the annotation, nothing is said; with a bad one, a warning.
+    assert!(run(&pod(
+        json!({INJECT: "true"}),
+        json!({"containers": [{"name": "app", "image": "a"}]})
+    ))
+    .exit
+    .endpoints
+    .is_none());
+    let bad = run(&pod(
+        json!({INJECT: "true", "exitorder.io/wait-for-endpoints": "always"}),
+        json!({"containers": [{"name": "app", "image": "a"}]}),
+    ));
+    assert!(
+        codes(&bad).contains(&"bad-endpoints-annotation"),
+        "{:?}",
+        bad.warnings
+    );
+}

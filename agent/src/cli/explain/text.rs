@@ -99,6 +99,23 @@ fn write_all(o: &mut String, e: &Explanation) -> std::fmt::Result {
         )?,
         None => {}
     }
+    if let Some(w) = &e.exit.endpoints {
+        writeln!(
+            o,
+            "  endpoints first: {} wait(s) until no EndpointSlice lists the pod as ready, then \
+             {} ms for its consumers to reprogram; at most {} ms, and never past the deadline; \
+             with no API server, no agent, or a kill of the kubelet's own (which withdraws \
+             nothing), the {} ms alone; a pod no Service selects waits nothing",
+            if w.apps.is_empty() {
+                "no container".to_owned()
+            } else {
+                w.apps.join(", ")
+            },
+            w.settle_ms,
+            w.max_wait_ms,
+            w.settle_ms
+        )?;
+    }
     writeln!(
         o,
         "  grace period {} s: waiting sidecars are released by {} s after the deletion at the \
