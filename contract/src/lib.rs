@@ -100,9 +100,9 @@ pub mod handshake {
 
     /// The presence file's line by which an agent says it holds an app's wait until the pod's
     /// endpoints are withdrawn ([`super::annotation::WAIT_FOR_ENDPOINTS`]). An entrypoint let
-    /// go by an agent that does not say it (a release before the feature, a rollback) waits
-    /// the settle time itself, so a rollout never makes the wait shorter than the sleep it
-    /// replaces.
+    /// go by an agent that does not say it (a release before the feature) waits the settle
+    /// time itself: a pod's own entrypoint (its `emptyDir` copy) on a node whose agent is a
+    /// release behind still waits as long as the sleep it replaces.
     pub const HOLDS_ENDPOINTS: &str = "endpoints=1";
 
     /// Whether a presence file says [`HOLDS_ENDPOINTS`].

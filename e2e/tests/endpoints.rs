@@ -138,6 +138,13 @@ async fn the_apps_wait_ends_the_settle_time_after_its_slice_changed() {
     );
     support::assert_exited_after(&kb.bed, &d, "proxy", "app");
     kb.bed.allowed_ordered(&uid, "proxy", "").await;
+    // No watch outlives the pod's waits.
+    let api = kb.served.api.clone();
+    support::until("the slices' watch closed", secs(10), || {
+        let api = api.clone();
+        async move { api.open_slice_watches() == 0 }
+    })
+    .await;
     // One list of the namespace's slices, then a watch of the Service's.
     assert_eq!(
         kb.served.api.request_count(RequestKind::SliceList),

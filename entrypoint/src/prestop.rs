@@ -35,6 +35,7 @@ const SIGNALS: [c_int; 3] = [libc::SIGTERM, libc::SIGINT, libc::SIGHUP];
 /// command to run in this process's place or it could not be started, with
 /// the exit status to use.
 pub fn run(args: &WaitArgs) -> u8 {
+    let started = Instant::now();
     let waited = wait_for_permission(args);
     if let Some(signal) = waited.signal {
         return signal_status(signal);
@@ -49,7 +50,10 @@ pub fn run(args: &WaitArgs) -> u8 {
                  waiting the settle time ({}) instead",
                 duration::show(settle)
             );
-            sys::sleep_until(Instant::now().saturating_add(settle));
+            // Never past the hook's own bound: the pod's grace less the reserve.
+            let bound = started.saturating_add(args.timeout);
+            let until = Instant::now().saturating_add(settle);
+            sys::sleep_until(if until < bound { until } else { bound });
         }
     }
     then(args)

@@ -40,10 +40,6 @@ impl Agent {
             let facts = self.facts(&pod);
             self.apply(&pod, facts, now);
         }
-        if !self.api.followed.is_empty() {
-            let pending = &self.waits.pending;
-            self.api.stop_following(|uid| pending.contains_key(uid));
-        }
         self.stats.set_pending(self.waits.count());
     }
 

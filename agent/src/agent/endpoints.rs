@@ -30,6 +30,14 @@ impl Agent {
             }
         };
         let current = self.api.pods.as_ref().is_some_and(|p| p.is_current());
+        // A follow under way goes on telling while the pod watch re-lists: its word is the
+        // slices', not the pod watch's.
+        if let Some(w) = self.api.followed.get(pod) {
+            return Some(Gate {
+                policy,
+                withdrawal: *w,
+            });
+        }
         let withdrawal = match api {
             Some(a) if current && a.deleting => self.api.endpoints(pod, &a.namespace),
             Some(_) if current => Withdrawal::Untold(Untold::NotDeleted),

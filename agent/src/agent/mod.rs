@@ -405,6 +405,12 @@ impl Agent {
             if !dirty.is_empty() {
                 self.evaluate(dirty);
             }
+            // Waits also end outside a decision (a directory gone, a pod dropped): their
+            // pods' follows end with them.
+            if !self.api.followed.is_empty() {
+                let pending = &self.waits.pending;
+                self.api.stop_following(|uid| pending.contains_key(uid));
+            }
             if self.fatal.is_some() {
                 break Farewell::Restart;
             }

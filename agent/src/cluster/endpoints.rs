@@ -92,6 +92,18 @@ pub fn state_of<'a>(slices: impl IntoIterator<Item = &'a EndpointSlice>, uid: &s
     }
 }
 
+/// The Service a slice belongs to, by the controller's label; `None` for a slice without one
+/// (or an empty one), which cannot be followed by it.
+fn service_of(slice: &EndpointSlice) -> Option<&str> {
+    slice
+        .metadata
+        .labels
+        .as_ref()?
+        .get(SERVICE_NAME_LABEL)
+        .map(String::as_str)
+        .filter(|s| !s.is_empty())
+}
+
 type Follow = Abortable<Pin<Box<dyn Future<Output = ()> + Send>>>;
 
 /// Answers [`Request`]s: each pod followed by a future of its own, all in this one task.
@@ -198,18 +210,8 @@ async fn follow(
         Listing::NotReady => return tell(Withdrawal::Withdrawn(Instant::now())),
         Listing::Ready => tell(Withdrawal::Listed),
     }
-    let services: BTreeSet<&str> = mine
-        .iter()
-        .filter_map(|s| s.metadata.labels.as_ref()?.get(SERVICE_NAME_LABEL))
-        .map(String::as_str)
-        .collect();
-    let unlabelled = mine.iter().any(|s| {
-        s.metadata
-            .labels
-            .as_ref()
-            .and_then(|l| l.get(SERVICE_NAME_LABEL))
-            .is_none()
-    });
+    let services: BTreeSet<&str> = mine.iter().filter_map(|s| service_of(s)).collect();
+    let unlabelled = mine.iter().any(|s| service_of(s).is_none());
     if services.is_empty() || unlabelled {
         // Slices written by hand carry no Service's label to follow them by: nothing tells
         // their withdrawal, and the settle time alone is waited.
@@ -245,6 +247,12 @@ async fn follow(
             }
             Ok(watcher::Event::InitDone) => {
                 slices = std::mem::take(&mut relist);
+                if untold && state_of(slices.values(), uid.as_str()) == Listing::Ready {
+                    // Back after an outage, and still listed: the withdrawal is waited for
+                    // again, up to the maximum.
+                    untold = false;
+                    tell(Withdrawal::Listed);
+                }
                 true
             }
             Err(e) => {

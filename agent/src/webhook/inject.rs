@@ -152,6 +152,14 @@ impl Sidecar {
         if let Some(presence) = self.presence {
             presence_env(c, presence);
         }
+        if self.handshake == HandshakeVolume::HostPath && !self.second_name {
+            warnings.push(format!(
+                "container {:?}: the agents are rolling out, and a node still running an \
+                 earlier release's agent and entrypoint lets this container go without waiting \
+                 for the pod's endpoints",
+                c.name
+            ));
+        }
         self.pre_stop(c, Hook::Endpoints(settle), warnings);
         Ok(())
     }
@@ -181,7 +189,7 @@ impl Sidecar {
             ],
             Hook::Mark => vec![self.entrypoint_v2().to_owned(), "mark".to_owned()],
             // `--settle=` in one argument: an entrypoint of a release that does not know it
-            // skips it, and a node's entrypoint by its second name is this release's.
+            // skips it rather than fail the app's own hook.
             Hook::Endpoints(settle) => vec![
                 self.entrypoint_v2().to_owned(),
                 "wait".to_owned(),

@@ -582,6 +582,29 @@ mod tests {
             json!({"containers": [{"name": "web", "image": "a"}]}),
         );
         assert!(denied(&mutate(&p, &Settings::default())).contains("exitorder.io/endpoints-settle"));
+        // The host share's layout while the agents roll out: the node's plain entrypoint, and
+        // a warning that an earlier release's node lets the app go without the wait.
+        let p = pod(
+            json!({"exitorder.io/inject": "true", "exitorder.io/wait-for-endpoints": "true"}),
+            json!({"containers": [{"name": "web", "image": "a"}]}),
+        );
+        let rolling = Settings {
+            handshake_volume: HandshakeVolume::HostPath,
+            mark_containers: false,
+            ..Settings::default()
+        };
+        let admission = mutate(&p, &rolling);
+        let Admission::Allow { warnings, .. } = &admission else {
+            panic!("{admission:?}");
+        };
+        assert!(
+            warnings.iter().any(|w| w.contains("rolling out")),
+            "{warnings:?}"
+        );
+        assert_eq!(
+            prestop(&apply(&p, &admission), "web")[0],
+            exitorder_contract::mount::ENTRYPOINT
+        );
     }
 
     #[test]

@@ -337,6 +337,16 @@ impl super::FakeApi {
         self.lock().slices.set_lag(lag);
     }
 
+    /// How many watches of slices are open (their clients still connected).
+    pub fn open_slice_watches(&self) -> usize {
+        self.lock()
+            .slices
+            .watchers
+            .iter()
+            .filter(|w| !w.tx.is_closed())
+            .count()
+    }
+
     /// Every change the controller made to a pod's endpoint, oldest first.
     pub fn slice_changes(&self) -> Vec<SliceChange> {
         self.lock().slices.changes()

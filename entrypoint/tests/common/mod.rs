@@ -204,7 +204,6 @@ pub fn wait_for_request(dir: &Path) {
     });
 }
 
-/// Answers the way the agent does: write a temp file, rename it over `exit`.
 /// Writes the agent's presence file the way the agent does: a temp file renamed into place.
 pub fn present(dir: &Path, content: &str) {
     let temp = dir.join(".agent.tmp");
@@ -212,6 +211,7 @@ pub fn present(dir: &Path, content: &str) {
     fs::rename(&temp, dir.join("agent")).expect("rename presence");
 }
 
+/// Answers the way the agent does: write a temp file, rename it over `exit`.
 pub fn answer(dir: &Path, content: &str) {
     let temp = dir.join(".exit.tmp");
     fs::write(&temp, content).expect("write answer");
