@@ -32,10 +32,20 @@ impl Agent {
         let current = self.api.pods.as_ref().is_some_and(|p| p.is_current());
         // A follow under way goes on telling while the pod watch re-lists: its word is the
         // slices', not the pod watch's.
+        // An agent (re)started during the kill did not see the wait begin: the deletion's
+        // request is the earliest the hook can have started.
+        let began_by = self
+            .waits
+            .pending
+            .get(pod)
+            .filter(|p| p.found_at_start)
+            .and_then(|_| api?.deletion_requested)
+            .and_then(|s| decide::bounds::instant_of_unix(s, std::time::Instant::now()));
         if let Some(w) = self.api.followed.get(pod) {
             return Some(Gate {
                 policy,
                 withdrawal: *w,
+                began_by,
             });
         }
         let withdrawal = match api {
@@ -43,6 +53,10 @@ impl Agent {
             Some(_) if current => Withdrawal::Untold(Untold::NotDeleted),
             _ => Withdrawal::Untold(Untold::NoApi),
         };
-        Some(Gate { policy, withdrawal })
+        Some(Gate {
+            policy,
+            withdrawal,
+            began_by,
+        })
     }
 }

@@ -133,12 +133,17 @@ impl Untold {
 pub struct Gate {
     pub policy: Policy,
     pub withdrawal: Withdrawal,
+    /// The earliest the app's hook can have started, when the agent did not see its wait
+    /// begin (it started during the pod's kill): the deletion's request. The maximum counts
+    /// from there, not from the agent's first sight.
+    pub began_by: Option<Instant>,
 }
 
 impl Gate {
     /// When a wait that began at `since` may go, and why: the withdrawal and the settle time
     /// after it, the settle time alone where nothing tells, at most the maximum.
     pub fn opens(&self, since: Instant) -> (Instant, Reason) {
+        let since = self.began_by.map_or(since, |b| b.min(since));
         let most = since.later(self.policy.max_wait);
         let (at, reason) = match self.withdrawal {
             Withdrawal::NotListed => (since, Reason::Withdrawn),
@@ -238,7 +243,11 @@ mod tests {
             settle: ms(2000),
             max_wait: ms(10_000),
         };
-        let gate = |withdrawal| Gate { policy, withdrawal };
+        let gate = |withdrawal| Gate {
+            policy,
+            withdrawal,
+            began_by: None,
+        };
         #[rustfmt::skip]
         let table = [
             ("no Service selects the pod", Withdrawal::NotListed, since, Reason::Withdrawn),
@@ -253,5 +262,12 @@ mod tests {
         for (what, w, at, reason) in table {
             assert_eq!(gate(w).opens(since), (at, reason), "{what}");
         }
+        // An agent started during the kill counts the maximum from the deletion's request.
+        let late = Gate {
+            policy,
+            withdrawal: Withdrawal::Listed,
+            began_by: Some(since - ms(4000)),
+        };
+        assert_eq!(late.opens(since), (since + ms(6000), Reason::MaxWait));
     }
 }

@@ -330,6 +330,7 @@ mod tests {
         p.endpoints = Some(Gate {
             policy,
             withdrawal: Withdrawal::Listed,
+            began_by: None,
         });
         match decide(Some(&p), "app", now, now) {
             Verdict::Wait { blocked_by, until } => {
@@ -346,6 +347,7 @@ mod tests {
         p.endpoints = Some(Gate {
             policy,
             withdrawal: Withdrawal::Withdrawn(withdrawn),
+            began_by: None,
         });
         let open = withdrawn + Duration::from_secs(2);
         assert!(
@@ -357,6 +359,7 @@ mod tests {
         p.endpoints = Some(Gate {
             policy,
             withdrawal: Withdrawal::Listed,
+            began_by: None,
         });
         assert_eq!(
             decide(Some(&p), "app", now, now + Duration::from_secs(1)),
