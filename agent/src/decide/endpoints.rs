@@ -235,6 +235,49 @@ mod tests {
         assert!(e.to_string().contains("limit of 300s"), "{e}");
     }
 
+    fn withdrawal(since: Instant) -> impl proptest::strategy::Strategy<Value = Withdrawal> {
+        use proptest::prelude::*;
+        prop_oneof![
+            Just(Withdrawal::NotListed),
+            Just(Withdrawal::Listed),
+            (0u64..20_000).prop_map(move |ms_| Withdrawal::Withdrawn(since + ms(ms_) - ms(5_000))),
+            Just(Withdrawal::Untold(Untold::NoApi)),
+            Just(Withdrawal::Untold(Untold::NotDeleted)),
+        ]
+    }
+
+    proptest::proptest! {
+        /// Whatever the slices say and the pod asked: the gate opens by its own rule (at once
+        /// for a pod no slice lists, the settle time after a withdrawal, the settle time from
+        /// the wait's start where nothing tells) unless the maximum from the wait's start
+        /// comes first, and then at the maximum, said as `max_wait`.
+        #[test]
+        fn the_gate_opens_within_its_bounds(
+            settle in 0u64..60_000,
+            max_wait in 0u64..120_000,
+            w in withdrawal(Instant::now() + ms(10_000)),
+        ) {
+            let since = Instant::now() + ms(10_000);
+            let policy = Policy { settle: ms(settle), max_wait: ms(max_wait) };
+            let (at, why) = Gate { policy, withdrawal: w, began_by: None }.opens(since);
+            let most = since + ms(max_wait);
+            // When the gate would open by its own rule, the maximum aside.
+            let own = match w {
+                Withdrawal::NotListed => Some(since),
+                Withdrawal::Withdrawn(t) => Some(t + ms(settle)),
+                Withdrawal::Untold(_) => Some(since + ms(settle)),
+                Withdrawal::Listed => None,
+            };
+            match own {
+                Some(o) if o <= most => {
+                    proptest::prop_assert_eq!(at, o);
+                    proptest::prop_assert_ne!(why, Reason::MaxWait);
+                }
+                _ => proptest::prop_assert_eq!((at, why), (most, Reason::MaxWait)),
+            }
+        }
+    }
+
     #[test]
     fn when_the_gate_opens() {
         // Some seconds after the clock's start, however freshly the machine booted.
