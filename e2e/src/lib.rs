@@ -5,11 +5,12 @@
 //! - [`support`]: a test-bed node with the real agent on it, the static entrypoint and the
 //!   agent built once per process, assertions on deletion timelines;
 //! - [`fakecri`]: a CRI runtime served over a Unix socket, whose state a test sets;
-//! - [`fakeapi`]: an API server enough for the pod watch and Events, and the test bed
-//!   kubelet's API server (its Events, its pods' status, its Node);
 //! - [`rig`]: the agent run in-process against them.
+//!
+//! The fake API server is the test bed's (`exitorder_testbed::fakeapi`, re-exported here as
+//! `fakeapi`): the benchmark runs the agent against it too.
 
-pub mod fakeapi;
+pub use exitorder_testbed::fakeapi;
 pub mod fakecri;
 pub mod rig;
 pub mod support;

@@ -89,7 +89,11 @@ impl Linked {
 
     fn start_with(&mut self, settle: Duration, tune: impl FnOnce(&mut exitorder::agent::Config)) {
         self.rig.stats = Arc::new(Stats::default());
-        let (link, tasks) = cluster::start(self.api.client(), NODE, self.rig.stats.clone());
+        let (link, tasks) = cluster::start(
+            exitorder_e2e::support::api_client(&self.api),
+            NODE,
+            self.rig.stats.clone(),
+        );
         self.tasks = tokio::spawn(tasks.run(self.stop.subscribe()));
         self.rig.start_agent_linked(
             |cfg| {

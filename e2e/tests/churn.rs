@@ -238,7 +238,7 @@ async fn a_churn_of_jobs_and_deleted_pods_with_an_api_server_leaves_nothing_behi
     let api = FakeApi::default().serve();
     rig.stats = Arc::new(Stats::default());
     let (stop, stopped) = watch::channel(false);
-    let (link, tasks) = cluster::start(api.client(), NODE, rig.stats.clone());
+    let (link, tasks) = cluster::start(support::api_client(&api), NODE, rig.stats.clone());
     let tasks = tokio::spawn(tasks.run(stopped));
     let share = rig.share.clone();
     rig.start_agent_linked(|cfg| tune(cfg, &share), Some(link));

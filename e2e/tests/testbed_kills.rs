@@ -189,7 +189,7 @@ async fn a_hard_eviction_is_told_first_and_its_status_last() {
     assert!(conditions.iter().any(|c| c["type"] == "DisruptionTarget"
         && c["status"] == "True"
         && c["reason"] == "TerminationByKubelet"));
-    let events: Api<Event> = Api::namespaced(bed.served.client(), "default");
+    let events: Api<Event> = Api::namespaced(support::api_client(&bed.served), "default");
     let by_uid = ListParams::default().fields(&format!("involvedObject.uid={uid}"));
     let listed = events.list(&by_uid).await.expect("list the pod's Events");
     assert_eq!(listed.items.len(), 3, "{:#?}", listed.items);
@@ -336,7 +336,7 @@ async fn a_node_shutdown_and_a_silent_kill_say_what_the_kubelet_says() {
             .unwrap_or_else(|e| panic!("{e}"));
     }
     let (shut_uid, silent_uid) = (shut.uid().to_owned(), silent.uid().to_owned());
-    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(bed.served.client());
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(support::api_client(&bed.served));
     let ready = |n: &k8s_openapi::api::core::v1::Node| {
         n.status
             .as_ref()

@@ -173,7 +173,7 @@ async fn agents_view(
     want: Agents,
 ) -> AgentsView {
     api.roll_daemonset(NAMESPACE, DAEMONSET, 2, 2, 3, updated, updated);
-    let (view, watch) = rollout::rollout_watch(served.client(), NAMESPACE, DAEMONSET);
+    let (view, watch) = rollout::rollout_watch(support::api_client(served), NAMESPACE, DAEMONSET);
     tokio::spawn(watch.run(std::future::pending()));
     support::until("the webhook's view of the rollout", secs(10), || {
         let v = view.clone();

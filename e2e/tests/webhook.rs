@@ -1310,7 +1310,8 @@ async fn the_presence_wait_follows_the_agents_rollout() {
     );
     unknown.stop().await;
     api.roll_daemonset("exitorder", "exitorder", 5, 4, 3, 0, 0);
-    let (view, watch) = rollout::rollout_watch(served.client(), "exitorder", "exitorder");
+    let (view, watch) =
+        rollout::rollout_watch(support::api_client(&served), "exitorder", "exitorder");
     let watching = tokio::spawn(watch.run(std::future::pending()));
     let w = Served::start_following(Settings::default(), Duration::ZERO, Some(view.clone())).await;
     let presence = |pod: &Value, name: &str| -> Option<String> {

@@ -9,6 +9,8 @@
 //! - `node`: a private containerd playing one node, images without a registry, the agent as
 //!   a child process;
 //! - `kubelet`: the Pod runner: Pod specs run and deleted the way the kubelet does it;
+//! - `fakeapi`: a small API server the agent watches: pods, Events, the Node, the agent's
+//!   DaemonSet, Services' EndpointSlices and their controller;
 //! - `install`: the chart rendered by helm, its DaemonSet pod run from the image;
 //! - `binaries`: the agent and the static entrypoint run, found and checked before use;
 //! - `manifest`: the library's manifest reader, re-exported;
@@ -25,6 +27,7 @@ pub mod bench;
 pub mod binaries;
 pub mod clock;
 pub mod demo;
+pub mod fakeapi;
 pub mod install;
 pub mod kubelet;
 pub mod manifest;

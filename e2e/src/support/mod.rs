@@ -437,6 +437,12 @@ where
     }
 }
 
+/// A client for the fake API server `served`, configured as the agent configures its own.
+pub fn api_client(served: &crate::fakeapi::ServedApi) -> kube::Client {
+    let url = format!("http://{}", served.addr).parse().expect("url");
+    exitorder::cluster::client_for(kube::Config::new(url)).expect("kube client")
+}
+
 /// Parses Prometheus text into (series with labels, value), checking every line's shape.
 pub fn parse_metrics(text: &str) -> Vec<(String, f64)> {
     text.lines()

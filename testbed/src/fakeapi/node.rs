@@ -4,7 +4,7 @@
 
 use std::time::SystemTime;
 
-use exitorder_testbed::kubelet::api::{self, reasons};
+use crate::kubelet::api::{self, reasons};
 use serde_json::{json, Value};
 
 use super::events::rfc3339;

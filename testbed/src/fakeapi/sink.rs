@@ -1,8 +1,8 @@
 //! The fake API server as the test bed kubelet's API server: its Events stored through the
 //! recorder's pipeline, its status written on the pod, its Node's Ready condition.
 
-use exitorder_testbed::kubelet::api::{self, reasons};
-use exitorder_testbed::{ApiSink, ApiStatus, EventType, KubeletEvent, PodRef};
+use crate::kubelet::api::{self, reasons};
+use crate::{ApiSink, ApiStatus, EventType, KubeletEvent, PodRef};
 use serde_json::{json, Value};
 
 use super::events::{rfc3339, Involved};

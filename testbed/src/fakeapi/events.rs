@@ -7,7 +7,7 @@
 use std::collections::{BTreeSet, HashMap};
 use std::time::{Duration, SystemTime};
 
-use exitorder_testbed::KubeletEvent;
+use crate::KubeletEvent;
 use serde_json::{json, Value};
 
 use super::select::{parse_selector, to_core, to_events_v1, Group};
@@ -278,7 +278,7 @@ impl Correlator {
 /// Where an Event came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Origin {
-    /// The test bed's kubelet, through [`exitorder_testbed::ApiSink`].
+    /// The test bed's kubelet, through [`crate::ApiSink`].
     Kubelet,
     /// POSTed to events.k8s.io/v1 (the agent's own).
     Posted,
@@ -443,7 +443,7 @@ impl EventStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use exitorder_testbed::EventType;
+    use crate::EventType;
 
     fn pod() -> Involved {
         Involved {

@@ -1,9 +1,9 @@
-//! A small Kubernetes API server over plain HTTP: pod list, get and watch (the way kube-rs's
+//! A small Kubernetes API server over plain HTTP, for the end-to-end tests and the benchmark: pod list, get and watch (the way kube-rs's
 //! watcher asks), events.k8s.io/v1 Event creation, Event lists (core/v1 and events.k8s.io/v1,
 //! with field selectors), the Node, and an outage switch. Enough to drive the agent's pod
 //! watch and Events for real, over the wire, with kube's own client.
 //!
-//! It is also the API server of the test bed's kubelet ([`exitorder_testbed::ApiSink`], in
+//! It is also the API server of the test bed's kubelet ([`crate::ApiSink`], in
 //! `sink`): the kubelet's core/v1 Events (`events`, through client-go's recorder pipeline),
 //! its pod status writes and its Node's Ready condition (`node`).
 //!
@@ -42,8 +42,6 @@ use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
-use tokio_stream::wrappers::UnboundedReceiverStream;
-use tokio_stream::StreamExt;
 
 pub use objects::{deleting, pod, with_phase};
 use requests::classify;
@@ -86,9 +84,7 @@ struct State {
     /// DaemonSet reads answer 403 (the agent's RBAC deleted, as `helm uninstall` does).
     forbid_daemonsets: bool,
     /// The kubelet recorder's one sender, when its Events are sent with a latency.
-    kubelet_sender: Option<
-        std::sync::mpsc::Sender<(exitorder_testbed::PodRef, exitorder_testbed::KubeletEvent)>,
-    >,
+    kubelet_sender: Option<std::sync::mpsc::Sender<(crate::PodRef, crate::KubeletEvent)>>,
     node_watchers: Vec<mpsc::UnboundedSender<Bytes>>,
     /// Every Node watch event sent, by resourceVersion.
     node_history: Vec<(u64, Bytes)>,
@@ -122,12 +118,6 @@ impl ServedApi {
     /// Writes a kubeconfig for this server (no credentials) in `dir`; its path.
     pub fn write_kubeconfig(&self, dir: &std::path::Path) -> std::path::PathBuf {
         write_kubeconfig(dir, &self.addr.to_string())
-    }
-
-    /// A client for this server, configured as the agent configures its own.
-    pub fn client(&self) -> kube::Client {
-        let url = format!("http://{}", self.addr).parse().expect("url");
-        exitorder::cluster::client_for(kube::Config::new(url)).expect("kube client")
     }
 }
 
@@ -175,7 +165,7 @@ fn json_response(code: StatusCode, v: &Value) -> Response<Body> {
 }
 
 impl FakeApi {
-    /// An API server whose Node (and kubelet, as an [`exitorder_testbed::ApiSink`]) is
+    /// An API server whose Node (and kubelet, as an [`crate::ApiSink`]) is
     /// `node`; [`FakeApi::default`]'s is `fake-node`.
     pub fn for_node(node: &str) -> FakeApi {
         let api = FakeApi::default();
@@ -419,7 +409,10 @@ impl FakeApi {
 
 /// A watch's response: each line sent on `rx`, as it comes.
 fn stream_response(rx: mpsc::UnboundedReceiver<Bytes>) -> Response<Body> {
-    let stream = UnboundedReceiverStream::new(rx).map(|b| Ok::<_, Infallible>(Frame::data(b)));
+    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
+        let line = rx.recv().await?;
+        Some((Ok::<_, Infallible>(Frame::data(line)), rx))
+    });
     let mut r = Response::new(BodyExt::boxed(StreamBody::new(stream)));
     r.headers_mut().insert(
         hyper::header::CONTENT_TYPE,
