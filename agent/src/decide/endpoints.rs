@@ -52,18 +52,9 @@ pub enum PolicyError {
     },
 }
 
-/// The pod's policy from its annotations; `None` when it did not ask (no annotation, or
-/// `"false"`).
-pub fn policy<'a>(
-    annotations: impl IntoIterator<Item = (&'a str, &'a str)> + Clone,
-) -> Result<Option<Policy>, PolicyError> {
-    let get = |name: &str| {
-        annotations
-            .clone()
-            .into_iter()
-            .find(|(k, _)| *k == name)
-            .map(|(_, v)| v)
-    };
+/// The pod's policy from its annotations, each looked up by name with `get`; `None` when it
+/// did not ask (no annotation, or `"false"`).
+pub fn policy<'a>(get: impl Fn(&str) -> Option<&'a str>) -> Result<Option<Policy>, PolicyError> {
     match get(WAIT_FOR_ENDPOINTS).map(str::trim) {
         None | Some("false") => return Ok(None),
         Some("true") => {}
@@ -188,10 +179,8 @@ mod tests {
         Duration::from_millis(n)
     }
 
-    fn pairs<'a>(
-        v: &'a [(&'a str, &'a str)],
-    ) -> impl IntoIterator<Item = (&'a str, &'a str)> + Clone + 'a {
-        v.iter().copied()
+    fn pairs<'a>(v: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<&'a str> + 'a {
+        move |name| v.iter().find(|(k, _)| *k == name).map(|(_, v)| *v)
     }
 
     #[test]

@@ -24,38 +24,37 @@ pub struct Ordered {
     pub malformed: Option<PriorityError>,
 }
 
-/// The pod's annotations: the API server's copy when there is one (the pod's current
+/// The pod's priority annotation: the API server's copy when there is one (the pod's current
 /// annotations), else the sandbox's (those it was created with).
-fn annotations<'a>(
-    pod: &'a PodEntry,
-    api_annotations: Option<&'a std::collections::BTreeMap<String, String>>,
-) -> Vec<(&'a str, &'a str)> {
-    let pairs = |m: &'a HashMap<String, String>| m.iter().map(|(k, v)| (k.as_str(), v.as_str()));
-    match api_annotations {
-        Some(a) => a.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect(),
-        None => pod
-            .sandbox
-            .iter()
-            .flat_map(|s| pairs(&s.annotations))
-            .collect(),
-    }
-}
-
-/// The pod's priority annotation (see [`annotations`]).
 pub fn pod_priorities(
     pod: &PodEntry,
     api_annotations: Option<&std::collections::BTreeMap<String, String>>,
 ) -> Result<Option<PodPriorities>, PriorityError> {
-    priority::from_annotations(annotations(pod, api_annotations))
+    match api_annotations {
+        Some(a) => priority::from_annotations(a.iter().map(|(k, v)| (k.as_str(), v.as_str()))),
+        None => priority::from_annotations(
+            pod.sandbox
+                .iter()
+                .flat_map(|s| s.annotations.iter())
+                .map(|(k, v)| (k.as_str(), v.as_str())),
+        ),
+    }
 }
 
-/// Whether the pod asked its apps to wait for its endpoints' withdrawal, and how (see
-/// [`annotations`]).
+/// Whether the pod asked its apps to wait for its endpoints' withdrawal, and how: from the
+/// same annotations as [`pod_priorities`], each looked up by name.
 pub fn endpoints_policy(
     pod: &PodEntry,
     api_annotations: Option<&std::collections::BTreeMap<String, String>>,
 ) -> Result<Option<Policy>, PolicyError> {
-    endpoints::policy(annotations(pod, api_annotations))
+    endpoints::policy(|name| match api_annotations {
+        Some(a) => a.get(name).map(String::as_str),
+        None => pod
+            .sandbox
+            .as_ref()
+            .and_then(|s| s.annotations.get(name))
+            .map(String::as_str),
+    })
 }
 
 /// The kubelet's stop order: from the API server's pod spec when there is one (its init

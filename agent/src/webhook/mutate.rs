@@ -274,7 +274,7 @@ fn inject_into(
     check_stop_order(&members, &order)?;
     let sidecars: Vec<&Member> = members.iter().filter(|m| m.priority > 0).collect();
     let endpoints =
-        crate::decide::endpoints::policy(annotations.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+        crate::decide::endpoints::policy(|name| annotations.get(name).map(String::as_str))
             .map_err(|e| e.to_string())?;
     if sidecars.is_empty() && endpoints.is_none() {
         if let Some(spec) = &pod.spec {

@@ -124,8 +124,7 @@ fn endpoints_wait(
     annotations: &BTreeMap<String, String>,
     warnings: &mut Vec<Warning>,
 ) -> Option<EndpointsWait> {
-    let policy = match endpoints::policy(annotations.iter().map(|(k, v)| (k.as_str(), v.as_str())))
-    {
+    let policy = match endpoints::policy(|name| annotations.get(name).map(String::as_str)) {
         Ok(p) => p?,
         Err(e) => {
             warnings.push(Warning {
