@@ -2,7 +2,8 @@
 //! (scripts, grace periods, pod-local exit directories) or injected by the webhook's own
 //! mutation.
 
-use exitorder_testbed::kubelet::{pod_from_yaml, RunningPod};
+pub use exitorder_testbed::fakeapi::api_pod_of;
+use exitorder_testbed::kubelet::pod_from_yaml;
 use serde_json::Value;
 
 /// The two-level example whose app drains for `drain` seconds on TERM, with the grace period
@@ -12,18 +13,6 @@ pub fn draining_two_level(drain: u64) -> Value {
     edit_script(&mut p, "app", "sleep 2", &format!("sleep {drain}"));
     set_grace(&mut p, drain.saturating_add(30));
     p
-}
-
-/// `pod` as the API server holds it once the kubelet of `node` runs it as `running`:
-/// scheduled there, `Running`.
-pub fn api_pod_of(pod: &Value, running: &RunningPod, node: &str) -> Value {
-    let mut api_pod = pod.clone();
-    api_pod["metadata"]["uid"] = running.uid().into();
-    api_pod["metadata"]["name"] = running.name().into();
-    api_pod["metadata"]["namespace"] = running.namespace().into();
-    api_pod["spec"]["nodeName"] = node.into();
-    api_pod["status"] = serde_json::json!({"phase": "Running"});
-    api_pod
 }
 
 /// The two-level example with its proxy's exit directory moved into the pod's `emptyDir`:

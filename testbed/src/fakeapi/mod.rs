@@ -43,7 +43,7 @@ use hyper_util::rt::TokioIo;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
-pub use objects::{deleting, pod, with_phase};
+pub use objects::{api_pod_of, deleting, pod, with_phase};
 use requests::classify;
 pub(crate) use requests::Query;
 pub use requests::RequestKind;

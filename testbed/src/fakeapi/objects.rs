@@ -1,5 +1,5 @@
-//! Pods as the API server returns them: scheduled and running, being deleted (as a deletion
-//! asked now writes it), in another phase.
+//! Pods as the API server returns them: scheduled and running (a pod the test bed runs among
+//! them), being deleted (as a deletion asked now writes it), in another phase.
 
 use std::time::SystemTime;
 
@@ -54,4 +54,16 @@ pub fn deleting(mut pod: Value, grace: i64) -> Value {
 pub fn with_phase(mut pod: Value, phase: &str) -> Value {
     pod["status"]["phase"] = json!(phase);
     pod
+}
+
+/// `pod` as the API server holds it once the kubelet of `node` runs it as `running`:
+/// scheduled there, `Running`.
+pub fn api_pod_of(pod: &Value, running: &crate::kubelet::RunningPod, node: &str) -> Value {
+    let mut api_pod = pod.clone();
+    api_pod["metadata"]["uid"] = running.uid().into();
+    api_pod["metadata"]["name"] = running.name().into();
+    api_pod["metadata"]["namespace"] = running.namespace().into();
+    api_pod["spec"]["nodeName"] = node.into();
+    api_pod["status"] = json!({"phase": "Running"});
+    api_pod
 }

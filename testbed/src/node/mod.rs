@@ -47,6 +47,7 @@ pub(crate) use cpu::CpuLayout;
 pub use cpu::{Tier, AGENT_CPU_REQUEST_MILLI};
 pub use exitfiles::{ExitFileEvents, ExitFileProbe};
 pub use image::{find_busybox, BUSYBOX_IMAGE, PRESET_STAND_IN_IMAGE};
+pub(crate) use traffic_image::HAPROXY;
 pub use traffic_image::{available as traffic_image_available, TRAFFIC_IMAGE};
 
 /// Where the chart and the webhook put the share on a node; a pod's hostPath there is the

@@ -14,7 +14,7 @@ use super::TestbedError;
 /// The image the traffic benchmark's sidecars (and its app) run.
 pub const TRAFFIC_IMAGE: &str = "exitorder.local/traffic:1";
 
-const HAPROXY: &str = "/usr/sbin/haproxy";
+pub(crate) const HAPROXY: &str = "/usr/sbin/haproxy";
 const RSYSLOGD: &str = "/usr/sbin/rsyslogd";
 const HINT: &str = "install them with `apt-get install -y haproxy rsyslog`";
 

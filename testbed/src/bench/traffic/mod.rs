@@ -7,12 +7,18 @@
 //! sidecars' exits; per strategy the report counts inbound and outbound requests failed, the
 //! app's log lines the sink never got, and the time from the deletion to the pod gone.
 //!
+//! Then the withdrawal rows: whether the app's own clients still reach it while its endpoints
+//! are being withdrawn, with nothing, a fixed `sleep` preStop or exitorder's withdrawal wait.
+//!
 //! Parts:
 //! - `pod`: the traffic pod as each way of ordering the sidecars' exits has it;
-//! - `net`: the host's side: the service called out to, the log sink, the clients.
+//! - `net`: the host's side: the service called out to, the log sink, the clients;
+//! - `withdrawal`: one replica of two behind a Service deleted under load, its endpoints
+//!   withdrawn by the EndpointSlice controller and followed by haproxy.
 
 mod net;
 mod pod;
+pub mod withdrawal;
 
 use std::time::Duration;
 
@@ -192,6 +198,8 @@ pub struct TrafficRow {
 pub struct TrafficSection {
     pub settings: TrafficSettings,
     pub rows: Vec<TrafficRow>,
+    /// Endpoints withdrawn before the app stops, or not.
+    pub withdrawal: Option<withdrawal::WithdrawalSection>,
 }
 
 impl TrafficSection {
@@ -223,6 +231,9 @@ impl TrafficSection {
                 r.pod_gone_p50_ms,
                 r.pod_gone_max_ms
             );
+        }
+        if let Some(w) = &self.withdrawal {
+            t.push_str(&w.table());
         }
         t
     }
@@ -491,9 +502,23 @@ pub async fn measure(
         );
         rows.push(run_case(node, bin, *case, settings).await?);
     }
+    let withdrawal_settings = withdrawal::WithdrawalSettings {
+        deletions: settings.deletions,
+        rate: settings.rate,
+        grace_seconds: settings.grace_seconds,
+        ..withdrawal::WithdrawalSettings::default()
+    };
+    let withdrawal = withdrawal::measure(
+        node,
+        bin,
+        &withdrawal::WithdrawalCase::ALL,
+        &withdrawal_settings,
+    )
+    .await?;
     Ok(TrafficSection {
         settings: *settings,
         rows,
+        withdrawal: Some(withdrawal),
     })
 }
 

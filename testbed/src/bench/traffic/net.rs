@@ -134,17 +134,25 @@ pub struct Load {
 /// client still routed to the pod while its endpoint is being removed), and counts those
 /// not answered 200.
 pub async fn load(port: u16, rate: u32, span: Duration) -> Load {
+    load_until(port, rate, tokio::time::sleep(span)).await
+}
+
+/// Sends `rate` requests a second to `port`, each on a connection of its own, until `stop`
+/// completes; counts those not answered 200 once every request sent has its answer.
+pub async fn load_until(port: u16, rate: u32, stop: impl std::future::Future<Output = ()>) -> Load {
     let every = Duration::from_secs(1) / rate.max(1);
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
     let mut requests = tokio::task::JoinSet::new();
-    let end = tokio::time::Instant::now() + span;
+    tokio::pin!(stop);
     loop {
-        tick.tick().await;
-        if tokio::time::Instant::now() >= end {
-            break;
+        tokio::select! {
+            biased;
+            () = &mut stop => break,
+            _ = tick.tick() => {
+                requests.spawn(get_ok(port).instrument(tracing::info_span!("traffic_request")));
+            }
         }
-        requests.spawn(get_ok(port).instrument(tracing::info_span!("traffic_request")));
     }
     let mut out = Load::default();
     while let Some(res) = requests.join_next().await {
