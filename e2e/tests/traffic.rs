@@ -89,7 +89,7 @@ async fn requests_fail_unless_the_app_waits_for_its_endpoints_withdrawn() {
         WithdrawalCase::new(Wait::Nothing, App::StopsOnTerm, lag),
         WithdrawalCase::new(Wait::Endpoints, App::StopsOnTerm, lag),
     ];
-    let section = withdrawal::measure(&node, &bin, &cases, &settings)
+    let section = withdrawal::measure(&node, &bin, &cases, &settings, &mut |_| {})
         .await
         .expect("the withdrawal rows");
     eprintln!("{}", section.table());

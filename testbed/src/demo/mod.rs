@@ -8,7 +8,8 @@
 //! - `mutation`: the webhook's pass and what it added, in words;
 //! - `job`: a Job's pod run until its work is done, then deleted;
 //! - `kill`: how `--kill` ends the pod: a deletion, or one of the kubelet's own kills;
-//! - `kernel`: the exits in the timeline as the kernel told them, the runtime's stamp beside.
+//! - `kernel`: the exits in the timeline as the kernel told them, the runtime's stamp beside;
+//! - `traffic`: `--traffic`, what clients keep through a deletion without exitorder and with it.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -30,6 +31,7 @@ mod job;
 mod kernel;
 mod kill;
 mod mutation;
+mod traffic;
 
 pub use job::JobRun;
 pub use kill::DemoKill;
@@ -91,8 +93,9 @@ pub struct DemoArgs {
     pub without_agent: bool,
     /// Before the pod's timeline, an app behind a real proxy (haproxy) and log shipper
     /// (rsyslog) deleted under load, once without the agent and once with: how many requests
-    /// failed and log lines were lost each time (needs the agent; `scripts/demo` without
-    /// arguments turns it on).
+    /// failed and log lines were lost each time; then one replica of two behind a Service,
+    /// without and with `exitorder.io/wait-for-endpoints` (needs the agent; `scripts/demo`
+    /// without arguments turns it on).
     #[arg(long, conflicts_with_all = ["without_agent", "chart"])]
     pub traffic: bool,
     /// Print one JSON object as the last line: each container's exit code, exit time and
@@ -230,7 +233,7 @@ pub async fn demo(args: &DemoArgs, out: &mut dyn FnMut(&str)) -> anyhow::Result<
                 agent: agent.clone(),
                 entrypoint: entrypoint.clone(),
             };
-            traffic(&node, &bin, out).await?;
+            traffic::traffic(&node, &bin, out).await?;
         }
         scenario(&node, args, &pod, force_host_network, binaries, out).await
     };
@@ -243,32 +246,6 @@ pub async fn demo(args: &DemoArgs, out: &mut dyn FnMut(&str)) -> anyhow::Result<
     let report = outcome?;
     teardown.context("teardown")?;
     Ok(report)
-}
-
-/// `--traffic`: the traffic benchmark's pod deleted once without the agent and once with.
-async fn traffic(
-    node: &Node,
-    bin: &crate::binaries::Binaries,
-    out: &mut dyn FnMut(&str),
-) -> anyhow::Result<()> {
-    use crate::bench::traffic::{self, Strategy, TrafficSettings};
-    out(
-        "An app behind a real proxy (haproxy) and log shipper (rsyslog), deleted while \
-         clients send it 50 requests/s:",
-    );
-    let settings = TrafficSettings {
-        deletions: 1,
-        ..TrafficSettings::default()
-    };
-    traffic::prepare(node)?;
-    for (strategy, label) in [
-        (Strategy::None, "without exitorder"),
-        (Strategy::Exitorder, "with exitorder"),
-    ] {
-        let row = traffic::run_strategy(node, bin, strategy, &settings).await?;
-        out(&format!("  {label:<18} {}", row.counts.sentence()));
-    }
-    Ok(())
 }
 
 /// The pod to run (`--pod`, or the built-in example: injected.yaml with `--inject`), and

@@ -513,6 +513,15 @@ pub async fn measure(
         bin,
         &withdrawal::WithdrawalCase::ALL,
         &withdrawal_settings,
+        &mut |case| {
+            progress!(
+                "traffic: a replica deleted {} times, controller {} ms, app {}, {}",
+                settings.deletions,
+                case.controller_lag_ms,
+                case.app.name(),
+                case.wait.name()
+            );
+        },
     )
     .await?;
     Ok(TrafficSection {

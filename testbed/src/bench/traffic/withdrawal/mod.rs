@@ -468,24 +468,20 @@ async fn run_case(
     })
 }
 
-/// Every case of `cases`, one after the other on `node` (the traffic image imported).
+/// Every case of `cases`, one after the other on `node` (the traffic image imported);
+/// `starting` is told of each before it runs.
 pub async fn measure(
     node: &Node,
     bin: &Binaries,
     cases: &[WithdrawalCase],
     settings: &WithdrawalSettings,
+    starting: &mut dyn FnMut(&WithdrawalCase),
 ) -> anyhow::Result<WithdrawalSection> {
     let service = Service::start(node, bin, settings).await?;
     let mut rows = Vec::new();
     let mut failure = None;
     for case in cases {
-        progress!(
-            "traffic: a replica deleted {} times, controller {} ms, app {}, {}",
-            settings.deletions,
-            case.controller_lag_ms,
-            case.app.name(),
-            case.wait.name()
-        );
+        starting(case);
         match run_case(&service, node, case, settings).await {
             Ok(row) => rows.push(row),
             Err(e) => {
