@@ -14,6 +14,7 @@ use serde::Serialize;
 use tracing::Instrument;
 
 use super::proc::{mib, Sample};
+use super::summary::round3;
 use super::{bench_pod, APP, PROXY, READY_TIMEOUT};
 use crate::agentlog::AllowLog;
 use crate::binaries::Binaries;
@@ -138,10 +139,6 @@ impl Sampler {
             }
         }
     }
-}
-
-fn round3(v: f64) -> f64 {
-    (v * 1e3).round() / 1e3
 }
 
 /// One pod's life: created, started (both shells serving), deleted the kubelet's way.

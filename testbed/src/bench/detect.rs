@@ -1,11 +1,12 @@
 //! Part 1: app exit -> `allow` written, over many pod deletions, for the agent (with the
-//! runtime's events, or polling) and the Kruise-style daemon, each pod's trigger as the
-//! kernel saw it.
+//! runtime's events, or polling) and the Kruise-style daemon, each pod's trigger the app's own
+//! stamp of its exit (else the kernel's, else the runtime's).
 
 use anyhow::{bail, Context};
 use tracing::Instrument;
 
 use super::agent::{agent_allows, connected_source, start_agent, AgentSource};
+use super::appclock::AppStamps;
 use super::baseline::{KruiseDaemon, KRUISE_SCAN};
 use super::kernelclock::KernelClock;
 use super::measure::{self, assess, Allow, PreStop, Trial};
@@ -35,10 +36,20 @@ pub(super) fn prestop_of(res: &Result<Deletion, TestbedError>) -> PreStop {
     }
 }
 
-/// When the app exited: what the proxy waits for. As the kernel saw it (the test bed's own
-/// pidfd), else as the runtime stamped it (`finished_at`, after its bookkeeping); the earlier
-/// of the two, as either stamp can come late on a busy node.
-pub(super) fn trigger_ns(d: &Deletion, clock: &KernelClock) -> Option<i64> {
+/// When the proxy's preStop returned, as the runtime ended its exec.
+fn returned_ns(res: &Result<Deletion, TestbedError>) -> Option<i64> {
+    let hook = res.as_ref().ok()?.container(PROXY)?.prestop.as_ref()?;
+    hook.ok.then_some(hook.returned_ns)
+}
+
+/// When the app exited: what the proxy waits for. As the app stamped it just before its exit;
+/// else as the kernel saw it (the test bed's own pidfd) or the runtime stamped it
+/// (`finished_at`, after its bookkeeping), the earlier of the two, as either can come late on
+/// a busy node.
+pub(super) fn trigger_ns(d: &Deletion, clock: &KernelClock, stamps: &AppStamps) -> Option<i64> {
+    if let Some(own) = stamps.stamp(&d.pod_uid) {
+        return Some(own);
+    }
     let app = d.container(APP)?;
     Some(match clock.stamp(&app.id) {
         Some(kernel) => kernel.min(app.finished_at_ns),
@@ -67,6 +78,7 @@ pub(super) async fn delete_in_batches(
     args: &BenchArgs,
     tag: &str,
     clock: &mut KernelClock,
+    stamps: &mut AppStamps,
 ) -> anyhow::Result<Vec<(String, Result<Deletion, TestbedError>)>> {
     let share = Share::open(node.share_dir()).context("opening the share")?;
     let mut out = Vec::with_capacity(args.deletions);
@@ -80,7 +92,7 @@ pub(super) async fn delete_in_batches(
         if let Some(e) = errors.into_iter().next() {
             bail!("a pod of {tag} batch {batch_no} did not start: {e}");
         }
-        watch_apps(node, clock, &pods).await;
+        watch_apps(node, clock, stamps, &pods).await;
         // A random pause, so that periodic work (a poll, the baseline's 1 s scan) meets each
         // batch at a random phase rather than locked to the rhythm of the batches.
         tokio::time::sleep(BATCH_JITTER.mul_f64(random_fraction())).await;
@@ -100,21 +112,24 @@ pub(super) fn agent_trials(
     deleted: &[(String, Result<Deletion, TestbedError>)],
     log: &AllowLog,
     clock: &KernelClock,
+    stamps: &AppStamps,
 ) -> Vec<Trial> {
     deleted
         .iter()
         .map(|(uid, res)| {
             let key = (uid.clone(), PROXY.to_owned());
             Trial {
-                exit_ns: res.as_ref().ok().and_then(|d| trigger_ns(d, clock)),
+                exit_ns: res.as_ref().ok().and_then(|d| trigger_ns(d, clock, stamps)),
                 allow: log.allows.get(&key).map(|a| Allow {
                     at_ns: a.at_ns,
                     reason: a.reason.clone(),
                     wait_since_ns: a.wait_since_ns,
                     decided_ns: a.decided_ns,
+                    write_ns: a.write_ns,
                     told_by: a.exit_told_by.clone(),
                 }),
                 prestop: prestop_of(res),
+                returned_ns: returned_ns(res),
                 deletion_failed: res.is_err(),
             }
         })
@@ -149,7 +164,8 @@ pub(super) async fn detect_with_agent(
         );
     }
     let mut clock = KernelClock::start();
-    let deleted = delete_in_batches(node, args, source.name(), &mut clock).await?;
+    let mut stamps = AppStamps::default();
+    let deleted = delete_in_batches(node, args, source.name(), &mut clock, &mut stamps).await?;
     let uids: Vec<String> = deleted.iter().map(|(u, _)| u.clone()).collect();
     let log = agent_allows(&agent, &uids).await?;
     // A stream that dropped mid-run would make this a mix of sources.
@@ -165,11 +181,13 @@ pub(super) async fn detect_with_agent(
         );
     }
     agent.kill();
-    Ok(DetectRow::new(
+    let mut row = DetectRow::new(
         source.name(),
         deleted.len(),
-        &assess(&agent_trials(&deleted, &log, &clock)),
-    ))
+        &assess(&agent_trials(&deleted, &log, &clock, &stamps)),
+    );
+    row.exits_stamped_by_app = stamps.stamped(deleted.iter().map(|(uid, _)| uid.as_str()));
+    Ok(row)
 }
 
 pub(super) async fn detect_with_kruise(
@@ -200,7 +218,8 @@ pub(super) async fn detect_with_kruise(
             .instrument(tracing::info_span!("kruise_daemon")),
     );
     let mut clock = KernelClock::start();
-    let deleted = delete_in_batches(node, args, NAME, &mut clock).await;
+    let mut stamps = AppStamps::default();
+    let deleted = delete_in_batches(node, args, NAME, &mut clock, &mut stamps).await;
     let _ = stop.send(true);
     while tasks.join_next().await.is_some() {}
     let deleted = deleted?;
@@ -220,7 +239,10 @@ pub(super) async fn detect_with_kruise(
                 })
             });
             Trial {
-                exit_ns: res.as_ref().ok().and_then(|d| trigger_ns(d, &clock)),
+                exit_ns: res
+                    .as_ref()
+                    .ok()
+                    .and_then(|d| trigger_ns(d, &clock, &stamps)),
                 allow: allow.map(|a| Allow {
                     at_ns: a.at_ns,
                     reason: a.reason.to_owned(),
@@ -228,12 +250,16 @@ pub(super) async fn detect_with_kruise(
                     // the exit file's mtime.
                     wait_since_ns: a.wait_since_ns,
                     decided_ns: None,
+                    write_ns: None,
                     told_by: None,
                 }),
                 prestop: prestop_of(res),
+                returned_ns: returned_ns(res),
                 deletion_failed: res.is_err(),
             }
         })
         .collect();
-    Ok(DetectRow::new(NAME, deleted.len(), &assess(&trials)))
+    let mut row = DetectRow::new(NAME, deleted.len(), &assess(&trials));
+    row.exits_stamped_by_app = stamps.stamped(deleted.iter().map(|(uid, _)| uid.as_str()));
+    Ok(row)
 }

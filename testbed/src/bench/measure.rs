@@ -10,6 +10,8 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
+use super::stages::{stage_times, AllowTimes, StageSamples};
+
 /// The only reason that says an allow followed the exit of what the sidecar serves.
 pub const ORDERED: &str = "ordered";
 /// The reason of an allow released by the grace deadline.
@@ -26,6 +28,8 @@ pub struct Allow {
     /// How much of the delay was the writer's own (after it learnt of the trigger), when
     /// it says.
     pub decided_ns: Option<i64>,
+    /// Of that, the write and rename of `allow` alone, when it says.
+    pub write_ns: Option<i64>,
     /// Which source told the writer of the exit, when it says (`kernel`, `runtime`).
     pub told_by: Option<String>,
 }
@@ -48,6 +52,8 @@ pub struct Trial {
     pub exit_ns: Option<i64>,
     pub allow: Option<Allow>,
     pub prestop: PreStop,
+    /// When the sidecar's preStop returned (Unix ns), as the runtime ended its exec.
+    pub returned_ns: Option<i64>,
     pub deletion_failed: bool,
 }
 
@@ -111,6 +117,8 @@ pub struct Outcome {
     pub ahead_of_clock: usize,
     /// Of the ordered allows, how many were answered on each source's word of the exit.
     pub told_by: BTreeMap<String, usize>,
+    /// Of the ordered allows, where the time went.
+    pub stages: StageSamples,
 }
 
 /// How far an allow may precede the test bed's stamp of the exit and still be the agent
@@ -175,6 +183,14 @@ pub fn assess(trials: &[Trial]) -> Outcome {
         if let Some(d) = allow.decided_ns {
             out.decided_ms.push(d as f64 / 1e6);
         }
+        let times = AllowTimes {
+            at_ns: allow.at_ns,
+            decided_ns: allow.decided_ns,
+            write_ns: allow.write_ns,
+        };
+        if let Some(s) = stage_times(exit, times, t.returned_ns) {
+            out.stages.push(s);
+        }
         if let Some(by) = &allow.told_by {
             *out.told_by.entry(by.clone()).or_default() += 1;
         }
@@ -215,9 +231,11 @@ mod tests {
                 reason: reason.to_owned(),
                 wait_since_ns,
                 decided_ns: None,
+                write_ns: None,
                 told_by: Some("kernel".to_owned()),
             }),
             prestop: PreStop::Waited,
+            returned_ns: None,
             deletion_failed: false,
         }
     }

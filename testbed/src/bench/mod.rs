@@ -22,10 +22,13 @@
 //! - `churn`: (5) the agent's memory while thousands of pods come and go;
 //! - `traffic`: (6) what users keep through a pod's deletion, with real parts;
 //! - `skew`: (7) the spread of one pod kill's marks, which the kill evidence window must exceed;
+//! - `busy`: `--busy`, a disk writer with fdatasync and a CPU hog per core while it measures;
 //! - `agent`: the agent as the benchmark runs it: its exit source, its log's allows;
 //! - `baseline`: the OpenKruise proposal's daemon, built as it describes it;
-//! - `kernelclock`: the app's exit as the kernel sees it, the benchmark's trigger;
+//! - `appclock`: the app's exit as the app stamped it, the benchmark's trigger;
+//! - `kernelclock`: the app's exit as the kernel sees it, the trigger of an app that did not;
 //! - `measure`: one pod deletion's facts to a delay, or the reason it gives none;
+//! - `stages`: where an allow's time goes, from the app's exit to the preStop's return;
 //! - `summary`: percentiles of latency samples;
 //! - `proc`: a process's memory and CPU, from /proc;
 //! - `report`: the table for people, one JSON object for tools.
@@ -36,7 +39,9 @@ macro_rules! progress {
 }
 
 mod agent;
+pub mod appclock;
 pub mod baseline;
+pub mod busy;
 pub mod churn;
 mod detect;
 pub mod kernelclock;
@@ -46,6 +51,7 @@ pub mod report;
 mod resources;
 pub mod returns;
 pub mod skew;
+pub mod stages;
 pub mod summary;
 pub mod traffic;
 pub mod webhook;
@@ -190,6 +196,10 @@ pub struct BenchArgs {
     /// Pods killed one at a time after them, each alone on the node.
     #[arg(long, default_value_t = 20, value_parser = positive)]
     pub skew_alone: usize,
+    /// Measure on a busy node: a writer syncing 256 MiB to the node's disk in a loop
+    /// (`dd … conv=fdatasync`) and one CPU hog per core, for the whole run.
+    #[arg(long)]
+    pub busy: bool,
 }
 
 impl BenchArgs {
@@ -219,6 +229,7 @@ impl BenchArgs {
             churn_pods: self.churn_pods,
             churn_concurrency: self.churn_concurrency,
             churn_sample_every: self.churn_sample_every,
+            busy: self.busy,
         }
     }
 }
@@ -262,10 +273,17 @@ pub async fn measure(args: &BenchArgs) -> anyhow::Result<Report> {
             let _ = node.shutdown().await;
             return Err(e);
         }
+        let load = if args.busy {
+            progress!("busy: a disk writer (fdatasync) and a CPU hog per core, all run long");
+            Some(busy::Busy::start(node.dir()).context("--busy")?)
+        } else {
+            None
+        };
         let outcome = tokio::select! {
             res = measure_all(&node, args, &bin) => res,
             () = exitorder::telemetry::shutdown_signal() => Err(anyhow!("interrupted")),
         };
+        drop(load);
         progress!("tearing the test bed down");
         let teardown = node.shutdown().await;
         let report = outcome?;
@@ -465,8 +483,15 @@ async fn delete_all(
 }
 
 /// Has the kernel clock await every pod's app.
-async fn watch_apps(node: &Node, clock: &mut KernelClock, pods: &[RunningPod]) {
+/// Watches each pod's app exit: its own stamp, and the kernel's.
+async fn watch_apps(
+    node: &Node,
+    clock: &mut KernelClock,
+    stamps: &mut appclock::AppStamps,
+    pods: &[RunningPod],
+) {
     for p in pods {
+        stamps.watch(p, APP);
         if let Some(id) = p.container_id(APP) {
             clock.watch(node, &id).await;
         }

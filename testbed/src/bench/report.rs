@@ -7,28 +7,7 @@ use serde::Serialize;
 
 use super::measure::{Outcome, Tally};
 use super::returns::{ReturnAnomalies, Returns};
-use super::summary::summarize;
-
-/// Milliseconds (or any figure) to three decimals: microseconds, as precise as measured.
-fn round3(v: f64) -> f64 {
-    (v * 1e3).round() / 1e3
-}
-
-/// p50, p99 and max of a set of delays, rounded for the report; `None` without samples.
-struct Figures {
-    p50: Option<f64>,
-    p99: Option<f64>,
-    max: Option<f64>,
-}
-
-fn figures(delays_ms: &[f64]) -> Figures {
-    let s = summarize(delays_ms);
-    Figures {
-        p50: s.map(|s| round3(s.p50_ms)),
-        p99: s.map(|s| round3(s.p99_ms)),
-        max: s.map(|s| round3(s.max_ms)),
-    }
-}
+use super::summary::{figures, round3};
 
 /// What the run was asked to do and how, so the figures can be read and reproduced.
 #[derive(Debug, Clone, Serialize)]
@@ -50,6 +29,8 @@ pub struct Settings {
     pub churn_pods: usize,
     pub churn_concurrency: usize,
     pub churn_sample_every: usize,
+    /// Measured beside a disk writer with fdatasync and a CPU hog per core (`--busy`).
+    pub busy: bool,
 }
 
 /// Exit of the app -> `allow` written, for one way of detecting it.
@@ -75,6 +56,12 @@ pub struct DetectRow {
     /// Of the ordered allows, how many were answered on each source's word of the exit, as
     /// the agent logged it (`kernel`, `runtime`); empty for the baseline daemon.
     pub exit_told_by: BTreeMap<String, usize>,
+    /// Of the ordered allows, where the time went; `None` for the baseline daemon, which
+    /// does not say.
+    pub stages: Option<super::stages::Stages>,
+    /// Deletions whose app stamped its own exit (the trigger); the others are timed from the
+    /// kernel's or the runtime's word.
+    pub exits_stamped_by_app: usize,
     /// Where every deletion counted, exactly once.
     pub tally: Tally,
 }
@@ -95,6 +82,8 @@ impl DetectRow {
             late_waits: outcome.late_waits,
             ahead_of_clock: outcome.ahead_of_clock,
             exit_told_by: outcome.told_by.clone(),
+            stages: outcome.stages.figures(),
+            exits_stamped_by_app: 0,
             tally: outcome.tally.clone(),
         }
     }
@@ -361,10 +350,15 @@ impl Report {
         if let Some(d) = &self.detect_to_allow {
             let _ = writeln!(
                 t,
-                "\nApp exit (the kernel's, seen by the test bed's own pidfd; else the runtime's finished_at) -> allow written. {} pod deletions per source, \
+                "\nApp exit (the app's own stamp, just before it exits) -> allow written{}. {} pod deletions per source, \
                  in batches of {} (deletions {} ms apart, each batch after a random pause of up \
                  to one baseline scan, {} ms); each pod: app (drains {} ms after TERM) + proxy (priority 1, preStop \
                  exitorder-entrypoint wait), grace {} s.",
+                if s.busy {
+                    ", on a busy node (a disk writer syncing 256 MiB in a loop, a CPU hog per core)"
+                } else {
+                    ""
+                },
                 s.deletions,
                 s.batch,
                 s.stagger_ms,
@@ -422,6 +416,9 @@ impl Report {
                         told.join(", ")
                     }
                 );
+                if let Some(stages) = &r.stages {
+                    let _ = writeln!(t, "  where the time goes ({label}): {}", stages.line());
+                }
             }
             let _ = writeln!(
                 t,
@@ -610,6 +607,7 @@ mod tests {
             churn_pods: 4,
             churn_concurrency: 2,
             churn_sample_every: 2,
+            busy: false,
         }
     }
 

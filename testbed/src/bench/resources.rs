@@ -110,7 +110,8 @@ pub(super) async fn resources(
     }
     let started = pods.len();
     let mut clock = KernelClock::start();
-    watch_apps(node, &mut clock, &pods).await;
+    let mut stamps = super::appclock::AppStamps::default();
+    watch_apps(node, &mut clock, &mut stamps, &pods).await;
     progress!("resources: deleting {started} pods at once");
     let before = Sample::take(pid)?;
     let t0 = Instant::now();
@@ -147,7 +148,7 @@ pub(super) async fn resources(
         (args.burst_pods, started, ok),
         seconds,
         usage(&before, &after),
-        &assess(&agent_trials(&deleted, &log, &clock)),
+        &assess(&agent_trials(&deleted, &log, &clock, &stamps)),
     );
     burst.set_runtime_list(&list_ms);
     Ok((idle, burst))

@@ -1,4 +1,4 @@
-//! Percentiles of latency samples.
+//! Percentiles of latency samples, and the report's rounding of them.
 
 /// Nearest-rank percentiles of a set of millisecond samples. Nearest rank, not interpolation:
 /// every figure reported is a delay that was actually measured.
@@ -29,6 +29,28 @@ pub fn summarize(samples: &[f64]) -> Option<Summary> {
         p99_ms: percentile(&sorted, 99.0)?,
         max_ms: *sorted.last()?,
     })
+}
+
+/// Milliseconds (or any figure) to three decimals: microseconds, as precise as measured.
+pub fn round3(v: f64) -> f64 {
+    (v * 1e3).round() / 1e3
+}
+
+/// p50, p99 and max of a set of delays, rounded for the report; `None` without samples.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Figures {
+    pub p50: Option<f64>,
+    pub p99: Option<f64>,
+    pub max: Option<f64>,
+}
+
+pub fn figures(delays_ms: &[f64]) -> Figures {
+    let s = summarize(delays_ms);
+    Figures {
+        p50: s.map(|s| round3(s.p50_ms)),
+        p99: s.map(|s| round3(s.p99_ms)),
+        max: s.map(|s| round3(s.max_ms)),
+    }
 }
 
 #[cfg(test)]

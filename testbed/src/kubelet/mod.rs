@@ -449,10 +449,15 @@ impl RunningPod {
 
     /// What one attempt of the container wrote.
     pub fn container_log_of(&self, name: &str, attempt: u32) -> String {
-        let path = PathBuf::from(&self.ctx.sandbox_config.log_directory)
+        std::fs::read_to_string(self.container_log_path(name, attempt)).unwrap_or_default()
+    }
+
+    /// Where one attempt of the container writes (the CRI log): kept after the pod's
+    /// deletion, until the node is torn down.
+    pub fn container_log_path(&self, name: &str, attempt: u32) -> PathBuf {
+        PathBuf::from(&self.ctx.sandbox_config.log_directory)
             .join(name)
-            .join(format!("{attempt}.log"));
-        std::fs::read_to_string(path).unwrap_or_default()
+            .join(format!("{attempt}.log"))
     }
 
     /// Waits until `pred` holds, failing after `timeout` with the pod's timeline.

@@ -1,0 +1,68 @@
+//! The app's exit as the app itself stamped it, just before it exits: the benchmark's trigger.
+//!
+//! The test bed's own pidfd stamp ([`super::kernelclock`]) is a notification the benchmark's
+//! thread must be scheduled to receive: on a busy node it comes late, and the delay measured
+//! from it looks shorter than it was. The bench pod's app prints the wall clock with busybox's
+//! `adjtimex` (microseconds, read-only) as the last thing before it exits; what is measured
+//! from it includes the shell's own exit, never less than the real delay.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+use crate::kubelet::RunningPod;
+
+/// Where each watched pod's app writes its stamp, by pod uid.
+#[derive(Debug, Default)]
+pub struct AppStamps {
+    logs: HashMap<String, PathBuf>,
+}
+
+impl AppStamps {
+    /// Reads `pod`'s `app` stamp once it has exited.
+    pub fn watch(&mut self, pod: &RunningPod, app: &str) {
+        self.logs
+            .insert(pod.uid().to_owned(), pod.container_log_path(app, 0));
+    }
+
+    /// How many of these pods' apps stamped their exit.
+    pub fn stamped<'a>(&self, uids: impl IntoIterator<Item = &'a str>) -> usize {
+        uids.into_iter().filter(|u| self.stamp(u).is_some()).count()
+    }
+
+    /// The stamp of the pod `uid`'s app (Unix ns), if it wrote one.
+    pub fn stamp(&self, uid: &str) -> Option<i64> {
+        let log = std::fs::read_to_string(self.logs.get(uid)?).ok()?;
+        parse_stamp(&log)
+    }
+}
+
+/// The last `adjtimex` wall clock in a CRI log (`time.tv_sec:` and `time.tv_usec:` lines), in
+/// Unix ns.
+pub fn parse_stamp(log: &str) -> Option<i64> {
+    let value = |key: &str| -> Option<i64> {
+        log.lines()
+            .rev()
+            .find_map(|l| l.split_once(key).map(|(_, v)| v.trim().parse().ok()))
+            .flatten()
+    };
+    let secs = value("time.tv_sec:")?;
+    let micros = value("time.tv_usec:")?;
+    secs.checked_mul(1_000_000_000)?
+        .checked_add(micros.checked_mul(1000)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_last_wall_clock_in_the_log_is_the_stamp() {
+        let log = "2026-11-29T17:00:00.000000001Z stdout F serving\n\
+                   2026-11-29T17:00:01.000000001Z stdout F     time.tv_sec:  1795973009\n\
+                   2026-11-29T17:00:01.000000002Z stdout F     time.tv_usec: 449626\n\
+                   2026-11-29T17:00:01.000000003Z stdout F     return value: 5 (clock not synchronized)\n";
+        assert_eq!(parse_stamp(log), Some(1_795_973_009_449_626_000));
+        assert_eq!(parse_stamp("serving\n"), None);
+        assert_eq!(parse_stamp("time.tv_sec: 12\ntime.tv_usec: x\n"), None);
+    }
+}
