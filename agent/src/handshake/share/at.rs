@@ -142,9 +142,13 @@ fn write_temp(
             }
         }
         // The umask (or a default ACL of the directory) may have narrowed the mode given to
-        // openat.
-        rfs::fchmod(&fd, Mode::from_raw_mode(mode))
-            .map_err(|e| ShareError::io("chmod", &tmp_path, e))?;
+        // openat. Changed only then: a chmod is one more metadata change, and on a busy node
+        // each can wait for the disk's journal (the stat reads the inode in memory).
+        let made = rfs::fstat(&fd).map_err(|e| ShareError::io("stat", &tmp_path, e))?;
+        if made.st_mode & 0o7777 != mode {
+            rfs::fchmod(&fd, Mode::from_raw_mode(mode))
+                .map_err(|e| ShareError::io("chmod", &tmp_path, e))?;
+        }
         if durable {
             rfs::fsync(&fd).map_err(|e| ShareError::io("fsync", &tmp_path, e))?;
         }

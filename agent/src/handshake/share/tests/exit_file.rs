@@ -415,3 +415,23 @@ fn the_presence_file_is_the_contracts_and_its_states_differ_in_size() {
         PresenceState::Uninstalled.content().len()
     );
 }
+
+#[test]
+fn a_file_swapped_in_has_its_whole_mode_whatever_the_umask_took() {
+    use std::os::unix::fs::PermissionsExt;
+    let (_t, s) = setup();
+    let k = key(UID, "proxy");
+    let dir = s.container_path(&k);
+    std::fs::create_dir_all(&dir).unwrap();
+    let dir_fd = rfs::open(&dir, OFlags::RDONLY | OFlags::DIRECTORY, Mode::empty()).unwrap();
+    // The test's umask (022 as a rule) takes write from group and others: set again whole.
+    for mode in [0o666, 0o644] {
+        at::swap_in(&dir_fd, &dir, EXIT_FILE, b"allow\n", mode).unwrap();
+        let made = std::fs::metadata(dir.join("exit"))
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o7777;
+        assert_eq!(made, mode, "{mode:o}");
+    }
+}
