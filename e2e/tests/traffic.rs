@@ -74,7 +74,9 @@ async fn requests_and_lines_are_lost_without_exitorder_and_kept_with_it() {
 /// One replica of two behind a Service deleted under load, the EndpointSlice controller and
 /// haproxy following it with their lags: an app that stops on TERM fails requests when nothing
 /// holds it, and none when exitorder holds it until its endpoints are withdrawn and settled.
-#[tokio::test]
+// Two workers: the consumer's reprogramming, the load and the test bed's kubelet run beside
+// each other, as they would in their own processes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_fail_unless_the_app_waits_for_its_endpoints_withdrawn() {
     use traffic::withdrawal::{self, App, Wait, WithdrawalCase, WithdrawalSettings};
     let Some((node, bin)) = traffic_node().await else {

@@ -42,18 +42,22 @@ fn returned_ns(res: &Result<Deletion, TestbedError>) -> Option<i64> {
     hook.ok.then_some(hook.returned_ns)
 }
 
-/// When the app exited: what the proxy waits for. As the app stamped it just before its exit;
-/// else as the kernel saw it (the test bed's own pidfd) or the runtime stamped it
-/// (`finished_at`, after its bookkeeping), the earlier of the two, as either can come late on
-/// a busy node.
-pub(super) fn trigger_ns(d: &Deletion, clock: &KernelClock, stamps: &AppStamps) -> Option<i64> {
+/// When the app exited: what the proxy waits for, and whether the app stamped it. As the app
+/// stamped it just before its exit; else as the kernel saw it (the test bed's own pidfd) or the
+/// runtime stamped it (`finished_at`, after its bookkeeping), the earlier of the two, as either
+/// can come late on a busy node.
+pub(super) fn trigger_ns(
+    d: &Deletion,
+    clock: &KernelClock,
+    stamps: &AppStamps,
+) -> Option<(i64, bool)> {
     if let Some(own) = stamps.stamp(&d.pod_uid) {
-        return Some(own);
+        return Some((own, true));
     }
     let app = d.container(APP)?;
     Some(match clock.stamp(&app.id) {
-        Some(kernel) => kernel.min(app.finished_at_ns),
-        None => app.finished_at_ns,
+        Some(kernel) => (kernel.min(app.finished_at_ns), false),
+        None => (app.finished_at_ns, false),
     })
 }
 
@@ -118,8 +122,10 @@ pub(super) fn agent_trials(
         .iter()
         .map(|(uid, res)| {
             let key = (uid.clone(), PROXY.to_owned());
+            let exit = res.as_ref().ok().and_then(|d| trigger_ns(d, clock, stamps));
             Trial {
-                exit_ns: res.as_ref().ok().and_then(|d| trigger_ns(d, clock, stamps)),
+                exit_ns: exit.map(|(at, _)| at),
+                exit_by_app: exit.is_some_and(|(_, own)| own),
                 allow: log.allows.get(&key).map(|a| Allow {
                     at_ns: a.at_ns,
                     reason: a.reason.clone(),
@@ -238,11 +244,13 @@ pub(super) async fn detect_with_kruise(
                     place: exitorder::handshake::share::Place::Share,
                 })
             });
+            let exit = res
+                .as_ref()
+                .ok()
+                .and_then(|d| trigger_ns(d, &clock, &stamps));
             Trial {
-                exit_ns: res
-                    .as_ref()
-                    .ok()
-                    .and_then(|d| trigger_ns(d, &clock, &stamps)),
+                exit_ns: exit.map(|(at, _)| at),
+                exit_by_app: exit.is_some_and(|(_, own)| own),
                 allow: allow.map(|a| Allow {
                     at_ns: a.at_ns,
                     reason: a.reason.to_owned(),

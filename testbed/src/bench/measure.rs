@@ -2,9 +2,9 @@
 //! the reason it gives none. Every deletion lands in exactly one place; none is hidden.
 //!
 //! The trigger of a wait is the later of the exit of the last lower-priority container (as
-//! the kernel saw it, by the test bed's own pidfd; else the runtime's `finished_at`, which
-//! comes after the runtime's bookkeeping) and the appearance of the sidecar's exit file: the agent cannot
-//! answer before both.
+//! the app stamped it just before; else as the kernel told the test bed's own pidfd, or the
+//! runtime's `finished_at`, which comes after the runtime's bookkeeping) and the appearance
+//! of the sidecar's exit file: the agent cannot answer before both.
 
 use std::collections::BTreeMap;
 
@@ -47,9 +47,12 @@ pub enum PreStop {
 /// What is known about one deleted pod.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Trial {
-    /// The exit of the last lower-priority container (Unix ns): the kernel's, else the
-    /// runtime's `finished_at`; `None` when neither gave a time.
+    /// The exit of the last lower-priority container (Unix ns): the app's own stamp, else the
+    /// kernel's, else the runtime's `finished_at`; `None` when none gave a time.
     pub exit_ns: Option<i64>,
+    /// Whether `exit_ns` is the app's own stamp, taken before its exit: no allow in order can
+    /// precede it, by any slack.
+    pub exit_by_app: bool,
     pub allow: Option<Allow>,
     pub prestop: PreStop,
     /// When the sidecar's preStop returned (Unix ns), as the runtime ended its exec.
@@ -112,8 +115,8 @@ pub struct Outcome {
     /// file's appearance).
     pub late_waits: usize,
     /// Ordered allows written up to [`CLOCK_SLACK_NS`] before the app's exit as the test bed
-    /// stamped it: the agent heard the kernel first (both hear it; the test bed's stamp comes
-    /// when its thread runs). Counted as 0 ms.
+    /// stamped it (an app that stamped none): the agent heard the kernel first (both hear it;
+    /// the test bed's stamp comes when its thread runs). Counted as 0 ms.
     pub ahead_of_clock: usize,
     /// Of the ordered allows, how many were answered on each source's word of the exit.
     pub told_by: BTreeMap<String, usize>,
@@ -164,7 +167,8 @@ pub fn assess(trials: &[Trial]) -> Outcome {
             }
         }
         if allow.at_ns < exit {
-            if exit.saturating_sub(allow.at_ns) > CLOCK_SLACK_NS {
+            let slack = if t.exit_by_app { 0 } else { CLOCK_SLACK_NS };
+            if exit.saturating_sub(allow.at_ns) > slack {
                 tally.allow_before_exit += 1;
                 continue;
             }
@@ -188,7 +192,7 @@ pub fn assess(trials: &[Trial]) -> Outcome {
             decided_ns: allow.decided_ns,
             write_ns: allow.write_ns,
         };
-        if let Some(s) = stage_times(exit, times, t.returned_ns) {
+        if let Some(s) = stage_times(trigger, times, t.returned_ns) {
             out.stages.push(s);
         }
         if let Some(by) = &allow.told_by {
@@ -226,6 +230,7 @@ mod tests {
     fn trial(exit: Option<i64>, allow: Option<(i64, &str, Option<i64>)>) -> Trial {
         Trial {
             exit_ns: exit,
+            exit_by_app: false,
             allow: allow.map(|(at_ns, reason, wait_since_ns)| Allow {
                 at_ns,
                 reason: reason.to_owned(),

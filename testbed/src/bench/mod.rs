@@ -274,8 +274,13 @@ pub async fn measure(args: &BenchArgs) -> anyhow::Result<Report> {
             return Err(e);
         }
         let load = if args.busy {
-            progress!("busy: a disk writer (fdatasync) and a CPU hog per core, all run long");
-            Some(busy::Busy::start(node.dir()).context("--busy")?)
+            let load = busy::Busy::start(node.dir()).context("--busy")?;
+            progress!(
+                "busy: a disk writer syncing {} MiB in a loop and {} CPU hogs, all run long",
+                busy::WRITE_MIB,
+                load.hogs()
+            );
+            Some(load)
         } else {
             None
         };
@@ -482,7 +487,6 @@ async fn delete_all(
     out
 }
 
-/// Has the kernel clock await every pod's app.
 /// Watches each pod's app exit: its own stamp, and the kernel's.
 async fn watch_apps(
     node: &Node,

@@ -135,42 +135,6 @@ fn marks_and_allows(
     (marks, allows)
 }
 
-/// A busy loop per core, until dropped: a node whose CPUs its workloads keep busy.
-struct CpuHogs {
-    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
-    threads: Vec<std::thread::JoinHandle<()>>,
-}
-
-impl CpuHogs {
-    fn start() -> CpuHogs {
-        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let threads = (0..cores)
-            .map(|_| {
-                let stop = stop.clone();
-                std::thread::spawn(move || {
-                    let mut x = 0u64;
-                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                        x = std::hint::black_box(
-                            x.wrapping_mul(6364136223846793005).wrapping_add(1),
-                        );
-                    }
-                })
-            })
-            .collect();
-        CpuHogs { stop, threads }
-    }
-}
-
-impl Drop for CpuHogs {
-    fn drop(&mut self) {
-        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        for t in self.threads.drain(..) {
-            let _ = t.join();
-        }
-    }
-}
-
 /// The longest the node went without any mark while some pod had marked but not all its
 /// containers had (ms): how long a kill in progress saw the node quiet, which the agent's
 /// window, starting over from the node's last mark, must exceed.
@@ -233,7 +197,7 @@ pub async fn skew(
     let running = start(node, specs("alone", alone)?, concurrency).await?;
     progress!("skew: {alone} pods killed one at a time, with a CPU hog per core");
     let alone_uids: Vec<String> = running.iter().map(|p| p.uid().to_owned()).collect();
-    let hogs = CpuHogs::start();
+    let hogs = super::busy::CpuHogs::start();
     for p in running {
         kill(p).await?;
     }

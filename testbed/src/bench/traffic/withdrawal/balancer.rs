@@ -157,14 +157,26 @@ fn haproxy_config(port: u16, admin: &Path) -> String {
     )
 }
 
-/// One runtime API command; its answer, or an error when haproxy refused it.
+/// How long one runtime API command may take: haproxy answers in microseconds.
+const COMMAND_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// One runtime API command; its answer, or an error when haproxy refused it or did not answer
+/// in time.
 async fn command(admin: &Path, line: &str) -> anyhow::Result<String> {
-    let mut socket = UnixStream::connect(admin)
+    let ask = async {
+        let mut socket = UnixStream::connect(admin)
+            .await
+            .with_context(|| format!("haproxy's runtime API at {}", admin.display()))?;
+        socket.write_all(format!("{line}\n").as_bytes()).await?;
+        let mut answer = String::new();
+        socket.read_to_string(&mut answer).await?;
+        anyhow::Ok(answer)
+    };
+    let answer = tokio::time::timeout(COMMAND_TIMEOUT, ask)
         .await
-        .with_context(|| format!("haproxy's runtime API at {}", admin.display()))?;
-    socket.write_all(format!("{line}\n").as_bytes()).await?;
-    let mut answer = String::new();
-    socket.read_to_string(&mut answer).await?;
+        .map_err(|_| {
+            anyhow::anyhow!("haproxy did not answer `{line}` within {COMMAND_TIMEOUT:?}")
+        })??;
     let refused = ["No such", "Unknown", "Permission", "Require", "Invalid"];
     if refused.iter().any(|r| answer.trim_start().starts_with(r)) {
         bail!("haproxy refused `{line}`: {}", answer.trim());
@@ -191,11 +203,13 @@ async fn follow(
         }
         let changes = api.slice_changes();
         for c in changes.iter().skip(seen) {
-            due.push((
-                Instant::now() + lag.next(),
-                c.pod_uid.clone(),
-                c.ready == Some(true),
-            ));
+            // From the change's own time, not from when this loop got to see it: a late look
+            // (a busy machine) does not make the consumer slower than its lag.
+            let seen_after = std::time::SystemTime::now()
+                .duration_since(c.at)
+                .unwrap_or_default();
+            let at = Instant::now() + lag.next().saturating_sub(seen_after);
+            due.push((at, c.pod_uid.clone(), c.ready == Some(true)));
         }
         seen = changes.len();
         let now = Instant::now();

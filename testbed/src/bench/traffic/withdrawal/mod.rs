@@ -150,8 +150,8 @@ pub struct WithdrawalSettings {
     /// The consumer reprograms this long after each slice change, ± the spread.
     pub consumer_lag_ms: u64,
     pub consumer_spread_ms: u64,
-    /// exitorder's settle time (its default, chosen from kube-proxy's sync, not from this
-    /// benchmark).
+    /// exitorder's settle time (`exitorder.io/endpoints-settle`; by default its default,
+    /// chosen from kube-proxy's sync, not from this benchmark).
     pub settle_ms: u64,
     pub grace_seconds: u64,
 }
@@ -238,11 +238,11 @@ fn replica(
     name: &str,
     case: &WithdrawalCase,
     port: u16,
-    grace_seconds: u64,
+    settings: &WithdrawalSettings,
 ) -> anyhow::Result<Value> {
     let mut pod = pod_from_yaml(REPLICA_POD)?;
     pod["metadata"]["name"] = json!(name);
-    pod["spec"]["terminationGracePeriodSeconds"] = json!(grace_seconds);
+    pod["spec"]["terminationGracePeriodSeconds"] = json!(settings.grace_seconds);
     let app = &mut pod["spec"]["containers"][0];
     app["env"] = json!([
         {"name": "PORT", "value": port.to_string()},
@@ -258,6 +258,7 @@ fn replica(
             pod["metadata"]["annotations"] = json!({
                 annotation::INJECT: "true",
                 annotation::WAIT_FOR_ENDPOINTS: "true",
+                annotation::ENDPOINTS_SETTLE: format!("{}ms", settings.settle_ms),
             });
             let settings = exitorder::webhook::Settings {
                 handshake_volume: exitorder::webhook::HandshakeVolume::HostPath,
@@ -345,7 +346,7 @@ impl Service {
         settings: &WithdrawalSettings,
     ) -> anyhow::Result<(RunningPod, Value)> {
         let port = crate::node::free_port()?;
-        let pod = replica(name, case, port, settings.grace_seconds)?;
+        let pod = replica(name, case, port, settings)?;
         let opts = RunOptions {
             force_host_network: true,
             api: Some(self.log.clone()),
@@ -510,30 +511,46 @@ mod tests {
 
     #[test]
     fn each_wait_shapes_the_same_replica() {
-        let none = replica("r", &case(Wait::Nothing), 8080, 30).expect("replica");
+        let none = replica(
+            "r",
+            &case(Wait::Nothing),
+            8080,
+            &WithdrawalSettings::default(),
+        )
+        .expect("replica");
         let app = &none["spec"]["containers"][0];
         assert!(app["lifecycle"].is_null());
         assert_eq!(app["env"][0]["value"], "8080");
         assert_eq!(app["env"][1]["value"], "3");
         assert_eq!(none["metadata"]["labels"]["app"], "web");
 
-        let sleep = replica("r", &case(Wait::Sleep(5)), 8080, 30).expect("replica");
+        let sleep = replica(
+            "r",
+            &case(Wait::Sleep(5)),
+            8080,
+            &WithdrawalSettings::default(),
+        )
+        .expect("replica");
         assert_eq!(
             sleep["spec"]["containers"][0]["lifecycle"]["preStop"],
             json!({"sleep": {"seconds": 5}})
         );
 
-        let ours = replica("r", &case(Wait::Endpoints), 8080, 30).expect("replica");
+        let ours = replica(
+            "r",
+            &case(Wait::Endpoints),
+            8080,
+            &WithdrawalSettings::default(),
+        )
+        .expect("replica");
         let hook = ours["spec"]["containers"][0]["lifecycle"]["preStop"]["exec"]["command"]
             .as_array()
             .cloned()
             .unwrap_or_default();
         let words: Vec<&str> = hook.iter().filter_map(Value::as_str).collect();
         assert!(words.contains(&"wait"), "{words:?}");
-        assert!(
-            words.iter().any(|w| w.starts_with("--settle=")),
-            "{words:?}"
-        );
+        // The settle time the settings say, not whatever the webhook's default is.
+        assert!(words.contains(&"--settle=2000ms"), "{words:?}");
     }
 
     #[test]
