@@ -24,11 +24,6 @@ impl AppStamps {
             .insert(pod.uid().to_owned(), pod.container_log_path(app, 0));
     }
 
-    /// How many of these pods' apps stamped their exit.
-    pub fn stamped<'a>(&self, uids: impl IntoIterator<Item = &'a str>) -> usize {
-        uids.into_iter().filter(|u| self.stamp(u).is_some()).count()
-    }
-
     /// The stamp of the pod `uid`'s app (Unix ns), if it wrote one.
     pub fn stamp(&self, uid: &str) -> Option<i64> {
         let log = std::fs::read_to_string(self.logs.get(uid)?).ok()?;

@@ -187,13 +187,11 @@ pub(super) async fn detect_with_agent(
         );
     }
     agent.kill();
-    let mut row = DetectRow::new(
+    Ok(DetectRow::new(
         source.name(),
         deleted.len(),
         &assess(&agent_trials(&deleted, &log, &clock, &stamps)),
-    );
-    row.exits_stamped_by_app = stamps.stamped(deleted.iter().map(|(uid, _)| uid.as_str()));
-    Ok(row)
+    ))
 }
 
 pub(super) async fn detect_with_kruise(
@@ -267,7 +265,5 @@ pub(super) async fn detect_with_kruise(
             }
         })
         .collect();
-    let mut row = DetectRow::new(NAME, deleted.len(), &assess(&trials));
-    row.exits_stamped_by_app = stamps.stamped(deleted.iter().map(|(uid, _)| uid.as_str()));
-    Ok(row)
+    Ok(DetectRow::new(NAME, deleted.len(), &assess(&trials)))
 }

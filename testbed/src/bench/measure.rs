@@ -122,6 +122,8 @@ pub struct Outcome {
     pub told_by: BTreeMap<String, usize>,
     /// Of the ordered allows, where the time went.
     pub stages: StageSamples,
+    /// Trials timed from the app's own stamp of its exit.
+    pub stamped_by_app: usize,
 }
 
 /// How far an allow may precede the test bed's stamp of the exit and still be the agent
@@ -136,6 +138,9 @@ pub const CLOCK_SLACK_NS: i64 = 100_000_000;
 pub fn assess(trials: &[Trial]) -> Outcome {
     let mut out = Outcome::default();
     for t in trials {
+        if t.exit_by_app {
+            out.stamped_by_app += 1;
+        }
         let tally = &mut out.tally;
         if t.deletion_failed {
             tally.deletion_failed += 1;

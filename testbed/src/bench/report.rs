@@ -83,7 +83,7 @@ impl DetectRow {
             ahead_of_clock: outcome.ahead_of_clock,
             exit_told_by: outcome.told_by.clone(),
             stages: outcome.stages.figures(),
-            exits_stamped_by_app: 0,
+            exits_stamped_by_app: outcome.stamped_by_app,
             tally: outcome.tally.clone(),
         }
     }

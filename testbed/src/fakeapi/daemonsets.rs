@@ -62,23 +62,12 @@ impl FakeApi {
     /// Creates the DaemonSet `namespace/name` (`deleting`: with a `deletionTimestamp`, as a
     /// foreground deletion leaves it while its pods go).
     pub fn put_daemonset(&self, namespace: &str, name: &str, deleting: bool) {
-        let mut ds = json!({
-            "apiVersion": "apps/v1", "kind": "DaemonSet",
-            "metadata": {"name": name, "namespace": namespace, "uid": "ds-uid", "resourceVersion": "1"},
-            "spec": {"selector": {"matchLabels": {"app": name}}, "template": {"metadata": {"labels": {"app": name}}, "spec": {"containers": []}}},
-        });
+        let mut ds = daemonset(namespace, name);
+        ds["metadata"]["resourceVersion"] = "1".into();
         if deleting {
             ds["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z".into();
         }
-        let mut s = self.lock();
-        let key = (namespace.to_owned(), name.to_owned());
-        let kind = if s.daemonsets.contains_key(&key) {
-            "MODIFIED"
-        } else {
-            "ADDED"
-        };
-        s.daemonsets.insert(key, ds.clone());
-        publish(&mut s, kind, ds);
+        store(&mut self.lock(), namespace, name, ds);
     }
 
     /// The DaemonSet `namespace/name` (created when missing) at `generation`, its status as
@@ -98,18 +87,11 @@ impl FakeApi {
     ) {
         let mut s = self.lock();
         let key = (namespace.to_owned(), name.to_owned());
-        let kind = if s.daemonsets.contains_key(&key) {
-            "MODIFIED"
-        } else {
-            "ADDED"
-        };
-        let mut ds = s.daemonsets.get(&key).cloned().unwrap_or_else(|| {
-            json!({
-                "apiVersion": "apps/v1", "kind": "DaemonSet",
-                "metadata": {"name": name, "namespace": namespace, "uid": "ds-uid"},
-                "spec": {"selector": {"matchLabels": {"app": name}}, "template": {"metadata": {"labels": {"app": name}}, "spec": {"containers": []}}},
-            })
-        });
+        let mut ds = s
+            .daemonsets
+            .get(&key)
+            .cloned()
+            .unwrap_or_else(|| daemonset(namespace, name));
         ds["metadata"]["generation"] = json!(generation);
         ds["status"] = json!({
             "observedGeneration": observed,
@@ -120,8 +102,7 @@ impl FakeApi {
             "updatedNumberScheduled": updated,
             "numberAvailable": available,
         });
-        s.daemonsets.insert(key, ds.clone());
-        publish(&mut s, kind, ds);
+        store(&mut s, namespace, name, ds);
     }
 
     /// Removes the DaemonSet `namespace/name`, as a background deletion does at once.
@@ -139,6 +120,27 @@ impl FakeApi {
     pub fn forbid_daemonsets(&self, forbid: bool) {
         self.lock().forbid_daemonsets = forbid;
     }
+}
+
+/// The DaemonSet `namespace/name`, its pod template empty.
+fn daemonset(namespace: &str, name: &str) -> Value {
+    json!({
+        "apiVersion": "apps/v1", "kind": "DaemonSet",
+        "metadata": {"name": name, "namespace": namespace, "uid": "ds-uid"},
+        "spec": {"selector": {"matchLabels": {"app": name}}, "template": {"metadata": {"labels": {"app": name}}, "spec": {"containers": []}}},
+    })
+}
+
+/// Stores `ds` as `namespace/name` and tells the watches: ADDED, or MODIFIED when one was there.
+fn store(s: &mut State, namespace: &str, name: &str, ds: Value) {
+    let key = (namespace.to_owned(), name.to_owned());
+    let kind = if s.daemonsets.contains_key(&key) {
+        "MODIFIED"
+    } else {
+        "ADDED"
+    };
+    s.daemonsets.insert(key, ds.clone());
+    publish(s, kind, ds);
 }
 
 /// Sends a DaemonSet's change to the DaemonSet watches.
