@@ -1238,12 +1238,7 @@ async fn the_agent_keeps_the_kubelets_order_for_native_sidecars_on_the_bed() {
         .as_array_mut()
         .expect("init containers")
         .push(logs);
-    let exitorder::webhook::Admission::Allow { patch, .. } =
-        exitorder::webhook::mutate(&pod, &Settings::default())
-    else {
-        panic!("denied");
-    };
-    json_patch::patch(&mut pod, &patch).expect("patch");
+    let mut pod = support::inject_with(&pod, &Settings::default());
     pod["metadata"]["annotations"]["exitorder.io/container-exit-priority"] =
         r#"{"istio-proxy": 1, "logs": 2}"#.into();
     support::set_grace(&mut pod, 20);

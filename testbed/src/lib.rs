@@ -16,12 +16,14 @@
 //! - `manifest`: the library's manifest reader, re-exported;
 //! - `priorities`: the exit priorities a pod asks for, read apart from the agent;
 //! - `verdict`: whether a pod's exits were ordered, judged from the node's exit times;
+//! - `admission`: a pod through the webhook's own mutation, its patch applied;
 //! - `agentlog`: what the agent's JSON log says about its allows;
 //! - `clock`: the stamps' one clock;
 //! - `skip`: the one rule for tests that need what a machine may lack;
 //! - `demo`: `exitorder demo`: one pod run and deleted, a timeline and a verdict;
 //! - `bench`: `exitorder bench`: how fast exits are ordered, and what it costs.
 
+pub mod admission;
 pub mod agentlog;
 pub mod bench;
 pub mod binaries;

@@ -35,13 +35,9 @@ pub fn pod_local(name: &str) -> Value {
 
 /// `pod` as the webhook mutates it with `settings` (the patch applied); panics on a denial.
 pub fn inject_with(pod: &Value, settings: &exitorder::webhook::Settings) -> Value {
-    match exitorder::webhook::mutate(pod, settings) {
-        exitorder::webhook::Admission::Allow { patch, .. } => {
-            let mut p = pod.clone();
-            json_patch::patch(&mut p, &patch).expect("the patch applies");
-            p
-        }
-        exitorder::webhook::Admission::Deny(m) => panic!("denied: {m}"),
+    match exitorder_testbed::admission::admit(pod, settings) {
+        Ok(admitted) => admitted.pod,
+        Err(e) => panic!("{e}"),
     }
 }
 

@@ -3,8 +3,9 @@
 //! The test bed's own pidfd stamp ([`super::kernelclock`]) is a notification the benchmark's
 //! thread must be scheduled to receive: on a busy node it comes late, and the delay measured
 //! from it looks shorter than it was. The bench pod's app prints the wall clock with busybox's
-//! `adjtimex` (microseconds, read-only) as the last thing before it exits; what is measured
-//! from it includes the shell's own exit, never less than the real delay.
+//! `adjtimex` (microseconds, read-only) as its last act: the shell's child reaped, the shell
+//! replaced by `adjtimex` (`exec`), whose exit is the container's. What is measured from it
+//! includes the process's own teardown, never less than the real delay.
 
 use std::collections::HashMap;
 use std::path::PathBuf;

@@ -1,10 +1,11 @@
 //! The demo's pass through the admission webhook's own mutation, and what it added, in words.
 
-use anyhow::{bail, Context};
-use exitorder::webhook::{Admission, HandshakeVolume, Settings};
+use anyhow::Context;
+use exitorder::webhook::{HandshakeVolume, Settings};
 use serde_json::Value;
 
 use super::PROJECT_IMAGE;
+use crate::admission::{admit, Admitted};
 
 /// Passes `pod` through the webhook's own mutation with the handshake in `mode`, as the API
 /// server admits it: refused with the webhook's message, or patched with its JSONPatch.
@@ -24,14 +25,11 @@ pub(super) fn inject(
         install_image: PROJECT_IMAGE.to_owned(),
         ..Settings::default()
     };
-    let before = pod.clone();
-    let warnings = match exitorder::webhook::mutate(pod, &settings) {
-        Admission::Deny(message) => bail!("the webhook refuses the pod: {message}"),
-        Admission::Allow { patch, warnings } => {
-            json_patch::patch(pod, &patch).context("applying the webhook's patch")?;
-            warnings
-        }
-    };
+    let Admitted {
+        pod: admitted,
+        warnings,
+    } = admit(pod, &settings)?;
+    let before = std::mem::replace(pod, admitted);
     let mode = clap::ValueEnum::to_possible_value(&mode)
         .map(|v| v.get_name().to_owned())
         .unwrap_or_default();

@@ -15,7 +15,7 @@ mod balancer;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{bail, Context};
+use anyhow::Context;
 use serde::Serialize;
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
@@ -264,12 +264,9 @@ fn replica(
                 handshake_volume: exitorder::webhook::HandshakeVolume::HostPath,
                 ..exitorder::webhook::Settings::default()
             };
-            match exitorder::webhook::mutate(&pod, &settings) {
-                exitorder::webhook::Admission::Deny(m) => bail!("the webhook refuses {name}: {m}"),
-                exitorder::webhook::Admission::Allow { patch, .. } => {
-                    json_patch::patch(&mut pod, &patch).context("applying the webhook's patch")?;
-                }
-            }
+            pod = crate::admission::admit(&pod, &settings)
+                .with_context(|| format!("admitting {name}"))?
+                .pod;
         }
     }
     Ok(pod)
