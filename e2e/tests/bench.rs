@@ -164,8 +164,23 @@ async fn bench_reports_every_figure() {
                     }
                 }
             }
+            // The machine's own wake-up lateness while the row ran, beside its delays.
+            let f = &d["floor"];
+            assert!(num(f, "wakes") >= 1.0, "{key}: {d}");
+            let (p50, p99, p999, max) = (
+                num(f, "late_p50_ms"),
+                num(f, "late_p99_ms"),
+                num(f, "late_p999_ms"),
+                num(f, "late_max_ms"),
+            );
+            assert!(
+                0.0 <= p50 && p50 <= p99 && p99 <= p999 && p999 <= max,
+                "{key}: {d}"
+            );
+            assert!(num(f, "late_over_2ms") <= num(f, "wakes"), "{key}: {d}");
         } else {
             assert!(d["stages"].is_null(), "{d}");
+            assert!(d["floor"].is_null(), "{d}");
         }
         // Every ordered allow is timed from the app's own stamp of its exit, which comes
         // before the exit: none can be ahead of it.

@@ -8,6 +8,7 @@ use tracing::Instrument;
 use super::agent::{agent_allows, connected_source, start_agent, AgentSource};
 use super::appclock::AppStamps;
 use super::baseline::{KruiseDaemon, KRUISE_SCAN};
+use super::floor::WakeProbe;
 use super::kernelclock::KernelClock;
 use super::measure::{self, assess, Allow, PreStop, Trial};
 use super::report::DetectRow;
@@ -171,7 +172,9 @@ pub(super) async fn detect_with_agent(
     }
     let mut clock = KernelClock::start();
     let mut stamps = AppStamps::default();
+    let probe = WakeProbe::start();
     let deleted = delete_in_batches(node, args, source.name(), &mut clock, &mut stamps).await?;
+    let floor = probe.finish();
     let uids: Vec<String> = deleted.iter().map(|(u, _)| u.clone()).collect();
     let log = agent_allows(&agent, &uids).await?;
     // A stream that dropped mid-run would make this a mix of sources.
@@ -187,11 +190,13 @@ pub(super) async fn detect_with_agent(
         );
     }
     agent.kill();
-    Ok(DetectRow::new(
+    let mut row = DetectRow::new(
         source.name(),
         deleted.len(),
         &assess(&agent_trials(&deleted, &log, &clock, &stamps)),
-    ))
+    );
+    row.floor = floor;
+    Ok(row)
 }
 
 pub(super) async fn detect_with_kruise(

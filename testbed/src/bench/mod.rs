@@ -29,6 +29,7 @@
 //! - `kernelclock`: the app's exit as the kernel sees it, the trigger of an app that did not;
 //! - `measure`: one pod deletion's facts to a delay, or the reason it gives none;
 //! - `stages`: where an allow's time goes, from the app's exit to the preStop's return;
+//! - `floor`: the machine's own wake-up lateness while a row runs, under every delay;
 //! - `summary`: percentiles of latency samples;
 //! - `proc`: a process's memory and CPU, from /proc;
 //! - `report`: the table for people, one JSON object for tools.
@@ -44,6 +45,7 @@ pub mod baseline;
 pub mod busy;
 pub mod churn;
 mod detect;
+pub mod floor;
 pub mod kernelclock;
 pub mod measure;
 pub mod proc;

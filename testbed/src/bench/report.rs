@@ -64,6 +64,8 @@ pub struct DetectRow {
     pub exits_stamped_by_app: usize,
     /// Where every deletion counted, exactly once.
     pub tally: Tally,
+    /// The machine's own wake-up lateness while the row ran (see [`super::floor`]).
+    pub floor: Option<super::floor::Floor>,
 }
 
 impl DetectRow {
@@ -85,6 +87,7 @@ impl DetectRow {
             stages: outcome.stages.figures(),
             exits_stamped_by_app: outcome.stamped_by_app,
             tally: outcome.tally.clone(),
+            floor: None,
         }
     }
 }
@@ -418,6 +421,9 @@ impl Report {
                 );
                 if let Some(stages) = &r.stages {
                     let _ = writeln!(t, "  where the time goes ({label}): {}", stages.line());
+                }
+                if let Some(floor) = &r.floor {
+                    let _ = writeln!(t, "  the machine's own floor ({label}): {}", floor.line());
                 }
             }
             let _ = writeln!(
