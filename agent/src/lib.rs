@@ -25,6 +25,13 @@
 //! - `telemetry`: log set-up and the shutdown signal;
 //! - `view`: the node view, and the facts a decision reads from it;
 //! - `webhook`: admission: the mutation, its review, TLS, Pod Security.
+//!
+//! Face: the parts the binary, the test bed, the end-to-end tests and the fuzz targets reach,
+//! `pub`; the others are the crate's own (`pub(crate)`), so the compiler finds what nobody
+//! uses. `e2e/tests/structure.rs` holds `lib.rs` to this list:
+//! `agent`, `app`, `cli`, `cluster`, `config`, `decide`, `faults`, `handshake`, `jobs`,
+//! `kubelet`, `pod`, `presets`, `runtime`, `serve`, `stats`, `telemetry`, `view`, `webhook`,
+//! `cri`.
 
 // The agent serves every tenant of its node as root: nothing a pod or the runtime sends may
 // panic it. These keep panicking operations out of its code (tests may use them).
@@ -44,7 +51,7 @@
 // One folder per role; each folder's module doc lists its parts.
 pub mod agent;
 pub mod app;
-pub mod backoff;
+pub(crate) mod backoff;
 pub mod cli;
 pub mod cluster;
 pub mod config;
@@ -55,7 +62,7 @@ pub mod handshake;
 pub mod jobs;
 pub mod kubelet;
 pub mod pod;
-pub mod podspec;
+pub(crate) mod podspec;
 pub mod presets;
 pub mod runtime;
 pub mod serve;
@@ -72,7 +79,7 @@ pub mod cri {
 
 /// Generated from proto/containerd/: containerd's event service and task events.
 #[allow(clippy::all, clippy::pedantic)]
-pub mod containerd {
+pub(crate) mod containerd {
     pub mod events {
         tonic::include_proto!("containerd.events");
     }

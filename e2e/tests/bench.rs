@@ -145,13 +145,19 @@ async fn bench_reports_every_figure() {
             if num(d, "samples") > 0.0 {
                 for stage in [
                     "exit_to_notice",
+                    "exit_to_kernel_wake",
+                    "kernel_wake_to_notice",
                     "notice_to_decision",
                     "decision_to_allow",
                     "allow_to_return",
                 ] {
                     let f = &d["stages"][stage];
                     let n = num(f, "samples");
-                    if stage == "allow_to_return" {
+                    if stage.contains("kernel") {
+                        // Split only where the kernel told an exit the wait was already on.
+                        let by_kernel = d["exit_told_by"]["kernel"].as_f64().unwrap_or(0.0);
+                        assert!(n <= by_kernel, "{key} {stage}: {d}");
+                    } else if stage == "allow_to_return" {
                         // A hook whose exec failed after its wait has no return.
                         assert!(n <= num(d, "samples"), "{key} {stage}: {d}");
                     } else {

@@ -8,6 +8,7 @@
 //! - The README's map and `docs/architecture.md`'s "where changes go" table name folders that
 //!   exist, and the README's Layout stays short.
 //! - No source file passes 600 lines before its tests.
+//! - The agent's library is `pub` only in the parts its `//! Face:` doc names.
 //! - The test bed turns on no feature in a crate of the agent's build, so the demo's build
 //!   reuses the image's.
 //!
@@ -684,6 +685,81 @@ fn where_changes_go_names_folders_that_exist_for_every_kind_of_change() {
             );
         }
     }
+}
+
+/// The backticked names of a `//! Face:` doc, to its first blank doc line.
+fn listed_face(src: &str) -> BTreeSet<String> {
+    let mut names = BTreeSet::new();
+    let mut lines = src.lines().map(str::trim);
+    if lines
+        .by_ref()
+        .find(|l| l.starts_with("//! Face:"))
+        .is_none()
+    {
+        return names;
+    }
+    for l in lines {
+        let Some(text) = l.strip_prefix("//!") else {
+            break;
+        };
+        if text.trim().is_empty() {
+            break;
+        }
+        // Only a line of names: the prose before them names `pub` and `pub(crate)` too.
+        let words: Vec<&str> = text
+            .split(',')
+            .map(str::trim)
+            .filter(|w| !w.is_empty())
+            .collect();
+        if words.iter().all(|w| w.starts_with('`')) {
+            for w in words {
+                names.insert(w.trim_end_matches('.').trim_matches('`').to_owned());
+            }
+        }
+    }
+    names
+}
+
+/// The modules a crate root declares `pub` (not `pub(crate)` or narrower), inline or in files;
+/// its own items only (unindented), not what an inline module holds.
+fn public_modules(code: &str) -> BTreeSet<String> {
+    code.lines()
+        .filter_map(|l| l.strip_prefix("pub mod "))
+        .filter_map(|rest| rest.split([';', ' ', '{']).next())
+        .map(str::to_owned)
+        .collect()
+}
+
+#[test]
+fn the_agents_public_face_is_the_documented_one() {
+    let lib = read(&repo().join("agent/src/lib.rs"));
+    let face = listed_face(&lib);
+    assert!(
+        face.len() >= 5,
+        "agent/src/lib.rs lists its face under `//! Face:`: {face:?}"
+    );
+    let public = public_modules(&code_only(&lib));
+    let undocumented: Vec<_> = public.difference(&face).collect();
+    let missing: Vec<_> = face.difference(&public).collect();
+    assert!(
+        undocumented.is_empty() && missing.is_empty(),
+        "agent/src/lib.rs: `pub mod` beyond its face (make them pub(crate), or name them in \
+         the face): {undocumented:?}; named in the face but not `pub mod`: {missing:?}"
+    );
+}
+
+#[test]
+fn the_face_checker_reads_what_it_is_given() {
+    let lib = "//! Parts:\n//! - `a`: x;\n//!\n//! Face: what is `pub`, the rest `pub(crate)`:\n\
+               //! `a`,\n//! `b`.\n\npub mod a;\npub(crate) mod c {\n    pub mod d;\n}\npub mod b {\n}\n";
+    assert_eq!(
+        listed_face(lib),
+        BTreeSet::from(["a".to_owned(), "b".to_owned()])
+    );
+    assert_eq!(
+        public_modules(lib),
+        BTreeSet::from(["a".to_owned(), "b".to_owned()])
+    );
 }
 
 #[test]

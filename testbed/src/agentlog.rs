@@ -48,6 +48,8 @@ pub struct AgentAllow {
     pub decided_ns: Option<i64>,
     /// Of that, the write and rename of `allow` alone (`write_us`).
     pub write_ns: Option<i64>,
+    /// When the kernel told the exit: from its thread's wake to the stamp (`kernel_us`).
+    pub kernel_ns: Option<i64>,
     /// Which source first told the agent of the pod's last exit (`exit_told_by`: `kernel`,
     /// `runtime`, or `none` when no container had exited).
     pub exit_told_by: Option<String>,
@@ -120,6 +122,11 @@ pub fn parse_allow(line: &serde_json::Value) -> Result<Option<AgentAllow>, LogEr
         write_ns: line
             .get("fields")
             .and_then(|f| f.get("write_us"))
+            .and_then(serde_json::Value::as_i64)
+            .map(|us| us * 1000),
+        kernel_ns: line
+            .get("fields")
+            .and_then(|f| f.get("kernel_us"))
             .and_then(serde_json::Value::as_i64)
             .map(|us| us * 1000),
         exit_told_by: line
@@ -214,7 +221,7 @@ mod tests {
                 r#"{"timestamp":"2026-11-21T12:00:00.000100Z","level":"INFO","fields":{"message":"exit held","event":"held","pod":"p1","container":"proxy","waiting_for":"[\"app\"]"}}"#,
             ),
             json(
-                r#"{"timestamp":"2026-11-21T12:00:00.250500Z","level":"INFO","fields":{"message":"exit allowed","event":"allow","pod":"p1","container":"proxy","reason":"ordered","waited_ms":250,"waited_us":250400,"decided_us":1200,"write_us":300}}"#,
+                r#"{"timestamp":"2026-11-21T12:00:00.250500Z","level":"INFO","fields":{"message":"exit allowed","event":"allow","pod":"p1","container":"proxy","reason":"ordered","waited_ms":250,"waited_us":250400,"decided_us":1200,"write_us":300,"kernel_us":1500}}"#,
             ),
             json(
                 r#"{"timestamp":"2026-11-21T12:00:01.000000Z","level":"INFO","fields":{"message":"exit allowed","event":"allow","pod":"p1","container":"proxy","reason":"deadline","waited_ms":1}}"#,
@@ -230,6 +237,7 @@ mod tests {
         assert_eq!(a.wait_since_ns, Some(1_795_262_400_000_100_000));
         assert_eq!(a.decided_ns, Some(1_200_000));
         assert_eq!(a.write_ns, Some(300_000));
+        assert_eq!(a.kernel_ns, Some(1_500_000));
         assert_eq!(log.allows.len(), 1);
 
         let bad = json(

@@ -9,7 +9,8 @@
 //! - `changes`: what the runtime tells the loop (events, the reader's replies) applied to
 //!   the node view;
 //! - `api`: the API server's pods, their changes, and the Events sink, when there is one;
-//! - `decisions`: deciding the pending waits and carrying the answers out;
+//! - `decisions`: deciding the pending waits from the node view;
+//! - `answers`: the answers carried out: `allow` written, logged, counted, told as Events;
 //! - `endpoints`: the hold of a pod's apps for its endpoints, from its annotations and the
 //!   follow of its EndpointSlices;
 //! - `files`: a round of file changes, the pods polled past their budget, roots watched again;
@@ -25,6 +26,7 @@
 //! - `link`: the runtime's client, reader and exit source, and what is known of its health;
 //! - `warned`: what was logged once, bounded.
 
+mod answers;
 mod api;
 mod changes;
 mod decisions;

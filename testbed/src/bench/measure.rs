@@ -30,6 +30,8 @@ pub struct Allow {
     pub decided_ns: Option<i64>,
     /// Of that, the write and rename of `allow` alone, when it says.
     pub write_ns: Option<i64>,
+    /// From the kernel's word of the exit (its thread's wake) to `allow`, when it says.
+    pub kernel_ns: Option<i64>,
     /// Which source told the writer of the exit, when it says (`kernel`, `runtime`).
     pub told_by: Option<String>,
 }
@@ -196,6 +198,7 @@ pub fn assess(trials: &[Trial]) -> Outcome {
             at_ns: allow.at_ns,
             decided_ns: allow.decided_ns,
             write_ns: allow.write_ns,
+            kernel_ns: allow.kernel_ns,
         };
         if let Some(s) = stage_times(trigger, times, t.returned_ns) {
             out.stages.push(s);
@@ -242,6 +245,7 @@ mod tests {
                 wait_since_ns,
                 decided_ns: None,
                 write_ns: None,
+                kernel_ns: None,
                 told_by: Some("kernel".to_owned()),
             }),
             prestop: PreStop::Waited,
