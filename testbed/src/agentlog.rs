@@ -90,6 +90,14 @@ fn field(
         })
 }
 
+/// An optional field in microseconds, as nanoseconds.
+fn micros_ns(line: &serde_json::Value, name: &str) -> Option<i64> {
+    line.get("fields")?
+        .get(name)?
+        .as_i64()
+        .map(|us| us.saturating_mul(1000))
+}
+
 /// The allow a log line reports; `Ok(None)` for any other line.
 pub fn parse_allow(line: &serde_json::Value) -> Result<Option<AgentAllow>, LogError> {
     if event(line) != Some(ALLOWED) {
@@ -109,26 +117,10 @@ pub fn parse_allow(line: &serde_json::Value) -> Result<Option<AgentAllow>, LogEr
         container: field(line, ALLOWED, "container")?,
         reason: field(line, ALLOWED, "reason")?,
         at_ns,
-        wait_since_ns: line
-            .get("fields")
-            .and_then(|f| f.get("waited_us"))
-            .and_then(serde_json::Value::as_i64)
-            .map(|us| at_ns - us * 1000),
-        decided_ns: line
-            .get("fields")
-            .and_then(|f| f.get("decided_us"))
-            .and_then(serde_json::Value::as_i64)
-            .map(|us| us * 1000),
-        write_ns: line
-            .get("fields")
-            .and_then(|f| f.get("write_us"))
-            .and_then(serde_json::Value::as_i64)
-            .map(|us| us * 1000),
-        kernel_ns: line
-            .get("fields")
-            .and_then(|f| f.get("kernel_us"))
-            .and_then(serde_json::Value::as_i64)
-            .map(|us| us * 1000),
+        wait_since_ns: micros_ns(line, "waited_us").map(|ns| at_ns - ns),
+        decided_ns: micros_ns(line, "decided_us"),
+        write_ns: micros_ns(line, "write_us"),
+        kernel_ns: micros_ns(line, "kernel_us"),
         exit_told_by: line
             .get("fields")
             .and_then(|f| f.get("exit_told_by"))
