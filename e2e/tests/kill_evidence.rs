@@ -156,7 +156,7 @@ async fn a_restart_then_a_silent_pod_kill_keeps_the_new_attempt_ordered() {
             d.describe()
         );
         support::assert_exited_after(&kb.bed, &d, "proxy", "app");
-        let allows = kb.allows(&uid, "proxy");
+        let allows = kb.allows(&uid, "proxy").await;
         let last = allows.last().unwrap_or_else(|| panic!("{name}: no allow"));
         assert!(
             last.is("allow", &[("reason", "ordered")]),
@@ -207,7 +207,7 @@ async fn two_restarts_in_a_row_are_two_restarts() {
     );
     let took = prestop_ms(t, "proxy", 0).unwrap_or(i64::MAX);
     eprintln!("the second restart in a row: the proxy's preStop returned after {took} ms");
-    let allows = kb.allows(&uid, "proxy");
+    let allows = kb.allows(&uid, "proxy").await;
     assert!(
         took < 2_000
             && allows
@@ -285,7 +285,7 @@ async fn a_mark_made_while_the_agent_was_down_is_dated_by_the_container() {
     );
     let took = prestop_ms(t, "proxy", 0).unwrap_or(i64::MAX);
     eprintln!("a restart after a mark made while the agent was down: the proxy's preStop returned after {took} ms");
-    let allows = kb.allows(&uid, "proxy");
+    let allows = kb.allows(&uid, "proxy").await;
     assert!(
         took < 5_000
             && allows
@@ -386,7 +386,7 @@ async fn restarts_are_let_go_whatever_became_of_their_events() {
             l.is("allow", &silent)
         })
         .await;
-    let allows = kb.allows(&uid, "proxy");
+    let allows = kb.allows(&uid, "proxy").await;
     let context = || {
         format!(
             "{}\nEvent reads: {}\n{}",
@@ -466,7 +466,7 @@ async fn a_restart_whose_event_was_aggregated_is_let_go() {
     let took = prestop_ms(&s.timeline, "proxy", 0).unwrap_or(i64::MAX);
     eprintln!("aggregated Event: the proxy's preStop returned after {took} ms");
     assert!(took < 5_000, "{took} ms\n{}", s.timeline.render(0));
-    let allow = kb.allows(running.uid(), "proxy");
+    let allow = kb.allows(running.uid(), "proxy").await;
     assert!(
         allow
             .first()
@@ -769,7 +769,7 @@ async fn a_restart_beside_a_container_exiting_every_two_seconds_waits_for_the_ku
         eprintln!(
             "{name}: the proxy's preStop returned after {took} ms; the neighbour exited {ticks} times meanwhile, the longest quiet {quiet_ms} ms"
         );
-        let allows = kb.allows(&uid, "proxy");
+        let allows = kb.allows(&uid, "proxy").await;
         let allow = allows.first();
         let context = || {
             format!(

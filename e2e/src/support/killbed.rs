@@ -151,13 +151,23 @@ impl KillBed {
         }
     }
 
-    /// Every allow the agent logged for `container` of pod `uid`, oldest first.
-    pub fn allows(&self, uid: &str, container: &str) -> Vec<exitorder_testbed::LogLine> {
+    /// Every allow the agent logged for `container` of pod `uid`, oldest first, once the
+    /// first is in the log. The agent logs an allow after its rename, so the entrypoint (and
+    /// the preStop the caller waited on) may return before the line is written: it is awaited,
+    /// up to a deadline, and an empty list after that is the caller's failure to report.
+    pub async fn allows(&self, uid: &str, container: &str) -> Vec<exitorder_testbed::LogLine> {
+        let of = [("pod", uid), ("container", container)];
+        // A missing line is reported by the caller with its own context.
+        let _ = self
+            .bed
+            .agent
+            .wait_for("an allow", Duration::from_secs(10), |l| l.is("allow", &of))
+            .await;
         self.bed
             .agent
             .lines()
             .into_iter()
-            .filter(|l| l.is("allow", &[("pod", uid), ("container", container)]))
+            .filter(|l| l.is("allow", &of))
             .collect()
     }
 
