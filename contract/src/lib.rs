@@ -230,6 +230,12 @@ pub mod podlocal {
     pub const VOLUME_PATH: [&str; 2] = ["volumes", "kubernetes.io~empty-dir"];
     /// The pod's volume that holds its sidecars' exit directories.
     pub const VOLUME: &str = "exitorder";
+    /// Its medium: a tmpfs, so the handshake's renames never wait for a disk's journal on a
+    /// busy node. What the pod writes there counts against its own memory.
+    pub const VOLUME_MEDIUM: &str = "Memory";
+    /// Its size: the handshake's files are bytes (a page each in a tmpfs), a few per
+    /// container; the kubelet mounts the tmpfs with this size.
+    pub const VOLUME_SIZE_LIMIT: &str = "1Mi";
     /// The pod's volume the entrypoint is copied into, mounted read-only at `mount::BIN_DIR`.
     pub const BIN_VOLUME: &str = "exitorder-bin";
     /// The init container that copies it there, from the project's image.

@@ -102,11 +102,7 @@ impl Drop for Racers {
 
 /// The pod's `exitorder` emptyDir, where the kubelet keeps it.
 fn volume(bed: &Bed, pod: &RunningPod) -> PathBuf {
-    bed.node
-        .kubelet_root()
-        .join("pods")
-        .join(pod.uid())
-        .join("volumes/kubernetes.io~empty-dir/exitorder")
+    bed.node.empty_dir(pod.uid(), "exitorder")
 }
 
 fn inode(p: &Path) -> u64 {

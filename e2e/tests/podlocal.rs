@@ -28,12 +28,7 @@ async fn a_sidecar_waiting_in_its_pods_own_volume_leaves_after_the_app() {
         .unwrap_or_else(|e| panic!("{e}"));
     let running = bed.run_ready(&support::pod_local("pod-local")).await;
     let uid = running.uid().to_owned();
-    let volume = bed
-        .node
-        .kubelet_root()
-        .join("pods")
-        .join(&uid)
-        .join("volumes/kubernetes.io~empty-dir/exitorder/proxy");
+    let volume = bed.node.empty_dir(&uid, "exitorder").join("proxy");
     assert!(volume.is_dir(), "{} is not there", volume.display());
     let d = running.delete().await.expect("delete pod");
     bed.show("pod_local", &d);
@@ -57,12 +52,7 @@ async fn a_link_in_a_pods_own_volume_is_refused_and_its_neighbour_still_ordered(
     let uid = running.uid().to_owned();
     // Another container of the pod mounting the whole volume could put a link beside its
     // sidecars' directories: it must lead the agent nowhere.
-    let volume = bed
-        .node
-        .kubelet_root()
-        .join("pods")
-        .join(&uid)
-        .join("volumes/kubernetes.io~empty-dir/exitorder");
+    let volume = bed.node.empty_dir(&uid, "exitorder");
     std::os::unix::fs::symlink(outside.path(), volume.join("logs")).expect("plant link");
     let d = running.delete().await.expect("delete pod");
     bed.assert_ordered(&d, &uid, "proxy", "app").await;

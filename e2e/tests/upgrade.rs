@@ -187,13 +187,12 @@ async fn agents_view(
 fn injected(pod: &Value, view: &AgentsView, image: &str) -> Value {
     let settings = Settings {
         install_image: image.to_owned(),
-        agent_presence: rollout::presence(None, Some(view.get())),
         // Under the agent's (2 s): the entrypoint's own timeout comes after the agent's
         // deadline, so the deadline case shows the agent's.
         grace_reserve: secs(1),
         ..Settings::default()
     };
-    support::inject_with(pod, &settings)
+    support::inject_with(pod, &rollout::following(&settings, view.get()))
 }
 
 /// The pod's containers in the order they exited, the install init container (done before
@@ -238,6 +237,12 @@ async fn a_default_upgrade_keeps_every_order_on_a_node_the_rollout_has_not_reach
         assert!(
             env.contains(r#"{"name":"EXITORDER_PRESENCE","value":"0ms"}"#),
             "{name}: no presence wait off mid-rollout: {pod}"
+        );
+        // The exit directories on the node's disk: the earlier agent watches the directory
+        // the kubelet makes, not a tmpfs mounted over it.
+        assert!(
+            env.contains(r#"{"emptyDir":{},"name":"exitorder"}"#),
+            "{name}: a tmpfs exit volume mid-rollout: {pod}"
         );
         let running = bed.run_ready(&pod).await;
         let deletion = tokio::spawn(running.delete());

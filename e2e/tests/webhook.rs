@@ -313,12 +313,16 @@ fn assert_injected(pod: &Value, name: &str, timeout: &str, then: &[&str]) {
     );
     assert_prestop(&c, timeout, then);
     let volumes = pod["spec"]["volumes"].as_array().expect("volumes");
-    for v in ["exitorder", "exitorder-bin"] {
+    // The exit directories in a small tmpfs, the entrypoint's copy on the node's disk.
+    for (v, empty_dir) in [
+        ("exitorder", json!({"medium": "Memory", "sizeLimit": "1Mi"})),
+        ("exitorder-bin", json!({})),
+    ] {
         let volume = volumes
             .iter()
             .find(|x| x["name"] == v)
             .unwrap_or_else(|| panic!("no volume {v}"));
-        assert_eq!(volume["emptyDir"], json!({}), "{v}");
+        assert_eq!(volume["emptyDir"], empty_dir, "{v}");
     }
     assert!(
         volumes.iter().all(|v| v.get("hostPath").is_none()),
@@ -1126,6 +1130,11 @@ async fn ordered_through_the_webhook_as(example_name: &str, pod: &Value, sidecar
     let pod = webhook.mutate(pod).await;
     let running = bed.run_ready(&pod).await;
     let uid = running.uid().to_owned();
+    // The exit directories are in the tmpfs the kubelet mounts for `medium: Memory`.
+    let volume = bed.node.empty_dir(&uid, "exitorder");
+    let fs = rustix::fs::statfs(&volume).expect("the pod's exitorder volume");
+    const TMPFS_MAGIC: i64 = 0x0102_1994;
+    assert_eq!(fs.f_type, TMPFS_MAGIC, "{}", volume.display());
     let d = running.delete().await.expect("delete pod");
     bed.show(example_name, &d);
     assert_exited_after(&bed, &d, sidecar, "app");
@@ -1339,6 +1348,17 @@ async fn the_presence_wait_follows_the_agents_rollout() {
         .await;
         let (out, _) = inject(&w, &pod).await;
         assert_eq!(presence(&out, "proxy").as_deref(), expected, "{want:?}");
+        // The exit volume a tmpfs only once every node's agent watches the mount table.
+        let exit_volume = out["spec"]["volumes"]
+            .as_array()
+            .and_then(|v| v.iter().find(|v| v["name"] == "exitorder"))
+            .map(|v| v["emptyDir"].clone());
+        let medium = exit_volume.as_ref().map(|e| e.get("medium").is_some());
+        assert_eq!(
+            medium,
+            Some(want == Agents::Settled),
+            "{want:?}: {exit_volume:?}"
+        );
     }
     // The DaemonSet gone: no agent anywhere, nothing to wait for.
     api.remove_daemonset("exitorder", "exitorder");

@@ -280,13 +280,7 @@ mod tests {
             "spec": {"hostNetwork": true, "restartPolicy": "Never",
                 "initContainers": [{"name": "watcher", "image": "x", "restartPolicy": "Always"}],
                 "containers": [{"name": "app", "image": "x"}, {"name": "proxy", "image": "x"}]}});
-        let place = Placement {
-            uid: "7b0e6c9e-4c1e-4d63-9a43-2f6f3c1d9b10".into(),
-            node_name: "node-1".into(),
-            host_ip: "10.0.0.7".into(),
-            force_host_network: false,
-            name_suffix: "abcde".into(),
-        };
+        let place = Placement::example();
         let plan = plan(&pod, &place).expect("a plan");
         let mut d = Deletion {
             pod_uid: place.uid.clone(),

@@ -433,6 +433,7 @@ impl WebhookArgs {
                 install_image: self.install_image.clone(),
                 agent_presence: self.agent_presence,
                 mark_containers: true,
+                exits_in_memory: true,
             },
             reload_interval: self.reload_interval.max(Duration::from_millis(10)),
             shutdown_timeout: self.shutdown_timeout,

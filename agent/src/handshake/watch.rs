@@ -24,8 +24,14 @@
 //! root process of the node): the watcher runs without one and says so ([`ShareWatcher::polling`]);
 //! the agent then rescans on a timer instead.
 //!
+//! A pod's volume may be mounted over a directory after the agent watched it (a `medium:
+//! Memory` emptyDir): the thread watches the mount table too, and a pod below which a mount
+//! came or went is walked again.
+//!
 //! Parts:
-//! - `reader`: the thread that reads both instances and files each event in the queue.
+//! - `reader`: the thread that reads both instances and the mount table and files each event
+//!   in the queue.
+//! - `mounts`: the mount table, and the pods below which a mount came or went.
 
 use std::collections::{BTreeSet, HashMap};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
@@ -228,12 +234,24 @@ impl ShareWatcher {
             queue,
             roots: roots.clone(),
         });
+        let root_paths: Vec<PathBuf> = roots.iter().map(|r| r.pods.clone()).collect();
+        let mounts = match mounts::MountTable::open(&root_paths) {
+            Ok(m) => Some(m),
+            Err(e) => {
+                warn!(
+                    event = "mount_table_unavailable",
+                    error = %e,
+                    "the mount table cannot be read (/proc/self/mountinfo): a medium: Memory emptyDir mounted after its directory was watched is seen only at the next walk of its pod"
+                );
+                None
+            }
+        };
         let theirs = shared.clone();
         std::thread::Builder::new()
             .name("inotify".to_owned())
             .spawn(move || {
                 let _span = tracing::info_span!("inotify").entered();
-                reader::read_events(&theirs);
+                reader::read_events(&theirs, mounts);
             })
             .map_err(WatchError::Init)?;
         Ok(ShareWatcher {
@@ -510,6 +528,7 @@ impl Drop for ShareWatcher {
     }
 }
 
+mod mounts;
 mod reader;
 
 #[cfg(test)]

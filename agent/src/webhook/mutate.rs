@@ -46,6 +46,10 @@ pub struct Settings {
     /// roll out: there the entrypoint is the node's, and a node still running an agent of a
     /// release before `mark` would fail the hook (see [`super::rollout`]).
     pub mark_containers: bool,
+    /// The pod-local exit directories' volume is a tmpfs (`medium: Memory`, see
+    /// [`super::podlocal::volumes`]). Off while the agents roll out (see
+    /// [`super::rollout::exits_in_memory`]).
+    pub exits_in_memory: bool,
 }
 
 impl Default for Settings {
@@ -58,6 +62,7 @@ impl Default for Settings {
             install_image: DEFAULT_INSTALL_IMAGE.to_owned(),
             agent_presence: None,
             mark_containers: true,
+            exits_in_memory: true,
         }
     }
 }
@@ -303,7 +308,7 @@ fn inject_into(
             inject::share_volume(spec, &settings.share_dir, &settings.bin_dir)?
         }
         HandshakeVolume::EmptyDir => {
-            super::podlocal::volumes(spec)?;
+            super::podlocal::volumes(spec, settings.exits_in_memory)?;
             install_at = super::podlocal::install_container(spec, &settings.install_image)?;
         }
     }

@@ -19,8 +19,13 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 /// Adds the two `emptyDir` volumes once; refuses a pod that already uses one of the names for
-/// something else.
-pub fn volumes(spec: &mut PodSpec) -> Result<(), String> {
+/// something else. The exit directories' volume is a small tmpfs (`medium: Memory`): the
+/// handshake is a few bytes per container, and its renames must not wait behind the disk's
+/// journal on a busy node; a plain one with `in_memory` off (while the agents roll out). The
+/// entrypoint's stays on the node's disk: a copy of a binary there would count against the
+/// pod's memory. An `emptyDir` the pod already declares under the name (an earlier pass's,
+/// whatever its medium) is kept as it is.
+pub fn volumes(spec: &mut PodSpec, in_memory: bool) -> Result<(), String> {
     let volumes = spec.volumes.get_or_insert_with(Vec::new);
     for name in [podlocal::VOLUME, podlocal::BIN_VOLUME] {
         match volumes.iter().find(|v| v.name == name) {
@@ -32,7 +37,15 @@ pub fn volumes(spec: &mut PodSpec) -> Result<(), String> {
             }
             None => volumes.push(Volume {
                 name: name.to_owned(),
-                empty_dir: Some(EmptyDirVolumeSource::default()),
+                empty_dir: Some(if name == podlocal::VOLUME && in_memory {
+                    EmptyDirVolumeSource {
+                        medium: Some(podlocal::VOLUME_MEDIUM.to_owned()),
+                        size_limit: Some(Quantity(podlocal::VOLUME_SIZE_LIMIT.to_owned())),
+                        ..EmptyDirVolumeSource::default()
+                    }
+                } else {
+                    EmptyDirVolumeSource::default()
+                }),
                 ..Volume::default()
             }),
         }
@@ -177,7 +190,7 @@ mod tests {
             ..PodSpec::default()
         };
         for _ in 0..2 {
-            volumes(&mut spec).unwrap();
+            volumes(&mut spec, true).unwrap();
             // Appended, to be moved to the front by the patch: as the patch would.
             if let Some(at) = install_container(&mut spec, "img:1").unwrap() {
                 let inits = spec.init_containers.as_mut().unwrap();
@@ -189,6 +202,26 @@ mod tests {
             }
         }
         assert_eq!(spec.volumes.as_ref().map(Vec::len), Some(2));
+        let dirs: Vec<_> = spec
+            .volumes
+            .iter()
+            .flatten()
+            .map(|v| (v.name.as_str(), v.empty_dir.clone().unwrap_or_default()))
+            .collect();
+        assert_eq!(
+            dirs,
+            [
+                (
+                    podlocal::VOLUME,
+                    EmptyDirVolumeSource {
+                        medium: Some("Memory".into()),
+                        size_limit: Some(Quantity("1Mi".into())),
+                        ..EmptyDirVolumeSource::default()
+                    }
+                ),
+                (podlocal::BIN_VOLUME, EmptyDirVolumeSource::default()),
+            ]
+        );
         let inits = spec.init_containers.as_ref().unwrap();
         assert_eq!(inits.len(), 2);
         assert_eq!(inits[0].name, podlocal::INSTALL_CONTAINER);
@@ -215,7 +248,9 @@ mod tests {
             }]),
             ..PodSpec::default()
         };
-        assert!(volumes(&mut spec).unwrap_err().contains("\"exitorder\""));
+        assert!(volumes(&mut spec, true)
+            .unwrap_err()
+            .contains("\"exitorder\""));
         let mut spec = PodSpec {
             init_containers: Some(vec![Container {
                 name: podlocal::INSTALL_CONTAINER.into(),

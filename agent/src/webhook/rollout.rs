@@ -12,7 +12,8 @@
 //! the agent's answer until the entrypoint's own timeout, as releases before it did); once
 //! every node runs the current agent (which marks every directory it serves, pods admitted
 //! meanwhile included), it injects nothing and the entrypoint's 1 s applies. A pod admitted
-//! mid-rollout, on a node where no agent runs at all, waits out its timeout.
+//! mid-rollout, on a node where no agent runs at all, waits out its timeout. The pod-local exit
+//! volume is a tmpfs only once settled too ([`exits_in_memory`]).
 //!
 //! Cost to the API server: one watch of one DaemonSet (by name) per webhook replica, served
 //! from the watch cache, an event per change of the DaemonSet's status during a rollout.
@@ -106,6 +107,29 @@ pub fn mark_containers(handshake: super::HandshakeVolume, agents: Option<Agents>
     match handshake {
         super::HandshakeVolume::EmptyDir => true,
         super::HandshakeVolume::HostPath => matches!(agents, None | Some(Agents::Settled)),
+    }
+}
+
+/// Whether the pod-local exit directories' volume is a tmpfs (`medium: Memory`): once every
+/// node runs the current agent. An agent of a release before it watches the directory the
+/// kubelet makes and not the tmpfs the kubelet mounts over it a moment later, and would never
+/// see the exits made there; a plain `emptyDir` is served by every release. (A pod admitted
+/// as the agents settle and started on a node whose agent is downgraded meanwhile is the one
+/// case left: its walk at the downgraded agent's start finds the tmpfs already mounted unless
+/// the pod starts after that walk.)
+pub fn exits_in_memory(agents: Option<Agents>) -> bool {
+    matches!(agents, None | Some(Agents::Settled))
+}
+
+/// The settings a review is answered with while the agents are as `agents` say: the presence
+/// wait (unless the webhook was told one), the containers' marks in the host share's layout,
+/// and the exit volume's medium in the pod-local one follow the rollout.
+pub fn following(settings: &super::Settings, agents: Agents) -> super::Settings {
+    super::Settings {
+        agent_presence: presence(settings.agent_presence, Some(agents)),
+        mark_containers: mark_containers(settings.handshake_volume, Some(agents)),
+        exits_in_memory: settings.exits_in_memory && exits_in_memory(Some(agents)),
+        ..settings.clone()
     }
 }
 
@@ -257,6 +281,10 @@ mod tests {
         assert!(mark_containers(HostPath, Some(Agents::Settled)));
         assert!(!mark_containers(HostPath, Some(Agents::RollingOut)));
         assert!(!mark_containers(HostPath, Some(Agents::Unknown)));
+        assert!(exits_in_memory(None));
+        assert!(exits_in_memory(Some(Agents::Settled)));
+        assert!(!exits_in_memory(Some(Agents::RollingOut)));
+        assert!(!exits_in_memory(Some(Agents::Unknown)));
     }
 
     #[test]

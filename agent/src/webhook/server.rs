@@ -264,24 +264,20 @@ impl Connection {
     }
 }
 
-/// The settings a review is answered with: the presence wait (unless the webhook was told one)
-/// and, in the host share's layout, the containers' marks follow the agents' rollout now (read
-/// once per request).
+/// The settings a review is answered with, following the agents' rollout as it is now (read
+/// once per request; the webhook's own when nothing changes).
 fn with_agents(settings: Arc<Settings>, agents: Option<&AgentsView>) -> Arc<Settings> {
     let Some(agents) = agents else {
         return settings;
     };
-    let now = agents.get();
-    let presence = super::rollout::presence(settings.agent_presence, Some(now));
-    let marks = super::rollout::mark_containers(settings.handshake_volume, Some(now));
-    if presence == settings.agent_presence && marks == settings.mark_containers {
+    let now = super::rollout::following(&settings, agents.get());
+    if now.agent_presence == settings.agent_presence
+        && now.mark_containers == settings.mark_containers
+        && now.exits_in_memory == settings.exits_in_memory
+    {
         return settings;
     }
-    Arc::new(Settings {
-        agent_presence: presence,
-        mark_containers: marks,
-        ..(*settings).clone()
-    })
+    Arc::new(now)
 }
 
 fn text(code: StatusCode, body: impl Into<Bytes>) -> Response<Full<Bytes>> {

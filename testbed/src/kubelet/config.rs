@@ -340,13 +340,7 @@ mod tests {
                      "containers": [{"name": "a", "image": "x",
                         "volumeMounts": [{"name": "v", "mountPath": "/v"}]}],
                      "volumes": [{"name": "v", "emptyDir": {}}]}});
-        let place = super::super::plan::Placement {
-            uid: "7b0e6c9e-4c1e-4d63-9a43-2f6f3c1d9b10".into(),
-            node_name: "node-1".into(),
-            host_ip: "10.0.0.7".into(),
-            force_host_network: false,
-            name_suffix: "abcde".into(),
-        };
+        let place = super::super::plan::Placement::example();
         super::super::plan::plan(&pod, &place).expect("a plan")
     }
 

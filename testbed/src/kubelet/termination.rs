@@ -375,7 +375,10 @@ pub(super) async fn delete(ctx: &PodCtx, opts: &DeleteOptions) -> Result<Deletio
     let sandbox_removed_ns = super::now_ns();
     ctx.record_at(sandbox_removed_ns, None, What::SandboxRemoved);
     ctx.set_phase(Phase::Deleted);
-    let _ = std::fs::remove_dir_all(&ctx.pod_dir);
+    // The kubelet's TearDownAt: a tmpfs volume is unmounted before its directory goes.
+    if let Err(e) = crate::node::dirs::remove_tree(&ctx.pod_dir) {
+        eprintln!("exitorder testbed: {e}");
+    }
     removed?;
     let status = ctx.snapshot();
     let containers = names

@@ -73,12 +73,17 @@ pub fn prepare(
                 check_host_path(&host, *kind).map_err(|p| err(&host, p))?;
                 host
             }
-            Volume::EmptyDir => {
+            Volume::EmptyDir | Volume::Tmpfs { .. } => {
                 let dir = pod_dir.join("volumes/kubernetes.io~empty-dir").join(name);
                 mkdir(&dir, 0o777).map_err(|e| err(&dir, e.to_string()))?;
                 // emptyDir is world-writable, as the kubelet makes it, whatever the umask.
                 std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777))
                     .map_err(|e| err(&dir, e.to_string()))?;
+                // `medium: Memory`: a tmpfs over the directory just made (its root is the
+                // tmpfs's own, 1777, as on a node).
+                if let Volume::Tmpfs { size } = v {
+                    crate::node::dirs::tmpfs(&dir, *size).map_err(|e| err(&dir, e.to_string()))?;
+                }
                 dir
             }
         };
@@ -209,5 +214,35 @@ mod tests {
             .unwrap_err()
             .contains("not a socket"));
         assert!(check_host_path(&d.join("absent"), HostPathType::Unchecked).is_ok());
+    }
+
+    /// A `medium: Memory` emptyDir is a tmpfs of its `sizeLimit` over the directory, the
+    /// subPath made inside it, and the pod's teardown unmounts it before removing the tree.
+    #[test]
+    fn a_memory_emptydir_is_a_tmpfs_of_its_size_and_is_torn_down() {
+        use crate::kubelet::plan::{plan, Placement};
+        let pod = serde_json::json!({
+            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "web"},
+            "spec": {"hostNetwork": true,
+                     "containers": [{"name": "proxy", "image": "busybox:1.36",
+                                     "volumeMounts": [{"name": "exitorder", "mountPath": "/var/run/exitorder", "subPath": "proxy"}]}],
+                     "volumes": [{"name": "exitorder", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}}]}});
+        let place = Placement::example();
+        let plan = plan(&pod, &place).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let pod_dir = dir.path().join("pods").join(&place.uid);
+        let sources = prepare(&plan, &pod_dir, &[]).unwrap();
+        let vol = pod_dir.join("volumes/kubernetes.io~empty-dir/exitorder");
+        assert_eq!(
+            sources["proxy"],
+            [vol.join("proxy").to_string_lossy().into_owned()]
+        );
+        let fs = rustix::fs::statfs(&vol).unwrap();
+        // TMPFS_MAGIC, 1 MiB in blocks of its own size.
+        assert_eq!(fs.f_type, 0x0102_1994, "{}", vol.display());
+        assert_eq!(fs.f_blocks as u64 * fs.f_bsize as u64, 1 << 20);
+        assert!(vol.join("proxy").is_dir());
+        crate::node::dirs::remove_tree(&pod_dir).unwrap();
+        assert!(!pod_dir.exists());
     }
 }

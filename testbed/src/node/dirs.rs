@@ -121,6 +121,21 @@ pub(crate) fn shared_mount(dir: &Path) -> Result<(), TestbedError> {
     mount(&["--make-shared".as_ref(), dir.as_os_str()], dir)
 }
 
+/// Mounts a tmpfs of `size` bytes (the kernel's default without) over `dir`, as the kubelet
+/// sets up an emptyDir of `medium: Memory` (`setupTmpfs`: the directory first, then
+/// `mount -t tmpfs -o size=<sizeLimit>`). Its removal is [`remove_tree`]'s, which unmounts
+/// before it removes, as the kubelet's `TearDownAt` does.
+pub(crate) fn tmpfs(dir: &Path, size: Option<u64>) -> Result<(), TestbedError> {
+    use std::ffi::OsStr;
+    let opts = size.map(|n| format!("size={n}"));
+    let mut args: Vec<&OsStr> = vec![OsStr::new("-t"), OsStr::new("tmpfs")];
+    if let Some(o) = &opts {
+        args.extend([OsStr::new("-o"), OsStr::new(o)]);
+    }
+    args.extend([OsStr::new("tmpfs"), dir.as_os_str()]);
+    mount(&args, dir)
+}
+
 fn mount(args: &[&std::ffi::OsStr], dir: &Path) -> Result<(), TestbedError> {
     let out = Command::new("mount")
         .args(args)
@@ -131,7 +146,10 @@ fn mount(args: &[&std::ffi::OsStr], dir: &Path) -> Result<(), TestbedError> {
     }
     let why = format!(
         "mount {}: {}",
-        args[0].to_string_lossy(),
+        args.iter()
+            .map(|a| a.to_string_lossy())
+            .collect::<Vec<_>>()
+            .join(" "),
         String::from_utf8_lossy(&out.stderr).trim()
     );
     Err(TestbedError::io("mount", dir, std::io::Error::other(why)))

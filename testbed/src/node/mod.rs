@@ -370,6 +370,15 @@ impl Node {
         self.shared.dir.join(KUBELET_ROOT)
     }
 
+    /// Where the kubelet keeps pod `uid`'s `emptyDir` volume `volume` on this node.
+    pub fn empty_dir(&self, uid: &str, volume: &str) -> PathBuf {
+        self.kubelet_root()
+            .join("pods")
+            .join(uid)
+            .join("volumes/kubernetes.io~empty-dir")
+            .join(volume)
+    }
+
     /// The node's private directory (containerd's root, state, config and log).
     pub fn dir(&self) -> &Path {
         &self.shared.dir

@@ -1,26 +1,34 @@
-//! The watcher's thread: reads both inotify instances and files each event in the queue.
+//! The watcher's thread: reads both inotify instances and the mount table and files each
+//! event in the queue.
 
 use std::os::unix::ffi::OsStrExt;
 
 use rustix::fs::inotify::{self, ReadFlags};
 use rustix::io::Errno;
 
+use std::path::PathBuf;
+
+use super::mounts::MountTable;
 use super::{pod_dir_of, table, worth_telling, Inst, Shared};
 
-/// The reading thread: both instances until woken to end. The kubelet's instance is read
-/// first at each wake; each is read a bounded number of times per wake, so the pods' cannot
-/// keep the kubelet's waiting.
-pub(super) fn read_events(shared: &Shared) {
+/// The reading thread: both instances and the mount table until woken to end. The
+/// kubelet's instance is read first at each wake; each is read a bounded number of times per
+/// wake, so the pods' cannot keep the kubelet's waiting.
+pub(super) fn read_events(shared: &Shared, mut mounts: Option<MountTable>) {
     use rustix::event::{poll, PollFd, PollFlags};
     // Aligned for `struct inotify_event` (the reader checks), room for many.
     let mut buf = vec![std::mem::MaybeUninit::<u8>::uninit(); 64 * 1024];
+    let roots: Vec<PathBuf> = shared.roots.iter().map(|r| r.pods.clone()).collect();
     loop {
-        let (kube_ready, pods_ready, woken) = {
-            let mut fds = [
+        let (kube_ready, pods_ready, woken, remounted) = {
+            let mut fds = vec![
                 PollFd::new(&shared.kube, PollFlags::IN),
                 PollFd::new(&shared.pods, PollFlags::IN),
                 PollFd::new(&shared.wake, PollFlags::IN),
             ];
+            if let Some(m) = &mounts {
+                fds.push(PollFd::from_borrowed_fd(m.fd(), PollFlags::PRI));
+            }
             match poll(&mut fds, None) {
                 Ok(_) => {}
                 Err(Errno::INTR) => continue,
@@ -29,11 +37,8 @@ pub(super) fn read_events(shared: &Shared) {
                     return;
                 }
             }
-            (
-                !fds[0].revents().is_empty(),
-                !fds[1].revents().is_empty(),
-                !fds[2].revents().is_empty(),
-            )
+            let ready = |i: usize| fds.get(i).is_some_and(|f| !f.revents().is_empty());
+            (ready(0), ready(1), ready(2), ready(3))
         };
         if woken {
             return;
@@ -43,6 +48,23 @@ pub(super) fn read_events(shared: &Shared) {
         }
         if pods_ready {
             drain(shared, Inst::Pods, &mut buf);
+        }
+        if remounted {
+            if let Some(m) = &mut mounts {
+                match m.changed(&roots) {
+                    Ok(pods) => {
+                        for pod_dir in pods {
+                            shared.queue.push(Some(&pod_dir), pod_dir.clone());
+                        }
+                    }
+                    // Unreadable now (it never is, short of memory): watched no longer, and
+                    // the pods are walked as their own events come.
+                    Err(e) => {
+                        tracing::warn!(event = "mount_table_unavailable", error = %e, "the mount table could not be read again: mounts are no longer watched");
+                        mounts = None;
+                    }
+                }
+            }
         }
     }
 }

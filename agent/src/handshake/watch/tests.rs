@@ -191,3 +191,53 @@ fn a_root_that_goes_is_told_lost() {
         std::thread::sleep(Duration::from_millis(5));
     }
 }
+
+/// A tmpfs mounted over a directory the agent already watches (the kubelet's `medium:
+/// Memory` emptyDir, made then mounted) hides it, and inotify says nothing: the mount table's
+/// change tells the pod, walking it again moves the watch onto the tmpfs, and what is made
+/// inside is told. Mounting needs root, as the agent has.
+#[test]
+fn a_tmpfs_mounted_over_a_watched_directory_is_told_and_watched_anew() {
+    let mut f = Fixture::new();
+    let pod = f.pod();
+    f.watcher
+        .watch_at(&pod, Fixture::open(&pod).as_fd())
+        .unwrap();
+    let _ = f.queue.take(usize::MAX);
+    let mount = |args: &[&std::ffi::OsStr]| {
+        let out = std::process::Command::new("mount")
+            .args(args)
+            .output()
+            .expect("util-linux mount");
+        assert!(
+            out.status.success(),
+            "mount {args:?} (needs root): {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    mount(&[
+        "-t".as_ref(),
+        "tmpfs".as_ref(),
+        "tmpfs".as_ref(),
+        pod.as_os_str(),
+    ]);
+    struct Unmount(PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount")
+                .arg("--lazy")
+                .arg(&self.0)
+                .output();
+        }
+    }
+    let _unmount = Unmount(pod.clone());
+    f.told_until(&pod);
+    let before = f.watcher.len();
+    f.watcher
+        .watch_at(&pod, Fixture::open(&pod).as_fd())
+        .unwrap();
+    assert_eq!(f.watcher.len(), before, "the watch moved, not added");
+    let c = pod.join("proxy");
+    std::fs::create_dir(&c).unwrap();
+    f.told_until(&c);
+}

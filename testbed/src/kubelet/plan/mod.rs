@@ -54,6 +54,20 @@ pub struct Placement {
     pub name_suffix: String,
 }
 
+#[cfg(test)]
+impl Placement {
+    /// A node's placement for the test bed's own unit tests.
+    pub(crate) fn example() -> Placement {
+        Placement {
+            uid: "7b0e6c9e-4c1e-4d63-9a43-2f6f3c1d9b10".into(),
+            node_name: "node-1".into(),
+            host_ip: "10.0.0.7".into(),
+            force_host_network: false,
+            name_suffix: "abcde".into(),
+        }
+    }
+}
+
 /// The pod's restartPolicy; a container's own (KEP-5307) is its plan's `restart`.
 pub use restart::{RestartPolicy, Restarts, Then};
 
@@ -541,13 +555,7 @@ mod tests {
     use serde_json::json;
 
     fn place() -> Placement {
-        Placement {
-            uid: "7b0e6c9e-4c1e-4d63-9a43-2f6f3c1d9b10".into(),
-            node_name: "node-1".into(),
-            host_ip: "10.0.0.7".into(),
-            force_host_network: false,
-            name_suffix: "abcde".into(),
-        }
+        Placement::example()
     }
 
     fn pod(containers: Value) -> Value {
