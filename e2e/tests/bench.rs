@@ -118,6 +118,7 @@ async fn bench_reports_every_figure() {
 
     for (key, source) in [
         ("containerd_events", "containerd_events"),
+        ("containerd_events_pod_local", "containerd_events"),
         ("poll", "poll"),
         ("kruise_daemon", "kruise_daemon"),
     ] {

@@ -62,6 +62,55 @@ pub(super) fn trigger_ns(
     })
 }
 
+/// Where the bench pods' exit directories are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Layout {
+    /// The node's share (bench.yaml as written): a directory on the node's disk.
+    Share,
+    /// The pod's own `exitorder` volume, as the webhook injects it once the agents are
+    /// rolled out: a 1 MiB tmpfs (`medium: Memory`) the kubelet mounts, the proxy's
+    /// directory its `subPath`.
+    PodLocal,
+}
+
+impl Layout {
+    /// `pod` with its exit directory in this layout.
+    fn apply(self, mut pod: serde_json::Value) -> serde_json::Value {
+        use exitorder_contract::podlocal;
+        if self == Layout::PodLocal {
+            for v in pod["spec"]["volumes"].as_array_mut().into_iter().flatten() {
+                if v["name"] == podlocal::VOLUME {
+                    *v = serde_json::json!({"name": podlocal::VOLUME, "emptyDir": {
+                        "medium": podlocal::VOLUME_MEDIUM,
+                        "sizeLimit": podlocal::VOLUME_SIZE_LIMIT}});
+                }
+            }
+            let proxy = pod["spec"]["containers"]
+                .as_array_mut()
+                .and_then(|cs| cs.iter_mut().find(|c| c["name"] == PROXY));
+            for m in proxy
+                .and_then(|c| c["volumeMounts"].as_array_mut())
+                .into_iter()
+                .flatten()
+            {
+                if m["name"] == podlocal::VOLUME {
+                    *m = serde_json::json!({"name": podlocal::VOLUME,
+                        "mountPath": exitorder_contract::mount::EXIT_DIR, "subPath": PROXY});
+                }
+            }
+        }
+        pod
+    }
+
+    /// The pod names' tag.
+    fn tag(self) -> &'static str {
+        match self {
+            Layout::Share => "",
+            Layout::PodLocal => "-local",
+        }
+    }
+}
+
 /// Removes deleted pods' share directories (the kubelet would, with the pod's volumes) so
 /// later phases start from a share that holds only live pods.
 pub(super) fn forget_pods<'a>(share: &Share, uids: impl IntoIterator<Item = &'a str>) {
@@ -82,6 +131,7 @@ pub(super) async fn delete_in_batches(
     node: &Node,
     args: &BenchArgs,
     tag: &str,
+    layout: Layout,
     clock: &mut KernelClock,
     stamps: &mut AppStamps,
 ) -> anyhow::Result<Vec<(String, Result<Deletion, TestbedError>)>> {
@@ -91,7 +141,10 @@ pub(super) async fn delete_in_batches(
     while out.len() < args.deletions {
         let n = args.batch.min(args.deletions - out.len());
         let specs = (0..n)
-            .map(|i| bench_pod(format!("{tag}-{batch_no}-{i}"), args.app_drain))
+            .map(|i| {
+                let name = format!("{tag}{}-{batch_no}-{i}", layout.tag());
+                bench_pod(name, args.app_drain).map(|p| layout.apply(p))
+            })
             .collect::<anyhow::Result<Vec<_>>>()?;
         let (pods, errors) = start_pods(node, specs, args.start_concurrency).await;
         if let Some(e) = errors.into_iter().next() {
@@ -149,11 +202,16 @@ pub(super) async fn detect_with_agent(
     args: &BenchArgs,
     bin: &Binaries,
     source: AgentSource,
+    layout: Layout,
 ) -> anyhow::Result<DetectRow> {
     progress!(
-        "{}: the agent with EXITORDER_EXIT_SOURCE={}; {} deletions, {} at once",
+        "{}: the agent with EXITORDER_EXIT_SOURCE={}, exit directories {}; {} deletions, {} at once",
         source.name(),
         source.env_value(),
+        match layout {
+            Layout::Share => "in the node's share",
+            Layout::PodLocal => "in each pod's tmpfs",
+        },
         args.deletions,
         args.batch
     );
@@ -174,7 +232,8 @@ pub(super) async fn detect_with_agent(
     let mut clock = KernelClock::start();
     let mut stamps = AppStamps::default();
     let probe = WakeProbe::start();
-    let deleted = delete_in_batches(node, args, source.name(), &mut clock, &mut stamps).await?;
+    let deleted =
+        delete_in_batches(node, args, source.name(), layout, &mut clock, &mut stamps).await?;
     let floor = probe.finish();
     let uids: Vec<String> = deleted.iter().map(|(u, _)| u.clone()).collect();
     let log = agent_allows(&agent, &uids).await?;
@@ -229,7 +288,7 @@ pub(super) async fn detect_with_kruise(
     );
     let mut clock = KernelClock::start();
     let mut stamps = AppStamps::default();
-    let deleted = delete_in_batches(node, args, NAME, &mut clock, &mut stamps).await;
+    let deleted = delete_in_batches(node, args, NAME, Layout::Share, &mut clock, &mut stamps).await;
     let _ = stop.send(true);
     while tasks.join_next().await.is_some() {}
     let deleted = deleted?;
@@ -273,4 +332,31 @@ pub(super) async fn detect_with_kruise(
         })
         .collect();
     Ok(DetectRow::new(NAME, deleted.len(), &assess(&trials)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kubelet::plan::{plan, Placement, Volume};
+
+    #[test]
+    fn the_pod_local_layout_puts_the_proxys_directory_in_the_pods_tmpfs() {
+        let share = bench_pod("p".into(), std::time::Duration::ZERO).unwrap();
+        let local = plan(&Layout::PodLocal.apply(share.clone()), &Placement::example()).unwrap();
+        assert_eq!(
+            local.volumes.get("exitorder"),
+            Some(&Volume::Tmpfs {
+                size: Some(1 << 20)
+            })
+        );
+        let proxy = local.containers.iter().find(|c| c.name == PROXY).unwrap();
+        let own = proxy
+            .mounts
+            .iter()
+            .find(|m| m.volume == "exitorder")
+            .unwrap();
+        assert_eq!(own.sub_path.as_deref(), Some(PROXY));
+        // The share's layout is bench.yaml as written.
+        assert_eq!(Layout::Share.apply(share.clone()), share);
+    }
 }

@@ -70,7 +70,7 @@ use crate::node::{Node, NodeOptions, TestbedError};
 use exitorder::handshake::share::Share;
 
 use baseline::KRUISE_SCAN;
-use detect::{detect_with_agent, detect_with_kruise};
+use detect::{detect_with_agent, detect_with_kruise, Layout};
 use kernelclock::KernelClock;
 use report::{DetectSection, Report, ReturnRow, ReturnSection, Settings};
 use resources::resources;
@@ -345,8 +345,23 @@ async fn measure_all(node: &Node, args: &BenchArgs, bin: &Binaries) -> anyhow::R
     report.cpu_weights = node.cpu_weights();
     if args.runs(Part::Detect) {
         report.detect_to_allow = Some(DetectSection {
-            containerd_events: detect_with_agent(node, args, bin, AgentSource::Events).await?,
-            poll: detect_with_agent(node, args, bin, AgentSource::Poll).await?,
+            containerd_events: detect_with_agent(
+                node,
+                args,
+                bin,
+                AgentSource::Events,
+                Layout::Share,
+            )
+            .await?,
+            containerd_events_pod_local: detect_with_agent(
+                node,
+                args,
+                bin,
+                AgentSource::Events,
+                Layout::PodLocal,
+            )
+            .await?,
+            poll: detect_with_agent(node, args, bin, AgentSource::Poll, Layout::Share).await?,
             kruise_daemon: detect_with_kruise(node, args, bin).await?,
         });
     }

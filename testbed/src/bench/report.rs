@@ -95,6 +95,8 @@ impl DetectRow {
 #[derive(Debug, Clone, Serialize)]
 pub struct DetectSection {
     pub containerd_events: DetectRow,
+    /// The same, the exit directories in each pod's tmpfs (the webhook's pod-local layout).
+    pub containerd_events_pod_local: DetectRow,
     pub poll: DetectRow,
     pub kruise_daemon: DetectRow,
 }
@@ -377,6 +379,10 @@ impl Report {
             for (label, r) in [
                 ("exitorder, containerd events", &d.containerd_events),
                 (
+                    "  the same, exit dirs in the pod's tmpfs",
+                    &d.containerd_events_pod_local,
+                ),
+                (
                     &*format!("exitorder, polling every {} ms", s.agent_poll_interval_ms),
                     &d.poll,
                 ),
@@ -403,6 +409,7 @@ impl Report {
             }
             for (label, r) in [
                 ("containerd events", &d.containerd_events),
+                ("events, pod's tmpfs", &d.containerd_events_pod_local),
                 ("polling", &d.poll),
             ] {
                 let told: Vec<String> = r
@@ -638,6 +645,11 @@ mod tests {
                     "containerd_events",
                     4,
                     &outcome(&[1.0, 2.123_456_7, 3.0, 4.0]),
+                ),
+                containerd_events_pod_local: DetectRow::new(
+                    "containerd_events",
+                    4,
+                    &outcome(&[1.0, 2.0, 3.0, 4.0]),
                 ),
                 poll: DetectRow::new("poll", 4, &missing),
                 kruise_daemon: DetectRow::new("kruise_daemon", 4, &outcome(&[])),
