@@ -29,9 +29,9 @@
 //! Face: the parts the binary, the test bed, the end-to-end tests and the fuzz targets reach,
 //! `pub`; the others are the crate's own (`pub(crate)`), so the compiler finds what nobody
 //! uses. `e2e/tests/structure.rs` holds `lib.rs` to this list:
-//! `agent`, `app`, `cli`, `cluster`, `config`, `decide`, `faults`, `handshake`, `jobs`,
-//! `kubelet`, `pod`, `presets`, `runtime`, `serve`, `stats`, `telemetry`, `view`, `webhook`,
-//! `cri`.
+//! `agent`, `app`, `cli`, `cluster`, `decide`, `faults`, `handshake`, `jobs`, `kubelet`,
+//! `pod`, `presets`, `runtime`, `serve`, `stats`, `telemetry`, `view`, `webhook`, `cri`
+//! (the agent's settings are reached as `agent::Config`).
 
 // The agent serves every tenant of its node as root: nothing a pod or the runtime sends may
 // panic it. These keep panicking operations out of its code (tests may use them).
@@ -54,7 +54,7 @@ pub mod app;
 pub(crate) mod backoff;
 pub mod cli;
 pub mod cluster;
-pub mod config;
+pub(crate) mod config;
 pub mod decide;
 #[cfg(feature = "fault-hooks")]
 pub mod faults;

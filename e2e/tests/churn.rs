@@ -36,20 +36,9 @@ const DEFAULT_PODS: usize = 1_000;
 const AT_ONCE: usize = 50;
 const NODE: &str = "node-a";
 
-/// Every series that grows with the pods the agent has seen, and must not with the pods it
-/// has forgotten.
-const PER_POD: [&str; 10] = [
-    "exitorder_view_pods",
-    "exitorder_view_containers",
-    "exitorder_pending_exits",
-    "exitorder_job_pods",
-    "exitorder_kept_entries{kind=\"view_tombstones\"}",
-    "exitorder_kept_entries{kind=\"api_tombstones\"}",
-    "exitorder_kept_entries{kind=\"warnings\"}",
-    "exitorder_kept_entries{kind=\"exit_history\"}",
-    "exitorder_kept_entries{kind=\"watches\"}",
-    "share_entries",
-];
+/// What the agent's share holds besides its metrics' per-pod series (pods' and jobs' entries),
+/// which must come back down too.
+const SHARE_ENTRIES: &str = "share_entries";
 
 fn pods_to_churn() -> usize {
     std::env::var("EXITORDER_CHURN_PODS")
@@ -88,7 +77,7 @@ fn tune(cfg: &mut Config, share: &std::path::Path) {
 
 /// The per-pod series of the agent's `/metrics`, and the entries left in the share's `pods/`
 /// and `jobs/` directories.
-fn per_pod(rig: &Rig) -> BTreeMap<&'static str, f64> {
+fn per_pod(rig: &Rig) -> BTreeMap<String, f64> {
     let all: BTreeMap<String, f64> = support::parse_metrics(&openmetrics::render(&rig.stats))
         .into_iter()
         .collect();
@@ -97,24 +86,25 @@ fn per_pod(rig: &Rig) -> BTreeMap<&'static str, f64> {
             .map(|d| d.count())
             .unwrap_or(0)
     };
-    PER_POD
-        .iter()
-        .map(|name| {
-            let v = match *name {
-                "share_entries" => (entries("pods") + entries("jobs")) as f64,
-                series => *all
-                    .get(series)
-                    .unwrap_or_else(|| panic!("no {series} in /metrics")),
-            };
-            (*name, v)
+    exitorder::serve::metrics::per_pod_series()
+        .into_iter()
+        .map(|series| {
+            let v = *all
+                .get(&series)
+                .unwrap_or_else(|| panic!("no {series} in /metrics"));
+            (series, v)
         })
+        .chain([(
+            SHARE_ENTRIES.to_owned(),
+            (entries("pods") + entries("jobs")) as f64,
+        )])
         .collect()
 }
 
 /// A pod that stays, as a node always has some (the agent's own): a runtime that lists no pod
 /// at all is never taken at its word by garbage collection. Returns the agent's per-pod state
 /// once it has listed it: the baseline the churn must return to.
-async fn resident(rig: &Rig, total: usize) -> BTreeMap<&'static str, f64> {
+async fn resident(rig: &Rig, total: usize) -> BTreeMap<String, f64> {
     rig.cri().add_pod(&uid(total), &[]);
     rig.cri().add_container(&uid(total), "resident", 0, 30);
     support::until("the resident pod listed", Duration::from_secs(30), || {
@@ -126,7 +116,7 @@ async fn resident(rig: &Rig, total: usize) -> BTreeMap<&'static str, f64> {
 }
 
 /// Waits until the agent's per-pod state is back at `baseline`.
-async fn back_to(rig: &Rig, baseline: &BTreeMap<&'static str, f64>) {
+async fn back_to(rig: &Rig, baseline: &BTreeMap<String, f64>) {
     let mut last = BTreeMap::new();
     let back = tokio::time::timeout(Duration::from_secs(60), async {
         loop {

@@ -88,6 +88,18 @@ impl Agent {
     pub(super) fn apply_change(&mut self, change: Change, dirty: &mut BTreeSet<PodUid>) {
         match &change {
             Change::Exited { id } | Change::Removed { id } | Change::ProcessGone { id, .. } => {
+                // The runtime's word first on a running container: whether its pidfd was
+                // awaited (the kernel's thread was later) or not (an exit it could not tell).
+                if matches!(change, Change::Exited { .. })
+                    && self.view.state_of(id) == Some(RunState::Running)
+                {
+                    debug!(
+                        event = "exit_told_by_runtime",
+                        container_id = %id,
+                        pidfd_held = self.kernel.watches(id),
+                        "the runtime told an exit first"
+                    );
+                }
                 self.kernel.forget(id)
             }
             // Described while only created, it had no process: read it now that it runs

@@ -23,6 +23,26 @@ use crate::serve::openmetrics::{self, Families, Read};
 use crate::serve::Limits;
 use crate::stats::Stats;
 
+// The series that grow with the pods the agent keeps something of ([`per_pod_series`]).
+const PENDING_EXITS: &str = "exitorder_pending_exits";
+const VIEW_CONTAINERS: &str = "exitorder_view_containers";
+const VIEW_PODS: &str = "exitorder_view_pods";
+const JOB_PODS: &str = "exitorder_job_pods";
+const KEPT_ENTRIES: &str = "exitorder_kept_entries";
+
+/// Every series that grows with the pods the agent keeps something of, as `/metrics` writes
+/// it (name and labels): each must come back down as the agent forgets the pods. The churn
+/// test and the bench watch these.
+pub fn per_pod_series() -> Vec<String> {
+    let mut series: Vec<String> = [VIEW_PODS, VIEW_CONTAINERS, PENDING_EXITS, JOB_PODS]
+        .map(str::to_owned)
+        .into();
+    series.extend(
+        crate::stats::Kept::ALL.map(|k| format!("{KEPT_ENTRIES}{{kind=\"{}\"}}", k.as_str())),
+    );
+    series
+}
+
 /// The agent's metric families, read from its [`Stats`] at each scrape.
 impl Collector for Read<Stats> {
     fn encode(&self, enc: DescriptorEncoder) -> Result<(), std::fmt::Error> {
@@ -56,7 +76,7 @@ impl Collector for Read<Stats> {
             stats.api_reads(),
         )?;
         f.gauge(
-            "exitorder_pending_exits",
+            PENDING_EXITS,
             "Containers waiting for exit permission.",
             stats.pending(),
         )?;
@@ -169,15 +189,11 @@ impl Collector for Read<Stats> {
         )?;
         let (containers, pods) = stats.view_size();
         f.gauge(
-            "exitorder_view_containers",
+            VIEW_CONTAINERS,
             "Containers the agent's node view holds.",
             containers,
         )?;
-        f.gauge(
-            "exitorder_view_pods",
-            "Pods the agent's node view holds.",
-            pods,
-        )?;
+        f.gauge(VIEW_PODS, "Pods the agent's node view holds.", pods)?;
         f.connections(
             "exitorder_http_connections",
             "Open connections to this endpoint.",
@@ -189,7 +205,7 @@ impl Collector for Read<Stats> {
             u64::from(readiness(stats).is_ok()),
         )?;
         f.gauge(
-            "exitorder_job_pods",
+            JOB_PODS,
             "Completing pods whose Job shutdown state the agent keeps.",
             stats.job_pods(),
         )?;
@@ -201,7 +217,7 @@ impl Collector for Read<Stats> {
         // Every kind, 0 or more: a closed set of series that never disappears.
         f.labelled(
             MetricType::Gauge,
-            "exitorder_kept_entries",
+            KEPT_ENTRIES,
             "What the agent keeps per pod or container besides the view and the waits, by kind: removed containers' ids (view_tombstones), pods the API server deleted (api_tombstones), problems logged once (warnings), exit files' last appearances (exit_history), directories watched (watches).",
             "kind",
             crate::stats::Kept::ALL.map(|k| (k.as_str(), stats.kept(k))),

@@ -21,19 +21,6 @@ use crate::binaries::Binaries;
 use crate::kubelet::{DeleteOptions, RunOptions};
 use crate::node::{AgentProcess, Node, TestbedError};
 
-/// The agent's series that grow with the pods it keeps something of, reported at the end.
-const STATE_SERIES: [&str; 9] = [
-    "exitorder_view_pods",
-    "exitorder_view_containers",
-    "exitorder_pending_exits",
-    "exitorder_job_pods",
-    "exitorder_kept_entries{kind=\"view_tombstones\"}",
-    "exitorder_kept_entries{kind=\"api_tombstones\"}",
-    "exitorder_kept_entries{kind=\"warnings\"}",
-    "exitorder_kept_entries{kind=\"exit_history\"}",
-    "exitorder_kept_entries{kind=\"watches\"}",
-];
-
 /// How many pods, how many at once, how often the agent's memory is read.
 #[derive(Debug, Clone, Copy)]
 pub struct ChurnPlan {
@@ -174,11 +161,13 @@ async fn agent_state(addr: &str) -> BTreeMap<String, f64> {
         Ok(Ok(t)) => t,
         _ => return BTreeMap::new(),
     };
+    let per_pod = exitorder::serve::metrics::per_pod_series();
     text.lines()
         .filter_map(|l| {
             let (series, value) = l.rsplit_once(' ')?;
-            STATE_SERIES
-                .contains(&series)
+            per_pod
+                .iter()
+                .any(|s| s == series)
                 .then(|| Some((series.to_owned(), value.parse().ok()?)))?
         })
         .collect()

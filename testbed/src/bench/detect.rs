@@ -342,7 +342,11 @@ mod tests {
     #[test]
     fn the_pod_local_layout_puts_the_proxys_directory_in_the_pods_tmpfs() {
         let share = bench_pod("p".into(), std::time::Duration::ZERO).unwrap();
-        let local = plan(&Layout::PodLocal.apply(share.clone()), &Placement::example()).unwrap();
+        let local = plan(
+            &Layout::PodLocal.apply(share.clone()),
+            &Placement::example(),
+        )
+        .unwrap();
         assert_eq!(
             local.volumes.get("exitorder"),
             Some(&Volume::Tmpfs {
