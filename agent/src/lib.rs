@@ -28,10 +28,10 @@
 //!
 //! Face: the parts the binary, the test bed, the end-to-end tests and the fuzz targets reach,
 //! `pub`; the others are the crate's own (`pub(crate)`), so the compiler finds what nobody
-//! uses. `e2e/tests/structure.rs` holds `lib.rs` to this list:
-//! `agent`, `app`, `cli`, `cluster`, `decide`, `faults`, `handshake`, `jobs`, `kubelet`,
-//! `pod`, `presets`, `runtime`, `serve`, `stats`, `telemetry`, `view`, `webhook`, `cri`
-//! (the agent's settings are reached as `agent::Config`).
+//! uses (the agent's settings are reached as `agent::Config`, the window of the kill
+//! evidence as `agent::EVIDENCE_WINDOW`). The structure test holds `lib.rs` to this list:
+//! `agent`, `app`, `cli`, `cluster`, `decide`, `faults`, `handshake`, `jobs`, `pod`,
+//! `presets`, `runtime`, `serve`, `stats`, `telemetry`, `view`, `webhook`, `cri`.
 
 // The agent serves every tenant of its node as root: nothing a pod or the runtime sends may
 // panic it. These keep panicking operations out of its code (tests may use them).
@@ -60,7 +60,7 @@ pub mod decide;
 pub mod faults;
 pub mod handshake;
 pub mod jobs;
-pub mod kubelet;
+pub(crate) mod kubelet;
 pub mod pod;
 pub(crate) mod podspec;
 pub mod presets;

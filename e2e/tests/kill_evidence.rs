@@ -735,7 +735,7 @@ async fn a_restart_beside_a_container_exiting_every_two_seconds_waits_for_the_ku
         })
         .await
         .unwrap_or_else(|e| panic!("{e}"));
-    let window = exitorder::kubelet::evidence::DEFAULT_WINDOW;
+    let window = exitorder::agent::EVIDENCE_WINDOW;
     for (name, events) in [("busy-node-event", true), ("busy-node-silent", false)] {
         kb.served.api.drop_kubelet_events(!events);
         let mut p = restarted_once(injected(name, "1"));

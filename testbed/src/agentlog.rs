@@ -48,7 +48,7 @@ pub struct AgentAllow {
     pub decided_ns: Option<i64>,
     /// Of that, the write and rename of `allow` alone (`write_us`).
     pub write_ns: Option<i64>,
-    /// When the kernel told the exit: from its thread's wake to the stamp (`kernel_us`).
+    /// When the kernel told the exit: from the agent's wake by it to the stamp (`kernel_us`).
     pub kernel_ns: Option<i64>,
     /// Which source first told the agent of the pod's last exit (`exit_told_by`: `kernel`,
     /// `runtime`, or `none` when no container had exited).

@@ -49,8 +49,8 @@ impl Agent {
                 .max_by_key(|(at, _)| *at)
         });
         let heard = last.map_or(since, |(e, _)| e.max(since));
-        // Which source told the view of that exit first; when the kernel did, the moment its
-        // thread woke, before the decision loop took it in.
+        // Which source told the view of that exit first; when the kernel did, the moment the
+        // loop woke for it, before the view took it in.
         let (told_by, kernel_woke) = match last {
             None => ("none", None),
             Some((_, Some(woke))) => ("kernel", Some(woke)),
@@ -65,8 +65,8 @@ impl Agent {
         // Both up to `allow` in place (renamed), the second the write alone.
         let decided = heard.elapsed();
         let write = writing.elapsed();
-        // Only when the decision rests on the kernel's word: from its thread's wake to `allow`
-        // in place (`decided_us` and this apart: the hop into the decision loop).
+        // Only when the decision rests on the kernel's word: from the loop's wake by the kernel
+        // to `allow` in place (`decided_us` and this apart: the exit taken into the view).
         let kernel_us = kernel_woke
             .filter(|_| heard > since)
             .map(|w| w.elapsed().as_micros() as u64);

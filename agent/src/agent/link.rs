@@ -64,11 +64,6 @@ impl RuntimeLink {
         })
     }
 
-    /// Where other exit sources (the kernel's) send what they see.
-    pub(super) fn signal_sender(&self) -> mpsc::UnboundedSender<SourceSignal> {
-        self.signal_tx.clone()
-    }
-
     pub(super) fn ask(&self, read: Read) {
         self.reader.ask(read);
     }

@@ -58,10 +58,10 @@ use crate::handshake::waits::Waits;
 use crate::handshake::watch::{Root, ShareWatcher, WatchError};
 use crate::pod::PodUid;
 use crate::runtime::reader::Read;
-use crate::runtime::source::SourceKind;
+use crate::runtime::source::{SourceKind, SourceSignal};
 use crate::runtime::RuntimeError;
 use crate::stats::{Kept, Stats};
-use crate::view::NodeView;
+use crate::view::{Change, NodeView};
 use api::ApiLink;
 use link::RuntimeLink;
 use share::{install_entrypoint, open_local};
@@ -70,6 +70,7 @@ use warned::Warned;
 pub use crate::cluster::owner::Farewell;
 
 pub use crate::config::{Config, DEFAULT_POLL_INTERVAL};
+pub use crate::kubelet::evidence::DEFAULT_WINDOW as EVIDENCE_WINDOW;
 pub use crate::view::facts::DEFAULT_GRACE;
 
 #[derive(Debug, thiserror::Error)]
@@ -166,7 +167,7 @@ impl Agent {
         let tombstone_ttl = cfg.tombstone_ttl;
         let own_pod_uid = cfg.own_pod_uid.clone();
         let kernel = if cfg.kernel_exit_source {
-            crate::runtime::kernel::KernelExits::new(link.signal_sender(), stats.clone())
+            crate::runtime::kernel::KernelExits::awaited(stats.clone())
         } else {
             crate::runtime::kernel::KernelExits::off(stats.clone())
         };
@@ -324,6 +325,15 @@ impl Agent {
                 // signals, the API server's or the timers.
                 biased;
                 farewell = &mut shutdown => break farewell,
+                // The kernel's word on an exit, the earliest there is, wakes the loop itself.
+                exits = self.kernel.exits() => {
+                    for (id, at) in exits {
+                        self.on_signal(
+                            SourceSignal::Change(Change::ProcessGone { id, at }),
+                            &mut dirty,
+                        );
+                    }
+                }
                 // What is queued already is taken with it (a burst costs one round), up to
                 // a bound: the round ends, and shutdown is looked at, in any case.
                 Some(sig) = self.link.signals.recv() => {

@@ -11,7 +11,7 @@
 //! kernel cannot be asked about: nothing here can lose an exit, only tell it sooner.
 
 use std::collections::HashMap;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
@@ -19,14 +19,13 @@ use std::time::Instant;
 use rustix::buffer::spare_capacity;
 use rustix::event::epoll;
 use rustix::process::{pidfd_open, Pid, PidfdFlags};
-use tokio::sync::mpsc;
+use tokio::io::unix::AsyncFd;
+use tokio::io::Interest;
 use tracing::{debug, info, warn};
 
 use crate::runtime::podcgroup::CgroupMounts;
-use crate::runtime::source::SourceSignal;
 use crate::runtime::strain;
 use crate::stats::Stats;
-use crate::view::Change;
 
 /// How much of `/proc/<pid>/cgroup` is read: a few lines of paths.
 const CGROUP_MAX: usize = 16 * 1024;
@@ -53,11 +52,34 @@ struct Shared {
     ids: Mutex<HashMap<u64, String>>,
 }
 
-/// The pidfds of the running containers, awaited together by one thread (`kernel_exit`) in
-/// one epoll set: no task per container, nothing polled.
+/// The epoll set as the decision loop's reactor sees it.
+struct SetFd(Arc<Shared>);
+
+impl AsRawFd for SetFd {
+    fn as_raw_fd(&self) -> RawFd {
+        self.0.epoll.as_raw_fd()
+    }
+}
+
+/// Registers the set with the current tokio reactor (its epoll), readable only.
+#[allow(unsafe_code)]
+fn on_reactor(set: SetFd) -> std::io::Result<AsyncFd<SetFd>> {
+    // SAFETY: the descriptor `SetFd` gives is its `Shared`'s `OwnedFd`, which the `Arc` it
+    // holds keeps open, and the same, for as long as the `AsyncFd` owns it; nothing closes
+    // or replaces it meanwhile (`Shared` is never mutated).
+    unsafe { AsyncFd::register_with_interest(set, Interest::READABLE) }
+        .map_err(|e| e.into_parts().1)
+}
+
+/// The pidfds of the running containers, in one epoll set: no task per container, nothing
+/// polled. The agent's decision loop awaits the set itself ([`KernelExits::awaited`],
+/// [`KernelExits::exits`]), so an exit wakes the loop directly; the test bed's clock has a
+/// thread wait on it instead ([`KernelExits::with`]).
 pub struct KernelExits {
     available: Availability,
     shared: Option<Arc<Shared>>,
+    /// The set, registered with the loop's reactor (the awaited form).
+    awaited: Option<AsyncFd<SetFd>>,
     /// Each watched container's pidfd and token.
     watches: HashMap<String, (OwnedFd, u64)>,
     next_token: u64,
@@ -73,37 +95,48 @@ pub struct KernelExits {
 }
 
 impl KernelExits {
-    /// Exits found are sent to `tx` as the runtime's own events are.
-    pub fn new(tx: mpsc::UnboundedSender<SourceSignal>, stats: Arc<Stats>) -> Self {
-        Self::with(
-            move |id, at| {
-                tx.send(SourceSignal::Change(Change::ProcessGone { id, at }))
-                    .is_ok()
-            },
-            stats,
-        )
+    /// Exits are awaited by the caller's task ([`Self::exits`]), on its runtime's reactor: the
+    /// kernel's word wakes that task itself, with no thread to hand it over.
+    pub fn awaited(stats: Arc<Stats>) -> Self {
+        let started = probe().and_then(|()| set()).and_then(|shared| {
+            tokio::runtime::Handle::try_current()
+                .map_err(|e| format!("no tokio runtime to await exits on: {e}"))?;
+            let fd = on_reactor(SetFd(shared.clone()))
+                .map_err(|e| format!("epoll on the reactor: {e}"))?;
+            Ok((shared, Some(fd)))
+        });
+        Self::started(started, stats)
     }
 
-    /// Exits found are handed to `on_exit`, on the waiting thread, the moment the kernel
-    /// tells them, with when it woke (the test bed stamps them there); it returns false once
-    /// nobody listens.
+    /// Exits found are handed to `on_exit`, on a waiting thread (`kernel_exit`), the moment
+    /// the kernel tells them, with when it woke (the test bed stamps them there); it returns
+    /// false once nobody listens.
     pub fn with(
         on_exit: impl Fn(String, Instant) -> bool + Send + 'static,
         stats: Arc<Stats>,
     ) -> Self {
-        let started = probe().and_then(|()| start(Box::new(on_exit), stats.clone()));
-        let (available, shared) = match started {
-            Ok(shared) => {
+        let started = probe()
+            .and_then(|()| start(Box::new(on_exit), stats.clone()))
+            .map(|shared| (shared, None));
+        Self::started(started, stats)
+    }
+
+    fn started(
+        started: Result<(Arc<Shared>, Option<AsyncFd<SetFd>>), String>,
+        stats: Arc<Stats>,
+    ) -> Self {
+        let (available, shared, awaited) = match started {
+            Ok((shared, awaited)) => {
                 info!(
                     event = "kernel_source",
                     source = "pidfd",
                     "kernel exit source available: container exits are seen as their first process ends"
                 );
-                (Availability::Available, Some(shared))
+                (Availability::Available, Some(shared), awaited)
             }
             Err(why) => {
                 info!(event = "kernel_source", source = "none", reason = %why, "kernel exit source unavailable: exits come from the runtime alone");
-                (Availability::Unavailable(why), None)
+                (Availability::Unavailable(why), None, None)
             }
         };
         stats.set_kernel_source(shared.is_some());
@@ -115,6 +148,7 @@ impl KernelExits {
         KernelExits {
             available,
             shared,
+            awaited,
             watches: HashMap::new(),
             next_token: WAKE.saturating_add(1),
             refused: 0,
@@ -122,6 +156,48 @@ impl KernelExits {
             pod_dirs: HashMap::new(),
             strain_dirs: HashMap::new(),
             stats,
+        }
+    }
+
+    /// The next exits the kernel tells, each with when the caller was woken for it (the
+    /// awaited form; never, in the other forms or when the kernel cannot be asked).
+    /// Cancel-safe: nothing is taken from the set before the last await.
+    pub async fn exits(&self) -> Vec<(String, Instant)> {
+        let (Some(fd), Some(shared)) = (&self.awaited, &self.shared) else {
+            return std::future::pending().await;
+        };
+        loop {
+            let Ok(mut ready) = fd.readable().await else {
+                // The reactor is gone: the runtime is shutting down.
+                return std::future::pending().await;
+            };
+            let woke = Instant::now();
+            let tokens = match ready_now(&shared.epoll) {
+                Ok(t) => t,
+                Err(rustix::io::Errno::INTR) => continue,
+                Err(e) => {
+                    warn!(error = %e, "the kernel exit source stopped; exits come from the runtime alone");
+                    self.stats.set_kernel_source(false);
+                    return std::future::pending().await;
+                }
+            };
+            if tokens.is_empty() {
+                // Nothing left: the reactor says when there is again.
+                ready.clear_ready();
+                continue;
+            }
+            let mut ids = lock(&shared.ids);
+            let told: Vec<(String, Instant)> = tokens
+                .iter()
+                .filter_map(|token| ids.remove(token))
+                .map(|id| (id, woke))
+                .collect();
+            for _ in &told {
+                self.stats.kernel_exit();
+            }
+            if !told.is_empty() {
+                return told;
+            }
         }
     }
 
@@ -133,6 +209,7 @@ impl KernelExits {
         KernelExits {
             available: Availability::Unavailable(why),
             shared: None,
+            awaited: None,
             watches: HashMap::new(),
             next_token: WAKE.saturating_add(1),
             refused: 0,
@@ -255,7 +332,8 @@ impl KernelExits {
 
 impl Drop for KernelExits {
     fn drop(&mut self) {
-        if let Some(shared) = &self.shared {
+        // The waiting thread, where there is one, is told to end.
+        if let (Some(shared), None) = (&self.shared, &self.awaited) {
             let _ = rustix::io::write(&shared.wake, &1u64.to_ne_bytes());
         }
     }
@@ -265,11 +343,11 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// The epoll set and the thread that waits on it.
 /// What the waiting thread does with an exit.
 type OnExit = Box<dyn Fn(String, Instant) -> bool + Send>;
 
-fn start(on_exit: OnExit, stats: Arc<Stats>) -> Result<Arc<Shared>, String> {
+/// The epoll set, its waker in it.
+fn set() -> Result<Arc<Shared>, String> {
     let epoll = epoll::create(epoll::CreateFlags::CLOEXEC).map_err(|e| format!("epoll: {e}"))?;
     let wake = rustix::event::eventfd(0, rustix::event::EventfdFlags::CLOEXEC)
         .map_err(|e| format!("eventfd: {e}"))?;
@@ -280,11 +358,16 @@ fn start(on_exit: OnExit, stats: Arc<Stats>) -> Result<Arc<Shared>, String> {
         epoll::EventFlags::IN,
     )
     .map_err(|e| format!("epoll: {e}"))?;
-    let shared = Arc::new(Shared {
+    Ok(Arc::new(Shared {
         epoll,
         wake,
         ids: Mutex::new(HashMap::new()),
-    });
+    }))
+}
+
+/// The set, and the thread that waits on it.
+fn start(on_exit: OnExit, stats: Arc<Stats>) -> Result<Arc<Shared>, String> {
+    let shared = set()?;
     let theirs = shared.clone();
     std::thread::Builder::new()
         .name("kernel_exit".to_owned())
@@ -328,6 +411,14 @@ fn wait_for_exits(shared: &Shared, on_exit: &OnExit, stats: &Stats) {
             }
         }
     }
+}
+
+/// The tokens of the set's ready pidfds, without waiting (each is one-shot: told once).
+fn ready_now(epoll: &OwnedFd) -> Result<Vec<u64>, rustix::io::Errno> {
+    let mut events = Vec::with_capacity(64);
+    let now = rustix::event::Timespec::default();
+    epoll::wait(epoll, spare_capacity(&mut events), Some(&now))?;
+    Ok(events.iter().map(|ev| ev.data.u64()).collect())
 }
 
 /// Whether pidfds can be opened here (Linux 5.3+, not refused by a seccomp profile).
@@ -402,9 +493,8 @@ mod tests {
 
     #[tokio::test]
     async fn an_exit_is_told_as_soon_as_the_process_ends() {
-        let (tx, mut rx) = mpsc::unbounded_channel();
         let stats = Arc::new(Stats::default());
-        let mut k = KernelExits::new(tx, stats.clone());
+        let mut k = KernelExits::awaited(stats.clone());
         if k.available() != &Availability::Available {
             return;
         }
@@ -422,16 +512,20 @@ mod tests {
         assert!(!is_readable(&fd));
         k.register(ID, fd);
         assert_eq!(k.watched(), 1);
-        assert!(rx.try_recv().is_err());
+        let early = tokio::time::timeout(std::time::Duration::from_millis(50), k.exits()).await;
+        assert!(early.is_err(), "{early:?}");
         child.kill().unwrap();
         child.wait().unwrap();
-        let told = tokio::time::timeout(std::time::Duration::from_secs(10), rx.recv())
+        let told = tokio::time::timeout(std::time::Duration::from_secs(10), k.exits())
             .await
             .unwrap();
-        assert!(
-            matches!(told, Some(SourceSignal::Change(Change::ProcessGone { ref id, .. })) if id == ID),
-            "{told:?}"
+        assert_eq!(
+            told.iter().map(|(id, _)| id.as_str()).collect::<Vec<_>>(),
+            [ID]
         );
+        // Told once: the set has nothing more to say.
+        let again = tokio::time::timeout(std::time::Duration::from_millis(50), k.exits()).await;
+        assert!(again.is_err(), "{again:?}");
         assert_eq!(stats.kernel_exits(), 1);
         k.forget(ID);
         assert_eq!(k.watched(), 0);

@@ -1,8 +1,9 @@
 //! Where an allow's time goes, stage by stage: the app's exit (its own stamp) → the agent's
 //! notice of it (the kernel's or the runtime's word reaching the agent) → its decision → the
 //! `allow` renamed in place → the preStop's return (the runtime's end of its exec). When the
-//! kernel told the exit, the notice is split in two: the agent's `kernel_exit` thread woken,
-//! then the exit taken in by the decision loop.
+//! kernel told the exit, the notice is split in two: the agent woken by the kernel (its
+//! decision loop, which awaits the pidfds itself), then the exit taken in (applied to its
+//! node view).
 
 use serde::Serialize;
 
@@ -130,9 +131,9 @@ impl StageFigures {
 pub struct Stages {
     /// The app's exit (its own stamp, just before it exits) → the agent told of it.
     pub exit_to_notice: StageFigures,
-    /// Of the exits the kernel told: the exit → the agent's `kernel_exit` thread woken.
+    /// Of the exits the kernel told: the exit → the agent woken by the kernel.
     pub exit_to_kernel_wake: StageFigures,
-    /// Of those: that wake → the exit taken in by the decision loop.
+    /// Of those: that wake → the exit taken in (the node view told).
     pub kernel_wake_to_notice: StageFigures,
     /// Told → its decision made (the allow's write begins).
     pub notice_to_decision: StageFigures,
@@ -146,7 +147,7 @@ impl Stages {
     /// One line: each stage's p50/p99/max.
     pub fn line(&self) -> String {
         format!(
-            "exit → notice {} (exit → kernel_exit thread woken {}, → decision loop {}), notice → decision {}, decision → allow renamed {}, allow → preStop returned {} ms (p50/p99/max)",
+            "exit → notice {} (exit → agent woken by the kernel {}, → taken in {}), notice → decision {}, decision → allow renamed {}, allow → preStop returned {} ms (p50/p99/max)",
             self.exit_to_notice.words(),
             self.exit_to_kernel_wake.words(),
             self.kernel_wake_to_notice.words(),
