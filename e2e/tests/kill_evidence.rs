@@ -608,47 +608,58 @@ async fn a_silent_pod_kill_whose_app_is_held_by_its_cpu_limit_stays_ordered() {
     let Some(kb) = KillBed::start().await else {
         return;
     };
-    let mut p = injected("cpu-held", "2");
-    // The app runs everything inside its quota, its TERM handler too: room for that on a busy
-    // machine, so that the proxy's allow is the order's and never the deadline's.
-    support::set_grace(&mut p, 90);
-    let app = support::container_mut(&mut p, "app");
-    app["resources"] = json!({"limits": {"cpu": "10m"}});
-    // Its own exec probe would run inside the quota too, and time out: not the point here.
-    if let Some(o) = app.as_object_mut() {
-        o.remove("readinessProbe");
+    // How late the mark comes is the scheduler's to say: a node with spare CPU may run the
+    // exec within the window. The case is run again (a new pod) until the mark is late, and
+    // every run's order is checked.
+    const ATTEMPTS: usize = 3;
+    for attempt in 0..ATTEMPTS {
+        let mut p = injected(&format!("cpu-held-{attempt}"), "2");
+        // The app runs everything inside its quota, its TERM handler too: room for that on a
+        // busy machine, so that the proxy's allow is the order's and never the deadline's.
+        support::set_grace(&mut p, 90);
+        let app = support::container_mut(&mut p, "app");
+        app["resources"] = json!({"limits": {"cpu": "10m"}});
+        // Its own exec probe would run inside the quota too, and time out: not the point here.
+        if let Some(o) = app.as_object_mut() {
+            o.remove("readinessProbe");
+        }
+        // Fourteen threads spin until TERM, which stops them first: an exec gets a fifteenth of
+        // the quota (its mark 3-18 s late with ten to fourteen, 1.8 s with two).
+        let spin = (0..14)
+            .map(|_| "(while :; do :; done) &\nS=\"$S $!\"\n")
+            .collect::<String>();
+        support::edit_script(&mut p, "app", "trap '", &format!("{spin}trap 'kill $S; "));
+        let running = kb.run(&p).await;
+        let uid = running.uid().to_owned();
+        // Every spinner started (the app says `serving` after them), each forked inside the
+        // quota.
+        support::until("the app's spinners", secs(120), || {
+            std::future::ready(running.container_log("app").contains("serving"))
+        })
+        .await;
+        let d = running
+            .delete_with(DeleteOptions::kubelet(Kill::Silent))
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        kb.bed.show("cpu-held", &d);
+        support::assert_exited_after(&kb.bed, &d, "proxy", "app");
+        let allow = kb.bed.allowed(&uid, "proxy").await;
+        support::assert_reason_ordered(&allow, "a silent pod kill, the app held by its CPU limit");
+        // The case itself: the app's mark took longer than the window (and returned: within
+        // the grace period).
+        let marked = prestop_ms(&d.timeline, "app", 0)
+            .unwrap_or_else(|| panic!("the app's hook never returned:\n{}", d.describe()));
+        eprintln!("cpu-held, attempt {attempt}: the app's mark took {marked} ms");
+        if marked > 4_000 {
+            kb.finish().await;
+            return;
+        }
+        assert!(
+            attempt + 1 < ATTEMPTS,
+            "the app's mark came within the window in each of {ATTEMPTS} runs, the last in {marked} ms:\n{}",
+            d.describe()
+        );
     }
-    // Fourteen threads spin until TERM, which stops them first: an exec gets a fifteenth of the
-    // quota (its mark 6-18 s late with ten, 1.8 s with two).
-    let spin = (0..14)
-        .map(|_| "(while :; do :; done) &\nS=\"$S $!\"\n")
-        .collect::<String>();
-    support::edit_script(&mut p, "app", "trap '", &format!("{spin}trap 'kill $S; "));
-    let running = kb.run(&p).await;
-    let uid = running.uid().to_owned();
-    // Every spinner started (the app says `serving` after them), each forked inside the quota.
-    support::until("the app's spinners", secs(120), || {
-        std::future::ready(running.container_log("app").contains("serving"))
-    })
-    .await;
-    let d = running
-        .delete_with(DeleteOptions::kubelet(Kill::Silent))
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    kb.bed.show("cpu-held", &d);
-    // The case itself: the app's mark took longer than the window (and returned: within the
-    // grace period).
-    let marked = prestop_ms(&d.timeline, "app", 0)
-        .unwrap_or_else(|| panic!("the app's hook never returned:\n{}", d.describe()));
-    assert!(
-        marked > 4_000,
-        "the app's mark took {marked} ms, within the window:\n{}",
-        d.describe()
-    );
-    support::assert_exited_after(&kb.bed, &d, "proxy", "app");
-    let allow = kb.bed.allowed(&uid, "proxy").await;
-    support::assert_reason_ordered(&allow, "a silent pod kill, the app held by its CPU limit");
-    kb.finish().await;
 }
 
 /// A deletion the agent cannot see (the API server unreachable, the pod watch re-listing),
