@@ -192,18 +192,10 @@ async fn a_churn_of_a_thousand_pods_leaves_nothing_behind() {
 /// A Job's pod as the API server has it: an `app` and a `logs` sidecar (exit priority 1) that
 /// never exits of itself; restartPolicy Never.
 fn job_pod(uid: &str) -> Value {
-    let mut pod = json!({
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": pod_name(uid), "namespace": "default", "uid": uid, "annotations": {}},
-        "spec": {
-            "nodeName": NODE,
-            "terminationGracePeriodSeconds": 30,
-            "restartPolicy": "Never",
-            "containers": [{"name": "app", "image": "app"}, {"name": "logs", "image": "logs"}],
-        },
-        "status": {"phase": "Running"},
-    });
+    let mut pod = fakeapi::pod(uid, &pod_name(uid), NODE, None);
+    pod["spec"]["restartPolicy"] = json!("Never");
+    pod["spec"]["containers"] =
+        json!([{"name": "app", "image": "app"}, {"name": "logs", "image": "logs"}]);
     pod["metadata"]["annotations"][ANNOTATION] = json!(r#"{"logs":1}"#);
     pod
 }
