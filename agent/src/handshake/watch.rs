@@ -234,8 +234,7 @@ impl ShareWatcher {
             queue,
             roots: roots.clone(),
         });
-        let root_paths: Vec<PathBuf> = roots.iter().map(|r| r.pods.clone()).collect();
-        let mounts = match mounts::MountTable::open(&root_paths) {
+        let mounts = match mounts::MountTable::open(&roots) {
             Ok(m) => Some(m),
             Err(e) => {
                 warn!(

@@ -15,7 +15,9 @@ use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
 use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::ffi::OsStringExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
+
+use super::{pod_dir_of, Root};
 
 /// `/proc/self/mountinfo`, and the mount points below the roots as it last said.
 pub(super) struct MountTable {
@@ -31,7 +33,7 @@ const MAX_TABLE: u64 = 16 << 20;
 
 impl MountTable {
     /// Opens this process's mount table and reads what is mounted below `roots` now.
-    pub(super) fn open(roots: &[PathBuf]) -> std::io::Result<Self> {
+    pub(super) fn open(roots: &[Root]) -> std::io::Result<Self> {
         let file = File::open("/proc/self/mountinfo")?;
         let mut table = MountTable {
             file,
@@ -48,33 +50,25 @@ impl MountTable {
 
     /// Reads the table again: the pod directories below which a mount came or went since
     /// the last read, each under the root as the caller names it.
-    pub(super) fn changed(&mut self, roots: &[PathBuf]) -> std::io::Result<BTreeSet<PathBuf>> {
+    pub(super) fn changed(&mut self, roots: &[Root]) -> std::io::Result<BTreeSet<PathBuf>> {
         let now = self.read(roots)?;
         let pods = self
             .known
             .symmetric_difference(&now)
-            .filter_map(|m| pod_dir_below(roots, m))
+            .filter_map(|m| pod_dir_of(roots, m).map(|(_, pod)| pod))
             .collect();
         self.known = now;
         Ok(pods)
     }
 
-    fn read(&mut self, roots: &[PathBuf]) -> std::io::Result<BTreeSet<PathBuf>> {
+    fn read(&mut self, roots: &[Root]) -> std::io::Result<BTreeSet<PathBuf>> {
         self.buf.clear();
         (&self.file).seek(SeekFrom::Start(0))?;
         (&self.file).take(MAX_TABLE).read_to_end(&mut self.buf)?;
         Ok(mount_points(&self.buf)
-            .filter(|m| pod_dir_below(roots, m).is_some())
+            .filter(|m| pod_dir_of(roots, m).is_some())
             .collect())
     }
-}
-
-/// The pod directory `mount_point` is at or below (a mount at a root itself is none).
-fn pod_dir_below(roots: &[PathBuf], mount_point: &Path) -> Option<PathBuf> {
-    roots.iter().find_map(|root| {
-        let first = mount_point.strip_prefix(root).ok()?.components().next()?;
-        Some(root.join(first))
-    })
 }
 
 /// Each line's mount point (its fifth field), unescaped.
@@ -129,12 +123,12 @@ mod tests {
 
     #[test]
     fn the_mount_points_below_a_root_name_their_pods() {
-        let roots = [
-            PathBuf::from("/var/lib/kubelet/pods"),
-            PathBuf::from("/srv/odd root/pods"),
-        ];
+        let roots = ["/var/lib/kubelet/pods", "/srv/odd root/pods"].map(|p| Root {
+            pods: p.into(),
+            container_depth: 5,
+        });
         let below: BTreeSet<PathBuf> = mount_points(TABLE)
-            .filter_map(|m| pod_dir_below(&roots, &m))
+            .filter_map(|m| pod_dir_of(&roots, &m).map(|(_, pod)| pod))
             .collect();
         assert_eq!(
             below,
@@ -143,11 +137,9 @@ mod tests {
                 PathBuf::from("/srv/odd root/pods/ab12"),
             ])
         );
-        assert_eq!(
-            pod_dir_below(&roots, Path::new("/var/lib/kubelet/pods")),
-            None
-        );
-        assert_eq!(pod_dir_below(&roots, Path::new("/var/lib/kubelet")), None);
+        let below = |p: &str| pod_dir_of(&roots, std::path::Path::new(p)).map(|(_, pod)| pod);
+        assert_eq!(below("/var/lib/kubelet/pods"), None);
+        assert_eq!(below("/var/lib/kubelet"), None);
     }
 
     #[test]

@@ -6,8 +6,6 @@ use std::os::unix::ffi::OsStrExt;
 use rustix::fs::inotify::{self, ReadFlags};
 use rustix::io::Errno;
 
-use std::path::PathBuf;
-
 use super::mounts::MountTable;
 use super::{pod_dir_of, table, worth_telling, Inst, Shared};
 
@@ -18,7 +16,6 @@ pub(super) fn read_events(shared: &Shared, mut mounts: Option<MountTable>) {
     use rustix::event::{poll, PollFd, PollFlags};
     // Aligned for `struct inotify_event` (the reader checks), room for many.
     let mut buf = vec![std::mem::MaybeUninit::<u8>::uninit(); 64 * 1024];
-    let roots: Vec<PathBuf> = shared.roots.iter().map(|r| r.pods.clone()).collect();
     loop {
         let (kube_ready, pods_ready, woken, remounted) = {
             let mut fds = vec![
@@ -51,7 +48,7 @@ pub(super) fn read_events(shared: &Shared, mut mounts: Option<MountTable>) {
         }
         if remounted {
             if let Some(m) = &mut mounts {
-                match m.changed(&roots) {
+                match m.changed(&shared.roots) {
                     Ok(pods) => {
                         for pod_dir in pods {
                             shared.queue.push(Some(&pod_dir), pod_dir.clone());
